@@ -1,0 +1,39 @@
+// Builds the torch-linked core: finds torch (through Python or LIBTORCH, see
+// crates/torchfind), compiles cpp/ and the cxx bridge as C++20 with torch's
+// ABI flag, links c10 and torch_cpu, and sets an rpath to torch's lib
+// directory so the library loads without LD_LIBRARY_PATH.
+fn main() {
+    let torch = opdump_torchfind::find_or_exit();
+
+    let mut build = cxx_build::bridge("src/bridge.rs");
+    build
+        .files([
+            "cpp/install.cpp",
+            "cpp/fallback.cpp",
+            "cpp/stats.cpp",
+            "cpp/threads.cpp",
+        ])
+        // The torch 2.15 headers refuse anything older than C++20.
+        .std("c++20")
+        .define("_GLIBCXX_USE_CXX11_ABI", if torch.cxx11_abi { "1" } else { "0" })
+        .define("OPDUMP_BUILD_TORCH_VERSION", format!("\"{}\"", torch.version).as_str())
+        .flag_if_supported("-fvisibility=hidden")
+        .flag_if_supported("-Wno-unused-parameter")
+        .warnings(false);
+    for dir in &torch.include_dirs {
+        // -isystem keeps torch's own warnings out of our build log.
+        build.flag(format!("-isystem{}", dir.display()));
+    }
+    build.compile("opdump_cpp");
+
+    let lib = torch.lib_dir.display();
+    println!("cargo:rustc-link-search=native={lib}");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    println!("cargo:rustc-env=OPDUMP_BUILD_TORCH_VERSION={}", torch.version);
+
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/bridge.rs");
+    println!("cargo:rerun-if-changed=cpp");
+}

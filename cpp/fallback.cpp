@@ -1,0 +1,267 @@
+// The boxed fallback that sees every op: measures the inputs, redispatches to
+// the rest of the dispatcher, measures the outputs, and hands one plain
+// record to Rust. Modelled on PyTorch's in-tree boxed fallbacks
+// (ConjugateFallback.cpp): the redispatch uses the keys after ours, and
+// arguments and returns are read off the stack.
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include "opdump/cpp/internal.h"
+#include "opdump/src/bridge.rs.h"
+
+namespace opdump {
+
+std::atomic<bool> g_active{false};
+
+namespace {
+
+int64_t epoch_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string_view base_name(std::string_view qualified) {
+  auto pos = qualified.find("::");
+  return pos == std::string_view::npos ? qualified : qualified.substr(pos + 2);
+}
+
+// Ops whose tensor argument is only written: its pre-op memory holds no
+// meaningful values (often it is fresh from `empty`).
+bool writes_without_reading(std::string_view op) {
+  static constexpr std::string_view kOps[] = {
+      "fill_",   "zero_",      "normal_",  "uniform_",   "bernoulli_", "random_",
+      "exponential_", "geometric_", "cauchy_", "log_normal_", "copy_", "set_",
+      "resize_", "resize_as_", "_foreach_zero_", "_foreach_copy_",
+  };
+  for (auto o : kOps)
+    if (o == op) return true;
+  return false;
+}
+
+// Ops whose outputs are memory without values yet.
+bool output_uninitialized(std::string_view op) {
+  return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
+         op == "resize_" || op == "resize_as_" || op == "set_";
+}
+
+// Doubles as Python prints them: the shortest text that reads back the same.
+void append_double(std::string& out, double d) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), d);
+  std::string_view text(buf, ec == std::errc() ? end - buf : 0);
+  out += text;
+  if (std::isfinite(d) && text.find_first_of(".e") == std::string_view::npos) out += ".0";
+}
+
+void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IValue& v) {
+  if (!out.empty()) out += ", ";
+  out += arg.name();
+  out += '=';
+  auto type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType)
+    type = type->expectRef<c10::OptionalType>().getElementType();
+  if (v.isInt() && type->kind() == c10::TypeKind::ScalarTypeType) {
+    out += c10::getDtypeNames(static_cast<c10::ScalarType>(v.toInt())).first;
+  } else if (v.isInt() && type->kind() == c10::TypeKind::MemoryFormatType) {
+    std::ostringstream s;
+    s << static_cast<c10::MemoryFormat>(v.toInt());
+    out += s.str();
+  } else if (v.isInt() && type->kind() == c10::TypeKind::LayoutType) {
+    std::ostringstream s;
+    s << static_cast<c10::Layout>(v.toInt());
+    out += s.str();
+  } else if (v.isDouble()) {
+    append_double(out, v.toDouble());
+  } else if (v.isGenerator()) {
+    out += "<generator>";
+  } else {
+    std::ostringstream s;
+    s << v;
+    out += s.str();
+  }
+}
+
+// Builds the rows of one call. Failures to measure one tensor never stop the
+// others, and never reach the job.
+struct Recorder {
+  OpCall call;
+
+  void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
+              bool values_defined) {
+    if (!t.defined()) return;
+    TensorRow row{};
+    row.role = role;
+    row.arg = rust::String(arg);
+    row.list_index = list_index;
+    measure(t, values_defined, row);
+    call.tensors.push_back(std::move(row));
+  }
+
+  // One argument or return value: a Tensor, an element of Tensor[] or
+  // Tensor?[], or nothing at all.
+  void value(const c10::IValue& v, uint8_t role, const std::string& arg, bool values_defined) {
+    if (v.isTensor()) {
+      tensor(v.toTensor(), role, arg, -1, values_defined);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j)
+        tensor(list.get(j), role, arg, static_cast<int32_t>(j), values_defined);
+    } else if (v.isList()) {
+      auto list = v.toListRef();
+      for (size_t j = 0; j < list.size(); ++j)
+        if (list[j].isTensor())
+          tensor(list[j].toTensor(), role, arg, static_cast<int32_t>(j), values_defined);
+    }
+  }
+};
+
+bool holds_tensors(const c10::IValue& v) {
+  if (v.isTensor() || v.isTensorList()) return true;
+  if (v.isList()) {
+    for (const auto& e : v.toListRef())
+      if (e.isTensor()) return true;
+  }
+  return false;
+}
+
+bool is_tensor_type(const c10::Argument& a) {
+  auto kind = a.real_type()->kind();
+  if (kind == c10::TypeKind::TensorType) return true;
+  if (kind == c10::TypeKind::OptionalType)
+    return a.real_type()->expectRef<c10::OptionalType>().getElementType()->kind() ==
+           c10::TypeKind::TensorType;
+  if (kind == c10::TypeKind::ListType) {
+    auto el = a.real_type()->expectRef<c10::ListType>().getElementType();
+    if (el->kind() == c10::TypeKind::OptionalType)
+      el = el->expectRef<c10::OptionalType>().getElementType();
+    return el->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+std::string error_text(const std::exception& e) {
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
+}
+
+// Pairs op_exit with op_enter on every path out of the fallback, the user's
+// exceptions included.
+struct ExitGuard {
+  OpCall* call;
+  ~ExitGuard() {
+    try {
+      op_exit(*call);
+    } catch (...) {
+    }
+  }
+};
+
+void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
+                    torch::jit::Stack* stack, const OpTicket& ticket) {
+  Recorder rec;
+  ExitGuard exit_guard{&rec.call};
+  if (!ticket.record) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+
+  const auto& schema = op.schema();
+  const auto& name = op.operator_name();
+  const std::string_view base = base_name(name.name);
+  const bool write_only_op = writes_without_reading(base);
+  const auto& args = schema.arguments();
+  const size_t nargs = args.size();
+  std::vector<std::pair<size_t, c10::IValue>> written;  // for ops that return nothing
+
+  try {
+    rec.call.op = rust::String(name.name);
+    rec.call.overload = rust::String(name.overload_name.empty() ? "default" : name.overload_name);
+    const size_t first = stack->size() - nargs;
+    std::string text;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = (*stack)[first + i];
+      const auto& a = args[i];
+      const bool writes = a.alias_info() != nullptr && a.alias_info()->isWrite();
+      if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
+        if (writes) written.emplace_back(i, v);
+        if (ticket.inputs) {
+          // Pre-op values of out= arguments and of what fill_, copy_, ...
+          // overwrite are not values anyone computed: no statistics.
+          const bool defined = !(a.is_out() || (writes && write_only_op));
+          rec.value(v, 0, a.name(), defined);
+        }
+      } else {
+        append_arg_text(text, a, v);
+      }
+    }
+    rec.call.args = rust::String(text);
+  } catch (const std::exception& e) {
+    internal_error(rust::Str(std::string("measuring the inputs of ") + name.name + " failed: " + e.what()));
+  }
+
+  rec.call.start_ns = epoch_ns();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    op.redispatchBoxed(next, stack);
+  } catch (const std::exception& e) {
+    rec.call.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
+    rec.call.has_error = true;
+    try {
+      rec.call.error = rust::String(error_text(e));
+    } catch (...) {
+    }
+    throw;  // the user's own error, unchanged; ExitGuard hands over the record
+  }
+  rec.call.duration_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+
+  try {
+    const auto& returns = schema.returns();
+    const bool fresh = !output_uninitialized(base);
+    if (!returns.empty()) {
+      const size_t first = stack->size() - returns.size();
+      for (size_t r = 0; r < returns.size(); ++r)
+        rec.value((*stack)[first + r], 1, std::to_string(r), fresh);
+    } else {
+      // In-place ops that return nothing (_foreach_add_): their results are
+      // the arguments the schema marks as written.
+      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh);
+    }
+  } catch (const std::exception& e) {
+    internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));
+  }
+}
+
+}  // namespace
+
+void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto next = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
+  if (!g_active.load(std::memory_order_relaxed)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const auto& name = op.operator_name().name;
+  if (name.starts_with("opdump::")) {  // our own control ops
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const auto& overload = op.operator_name().overload_name;
+  OpTicket ticket = op_enter(rust::Str(name), rust::Str(overload.empty() ? "default" : overload),
+                             current_phase());
+  record_and_run(op, next, stack, ticket);
+}
+
+}  // namespace opdump

@@ -1,0 +1,88 @@
+// Registration: the fallback, the custom ops and nothing else, from one
+// guarded function that Rust calls at load. No static registration macro is
+// used, because a second copy of the library (loaded from another path) would
+// then throw inside a static initializer and terminate the process.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/library.h>
+
+#include "opdump/cpp/internal.h"
+#include "opdump/cpp/opdump.h"
+#include "opdump/src/bridge.rs.h"
+
+namespace opdump {
+
+namespace {
+
+void op_enable() { control_enable(); }
+void op_disable() { control_disable(); }
+void op_flush() { control_flush(); }
+int64_t op_step() { return control_step(); }
+std::vector<int64_t> op_stats() {
+  auto v = control_stats();
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+bool already_registered(c10::Dispatcher& d, std::string& why) {
+  if (d.hasBackendFallbackForDispatchKey(kHookKey)) {
+    why = std::string("a fallback is already registered on ") + c10::toString(kHookKey);
+    return true;
+  }
+  if (d.findSchema(c10::OperatorName("opdump::enable", ""))) {
+    why = "the opdump:: custom ops are already registered";
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool install() {
+  try {
+    auto& d = c10::Dispatcher::singleton();
+    std::string why;
+    if (already_registered(d, why)) {
+      internal_error(rust::Str(
+          "another copy of opdump is already loaded in this process (" + why +
+          "); this copy stays inactive"));
+      return false;
+    }
+    // The Library objects must live as long as the registrations: leaked on
+    // purpose, as the static ones of TORCH_LIBRARY would be.
+    auto* ops = new torch::Library(torch::Library::DEF, "opdump", std::nullopt, __FILE__, __LINE__);
+    ops->def("enable() -> ()", &op_enable);
+    ops->def("disable() -> ()", &op_disable);
+    ops->def("flush() -> ()", &op_flush);
+    ops->def("step() -> int", &op_step);
+    ops->def("stats() -> int[]", &op_stats);
+    auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
+    impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
+    return true;
+  } catch (const std::exception& e) {
+    internal_error(rust::Str(std::string("registration failed: ") + e.what()));
+    return false;
+  }
+}
+
+void set_active(bool on) {
+  if (on) {
+    thread_hook_enable();
+    key_on_for_this_thread();
+  } else {
+    thread_hook_disable();
+  }
+  g_active.store(on, std::memory_order_release);
+}
+
+rust::String torch_version() {
+#ifdef TORCH_VERSION
+  return rust::String(TORCH_VERSION);
+#else
+  return rust::String(OPDUMP_BUILD_TORCH_VERSION);
+#endif
+}
+
+}  // namespace opdump

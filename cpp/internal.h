@@ -1,0 +1,51 @@
+// Declarations shared by the C++ files; not part of the bridge.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKey.h>
+#include <c10/core/DispatchKeySet.h>
+
+namespace opdump {
+
+struct TensorRow;
+
+// The one place that names the key opdump's fallback sits on. It is above
+// autograd, autocast, Python and functorch, so every op at every nesting depth
+// passes through it. TESTING_ONLY_GenericMode is the only free key today.
+constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+// Keys that must not see the ops opdump itself runs to measure a tensor: its
+// own, autograd, autocast, user Python modes and functorch.
+c10::DispatchKeySet stats_excluded_keys();
+
+// Whether recording is on. Read at every op; written by set_active.
+extern std::atomic<bool> g_active;
+
+// The boxed fallback (fallback.cpp).
+void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+
+// Per-thread phase (threads.cpp): 0 forward, 1 backward, 2 optimizer.
+uint8_t current_phase();
+// Adds (once) or re-enables the RecordFunction callback; disables it.
+void thread_hook_enable();
+void thread_hook_disable();
+// Switches the hook key on for the calling thread.
+void key_on_for_this_thread();
+
+// Statistics (stats.cpp). Fills the status and statistics fields of `row`.
+enum Status : uint8_t {
+  kComputed = 0,
+  kUninitialized = 1,
+  kUnsupported = 2,
+  kReused = 3,
+  kView = 4,
+  kNotMeasured = 5,
+  kFailed = 6,
+};
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row);
+
+}  // namespace opdump

@@ -1,0 +1,2 @@
+// opdump compare: under construction.
+fn main() {}

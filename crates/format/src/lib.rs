@@ -1,0 +1,19 @@
+//! opdump's on-disk format, with no dependency on torch.
+//!
+//! - [`record`]: one op call and its tensors, as the plugin produces them;
+//! - [`schema`]: the Arrow schema of a dump file (one row per tensor);
+//! - [`writer`]: a rotating Parquet writer that only ever shows complete files;
+//! - [`reader`]: finding the files of a dump and reading them back.
+//!
+//! The plugin (`src/`) writes with it and `opdump compare` (`crates/cli`) reads with it.
+
+pub mod error;
+pub mod reader;
+pub mod record;
+pub mod schema;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use record::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
+pub use schema::SCHEMA_VERSION;
+pub use writer::{RotateOptions, RotatingWriter};

@@ -1,0 +1,217 @@
+//! Finding the files of a dump and reading them back.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::error::{Error, Result};
+use crate::record::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
+use crate::schema::{col, meta, MIN_READABLE_SCHEMA_VERSION, SCHEMA_VERSION};
+
+/// One visible file of a dump, with the partition keys of its directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpFile {
+    pub path: PathBuf,
+    pub rank: Option<u32>,
+    pub device: Option<String>,
+}
+
+fn partition_value<'a>(name: &'a str, key: &str) -> Option<&'a str> {
+    name.strip_prefix(key)?.strip_prefix('=')
+}
+
+/// Lists the visible Parquet files of a dump directory, in a stable order.
+/// `dir` may be the dump root, a `rank=<R>` directory or a `device=<D>`
+/// directory. Hidden files (in-progress `.part-*.tmp`) are skipped.
+pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
+    fn walk(dir: &Path, rank: Option<u32>, device: Option<&str>, out: &mut Vec<DumpFile>) -> Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let path = e.path();
+            if path.is_dir() {
+                if let Some(r) = partition_value(&name, "rank") {
+                    walk(&path, r.parse().ok(), device, out)?;
+                } else if let Some(d) = partition_value(&name, "device") {
+                    walk(&path, rank, Some(d), out)?;
+                }
+            } else if name.ends_with(".parquet") {
+                out.push(DumpFile { path, rank, device: device.map(str::to_owned) });
+            }
+        }
+        Ok(())
+    }
+    if !dir.is_dir() {
+        return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory")));
+    }
+    let mut out = Vec::new();
+    // Partition keys of the directory itself, when given a sub-directory.
+    let own = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let rank = partition_value(&own, "rank").and_then(|r| r.parse().ok());
+    let device = partition_value(&own, "device").map(str::to_owned);
+    walk(dir, rank, device.as_deref(), &mut out)?;
+    if out.is_empty() {
+        return Err(Error::NoDump { path: dir.to_path_buf() });
+    }
+    Ok(out)
+}
+
+/// A file's key-value metadata, after checking that this build can read it.
+pub fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
+    let kv: HashMap<String, String> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
+        .unwrap_or_default();
+    check_version(path, &kv)?;
+    Ok(kv)
+}
+
+fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
+    let Some(v) = kv.get(meta::SCHEMA_VERSION) else {
+        return Err(Error::format(path, "not an opdump file (no opdump.schema_version in its metadata)"));
+    };
+    let v: u32 = v
+        .parse()
+        .map_err(|_| Error::format(path, format!("bad opdump.schema_version {v:?}")))?;
+    if v < MIN_READABLE_SCHEMA_VERSION {
+        return Err(Error::format(path, format!(
+            "dump schema version {v} is too old: this opdump reads versions {MIN_READABLE_SCHEMA_VERSION} to {SCHEMA_VERSION}"
+        )));
+    }
+    if v > SCHEMA_VERSION {
+        return Err(Error::format(path, format!(
+            "dump schema version {v} is newer than this opdump (reads up to {SCHEMA_VERSION}); upgrade opdump"
+        )));
+    }
+    Ok(v)
+}
+
+/// Opens one file for streaming, after the version check. Callers choose
+/// columns with the builder's projection to keep memory small.
+pub fn open_batches(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
+    let kv: HashMap<String, String> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
+        .unwrap_or_default();
+    check_version(path, &kv)?;
+    Ok(builder)
+}
+
+fn column<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
+    batch
+        .column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| Error::format(path, format!("column {name:?} is missing")))
+}
+
+/// Reads a whole file back into records, rows of one op call joined again.
+/// Meant for tests and small dumps; `opdump compare` streams columns instead.
+pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
+    let reader = open_batches(path)?.build().map_err(|e| Error::parquet(path, e))?;
+    let mut out: Vec<OpRecord> = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let i64c = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_primitive::<Int64Type>()) };
+        let i32c = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_primitive::<Int32Type>()) };
+        let f64c = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_primitive::<Float64Type>()) };
+        let strc = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_string::<i32>()) };
+        let (seq, parent, depth, pid, thread, step) = (
+            i64c(col::SEQ)?, i64c(col::PARENT_SEQ)?, i32c(col::DEPTH)?, i32c(col::PID)?,
+            i64c(col::THREAD)?, i64c(col::STEP)?,
+        );
+        let (phase, op, overload, args, error, role, arg) = (
+            strc(col::PHASE)?, strc(col::OP)?, strc(col::OVERLOAD)?, strc(col::ARGS)?,
+            strc(col::ERROR)?, strc(col::ROLE)?, strc(col::ARG)?,
+        );
+        let (start, dur, list_index, dtype, device, numel, status) = (
+            i64c(col::START_NS)?, i64c(col::DURATION_NS)?, i32c(col::LIST_INDEX)?,
+            strc(col::DTYPE)?, strc(col::TENSOR_DEVICE)?, i64c(col::NUMEL)?, strc(col::STATS_STATUS)?,
+        );
+        let shape = column(path, &batch, col::SHAPE)?.as_list::<i32>();
+        let stride = column(path, &batch, col::STRIDE)?.as_list::<i32>();
+        let f = [col::MIN, col::MAX, col::MEAN, col::STD, col::L2, col::ABSMAX]
+            .map(|n| f64c(n));
+        let [fmin, fmax, fmean, fstd, fl2, fabs] = f;
+        let (fmin, fmax, fmean, fstd, fl2, fabs) = (fmin?, fmax?, fmean?, fstd?, fl2?, fabs?);
+        let counts = [col::NAN_COUNT, col::POSINF_COUNT, col::NEGINF_COUNT, col::ZERO_COUNT].map(|n| i64c(n));
+        let [cnan, cpos, cneg, czero] = counts;
+        let (cnan, cpos, cneg, czero) = (cnan?, cpos?, cneg?, czero?);
+        let fv = |a: &arrow_array::Float64Array, i| if a.is_null(i) { f64::NAN } else { a.value(i) };
+        let iv = |a: &arrow_array::Int64Array, i| if a.is_null(i) { 0 } else { a.value(i) };
+        let ints = |l: &arrow_array::ListArray, i| -> Vec<i64> {
+            if l.is_null(i) { Vec::new() } else { l.value(i).as_primitive::<Int64Type>().values().to_vec() }
+        };
+        for i in 0..batch.num_rows() {
+            let s = seq.value(i);
+            if out.last().map(|r| r.seq) != Some(s) {
+                out.push(OpRecord {
+                    seq: s,
+                    parent_seq: (!parent.is_null(i)).then(|| parent.value(i)),
+                    depth: depth.value(i),
+                    pid: pid.value(i),
+                    thread: thread.value(i),
+                    step: step.value(i),
+                    phase: Phase::parse(phase.value(i))
+                        .ok_or_else(|| Error::format(path, format!("bad phase {:?}", phase.value(i))))?,
+                    op: op.value(i).to_owned(),
+                    overload: overload.value(i).to_owned(),
+                    args: args.value(i).to_owned(),
+                    start_ns: start.value(i),
+                    duration_ns: dur.value(i),
+                    error: (!error.is_null(i)).then(|| error.value(i).to_owned()),
+                    tensors: Vec::new(),
+                });
+            }
+            let role_v = Role::parse(role.value(i))
+                .ok_or_else(|| Error::format(path, format!("bad role {:?}", role.value(i))))?;
+            if role_v == Role::None {
+                continue;
+            }
+            let status_v = StatsStatus::parse(status.value(i))
+                .ok_or_else(|| Error::format(path, format!("bad stats_status {:?}", status.value(i))))?;
+            let Some(rec) = out.last_mut() else { continue };
+            rec.tensors.push(TensorRecord {
+                role: role_v,
+                arg: arg.value(i).to_owned(),
+                list_index: (!list_index.is_null(i)).then(|| list_index.value(i)),
+                dtype: dtype.value(i).to_owned(),
+                shape: ints(shape, i),
+                stride: ints(stride, i),
+                device: device.value(i).to_owned(),
+                numel: numel.value(i),
+                status: status_v,
+                stats: if status_v.has_values() {
+                    Stats {
+                        min: fv(fmin, i), max: fv(fmax, i), mean: fv(fmean, i), std: fv(fstd, i),
+                        l2: fv(fl2, i), absmax: fv(fabs, i),
+                        nan_count: iv(cnan, i), posinf_count: iv(cpos, i),
+                        neginf_count: iv(cneg, i), zero_count: iv(czero, i),
+                    }
+                } else {
+                    Stats::NONE
+                },
+            });
+        }
+    }
+    Ok(out)
+}

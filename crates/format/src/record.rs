@@ -1,0 +1,190 @@
+//! The record of one op call, as the plugin hands it to the writer.
+
+/// Where an op call ran: the autograd engine's backward functions, inside
+/// `Optimizer.step`, or anywhere else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "forward" => Phase::Forward,
+            "backward" => Phase::Backward,
+            "optimizer" => Phase::Optimizer,
+            _ => return None,
+        })
+    }
+}
+
+/// The tensor's place in the call. `None` marks the single row of an op
+/// without tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    Input,
+    Output,
+    None,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Input => "input",
+            Role::Output => "output",
+            Role::None => "none",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "input" => Role::Input,
+            "output" => Role::Output,
+            "none" => Role::None,
+            _ => return None,
+        })
+    }
+}
+
+/// Why the statistics of a tensor are what they are; a reader uses it to tell
+/// a null statistic that was never measured from one that cannot exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StatsStatus {
+    /// Measured on the tensor's device.
+    Computed,
+    /// The memory holds no values yet (`empty`, the pre-op value of `fill_`'s
+    /// or an out= argument, ...).
+    Uninitialized,
+    /// Metadata only: meta, fake, sparse, quantized, nested or storage-less.
+    Unsupported,
+    /// Copied from the record of the op that produced this unmodified tensor.
+    Reused,
+    /// Copied from the input of a value-preserving view.
+    View,
+    /// Not measured on purpose (inputs switched off, asynchronous outputs).
+    NotMeasured,
+    /// Measuring failed; the op itself ran normally.
+    Failed,
+}
+
+impl StatsStatus {
+    pub const ALL: [StatsStatus; 7] = [
+        StatsStatus::Computed,
+        StatsStatus::Uninitialized,
+        StatsStatus::Unsupported,
+        StatsStatus::Reused,
+        StatsStatus::View,
+        StatsStatus::NotMeasured,
+        StatsStatus::Failed,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatsStatus::Computed => "computed",
+            StatsStatus::Uninitialized => "uninitialized",
+            StatsStatus::Unsupported => "unsupported",
+            StatsStatus::Reused => "reused",
+            StatsStatus::View => "view",
+            StatsStatus::NotMeasured => "not_measured",
+            StatsStatus::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.as_str() == s)
+    }
+    /// Whether the statistics columns hold measured values.
+    pub fn has_values(self) -> bool {
+        matches!(self, StatsStatus::Computed | StatsStatus::Reused | StatsStatus::View)
+    }
+}
+
+/// Statistics over the finite elements of a tensor, in float64.
+///
+/// A value that does not exist (the min of a tensor with no finite element)
+/// is NaN here and null in the file.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    /// Population standard deviation.
+    pub std: f64,
+    pub l2: f64,
+    pub absmax: f64,
+    pub nan_count: i64,
+    pub posinf_count: i64,
+    pub neginf_count: i64,
+    pub zero_count: i64,
+}
+
+impl Stats {
+    pub const NONE: Stats = Stats {
+        min: f64::NAN,
+        max: f64::NAN,
+        mean: f64::NAN,
+        std: f64::NAN,
+        l2: f64::NAN,
+        absmax: f64::NAN,
+        nan_count: 0,
+        posinf_count: 0,
+        neginf_count: 0,
+        zero_count: 0,
+    };
+}
+
+/// One tensor among an op call's arguments or results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorRecord {
+    pub role: Role,
+    /// The schema's argument name, or the return index for results.
+    pub arg: String,
+    /// The position inside a `Tensor[]` argument or result.
+    pub list_index: Option<i32>,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    pub stride: Vec<i64>,
+    /// As torch prints it: `cpu`, `cuda:0`.
+    pub device: String,
+    pub numel: i64,
+    pub status: StatsStatus,
+    /// Meaningful only when `status.has_values()`.
+    pub stats: Stats,
+}
+
+/// One op call with its tensors. Written as one row per tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpRecord {
+    /// Process-wide, unique, increasing in call (entry) order.
+    pub seq: i64,
+    pub parent_seq: Option<i64>,
+    pub depth: i32,
+    pub pid: i32,
+    pub thread: i64,
+    pub step: i64,
+    pub phase: Phase,
+    /// As the schema names it, without the overload: `aten::native_layer_norm`.
+    pub op: String,
+    /// `Tensor`, `out`, ...; `default` for the unnamed overload.
+    pub overload: String,
+    /// The non-tensor arguments as text.
+    pub args: String,
+    pub start_ns: i64,
+    pub duration_ns: i64,
+    /// The message of the exception the op raised, if it raised.
+    pub error: Option<String>,
+    pub tensors: Vec<TensorRecord>,
+}
+
+impl OpRecord {
+    /// How many rows this record becomes in a file.
+    pub fn row_count(&self) -> usize {
+        self.tensors.len().max(1)
+    }
+}

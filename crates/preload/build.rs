@@ -1,0 +1,8 @@
+// Records the torch version the core is built against, so that the entry
+// point can refuse a different torch at run time before it loads the core.
+fn main() {
+    let torch = opdump_torchfind::find_or_exit();
+    println!("cargo:rustc-env=OPDUMP_BUILD_TORCH_VERSION={}", torch.version);
+    println!("cargo:rustc-env=OPDUMP_BUILD_CXX11_ABI={}", u8::from(torch.cxx11_abi));
+    println!("cargo:rerun-if-changed=build.rs");
+}

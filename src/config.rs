@@ -1,0 +1,263 @@
+//! Every `OPDUMP_*` variable, parsed in one place.
+//!
+//! A bad value is one clear line naming the variable, the value and what is
+//! accepted; dumping then stays off rather than guessing, and the job runs on.
+//! An unknown `OPDUMP_*` name gets a warning with the nearest valid one.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use regex::Regex;
+
+/// Every variable opdump reads: name, default, meaning. The README's table
+/// and the unknown-name check both come from here.
+pub const VARIABLES: &[(&str, &str, &str)] = &[
+    ("OPDUMP", "0", "1 switches dumping on at load; 0 leaves it off until torch.ops.opdump.enable()"),
+    ("OPDUMP_DIR", "./opdump", "where the dump goes (rank=<R>/device=<D>/part-*.parquet)"),
+    ("OPDUMP_INCLUDE", "(all)", "regex searched in `op.overload`; only matching ops are recorded"),
+    ("OPDUMP_EXCLUDE", "(none)", "regex searched in `op.overload`; matching ops are not recorded"),
+    ("OPDUMP_STEPS", "(all)", "steps to record: a list of numbers and ranges, e.g. 0-2,10"),
+    ("OPDUMP_RANKS", "(all)", "ranks that record: a list of numbers and ranges, e.g. 0,3"),
+    ("OPDUMP_MAX_DEPTH", "(none)", "deepest nesting level recorded; 0 records top-level ops only"),
+    ("OPDUMP_INPUTS", "1", "0 records outputs only"),
+    ("OPDUMP_MAX_RECORDS", "0", "stop recording after this many op calls per process; 0 is no limit"),
+    ("OPDUMP_ROTATE_ROWS", "500000", "start a new file after this many rows"),
+    ("OPDUMP_ROTATE_SECS", "10", "start a new file after this many seconds; bounds what a crash loses"),
+    ("OPDUMP_QUEUE", "16384", "capacity of the record channel to the writer thread, in op calls"),
+    ("OPDUMP_QUEUE_FULL", "block", "when the channel is full: block (wait, nothing lost) or drop (count and go on)"),
+    ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record is dropped, so a hung disk never hangs the job"),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueFull {
+    Block,
+    Drop,
+}
+
+/// A set of non-negative integers, from `0-2,10`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntSet(Vec<(i64, i64)>);
+
+impl IntSet {
+    pub fn contains(&self, v: i64) -> bool {
+        self.0.iter().any(|&(lo, hi)| lo <= v && v <= hi)
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            let num = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v >= 0);
+            let range = match part.split_once('-') {
+                Some((a, b)) => match (num(a), num(b)) {
+                    (Some(a), Some(b)) if a <= b => (a, b),
+                    _ => return Err(format!("bad range {part:?}")),
+                },
+                None => match num(part) {
+                    Some(v) => (v, v),
+                    None => return Err(format!("bad number {part:?}")),
+                },
+            };
+            out.push(range);
+        }
+        Ok(IntSet(out))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub on_at_load: bool,
+    pub dir: PathBuf,
+    pub include: Option<Regex>,
+    pub exclude: Option<Regex>,
+    pub steps: Option<IntSet>,
+    pub ranks: Option<IntSet>,
+    pub max_depth: Option<i32>,
+    pub inputs: bool,
+    pub max_records: u64,
+    pub rotate_rows: u64,
+    pub rotate_every: Duration,
+    pub queue: usize,
+    pub queue_full: QueueFull,
+    pub queue_wait: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            on_at_load: false,
+            dir: PathBuf::from("opdump"),
+            include: None,
+            exclude: None,
+            steps: None,
+            ranks: None,
+            max_depth: None,
+            inputs: true,
+            max_records: 0,
+            rotate_rows: 500_000,
+            rotate_every: Duration::from_secs(10),
+            queue: 16384,
+            queue_full: QueueFull::Block,
+            queue_wait: Duration::from_millis(10_000),
+        }
+    }
+}
+
+/// The outcome of reading the environment: a config, and the lines to print.
+pub struct Parsed {
+    pub config: Config,
+    /// Bad values: dumping must stay off.
+    pub errors: Vec<String>,
+    /// Unknown names: printed, nothing else changes.
+    pub warnings: Vec<String>,
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" | "" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_count(v: &str) -> Option<u64> {
+    v.trim().replace('_', "").parse::<u64>().ok()
+}
+
+/// Reads the configuration from `vars` (the process environment in
+/// production, a list in tests).
+pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
+    let mut c = Config::default();
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    let mut bad = |name: &str, value: &str, accepted: &str| {
+        errors.push(format!("{name}={value:?} is not valid: {accepted}"));
+    };
+    for (name, value) in vars {
+        if !name.starts_with("OPDUMP") {
+            continue;
+        }
+        let v = value.as_str();
+        match name.as_str() {
+            "OPDUMP" => match parse_bool(v) {
+                Some(b) => c.on_at_load = b,
+                None => bad(&name, v, "use 1 to switch dumping on, 0 to leave it off"),
+            },
+            "OPDUMP_DIR" => {
+                if v.trim().is_empty() {
+                    bad(&name, v, "give a directory path")
+                } else {
+                    c.dir = PathBuf::from(v)
+                }
+            }
+            "OPDUMP_INCLUDE" | "OPDUMP_EXCLUDE" => match Regex::new(v) {
+                Ok(re) => {
+                    if name == "OPDUMP_INCLUDE" {
+                        c.include = Some(re)
+                    } else {
+                        c.exclude = Some(re)
+                    }
+                }
+                Err(e) => {
+                    let first = e.to_string().lines().last().unwrap_or("").trim().to_string();
+                    bad(&name, v, &format!("a regular expression is expected ({first})"))
+                }
+            },
+            "OPDUMP_STEPS" | "OPDUMP_RANKS" => match IntSet::parse(v) {
+                Ok(s) => {
+                    if name == "OPDUMP_STEPS" {
+                        c.steps = Some(s)
+                    } else {
+                        c.ranks = Some(s)
+                    }
+                }
+                Err(why) => bad(&name, v, &format!("{why}; use numbers and ranges such as 0-2,10")),
+            },
+            "OPDUMP_MAX_DEPTH" => match v.trim().parse::<i32>() {
+                Ok(d) if d >= 0 => c.max_depth = Some(d),
+                _ => bad(&name, v, "a depth of 0 or more is expected"),
+            },
+            "OPDUMP_INPUTS" => match parse_bool(v) {
+                Some(b) => c.inputs = b,
+                None => bad(&name, v, "use 1 or 0"),
+            },
+            "OPDUMP_MAX_RECORDS" => match parse_count(v) {
+                Some(n) => c.max_records = n,
+                None => bad(&name, v, "a count of 0 (no limit) or more is expected"),
+            },
+            "OPDUMP_ROTATE_ROWS" => match parse_count(v) {
+                Some(n) if n > 0 => c.rotate_rows = n,
+                _ => bad(&name, v, "a row count above 0 is expected"),
+            },
+            "OPDUMP_ROTATE_SECS" => match v.trim().parse::<f64>() {
+                Ok(s) if s > 0.0 && s.is_finite() => c.rotate_every = Duration::from_secs_f64(s),
+                _ => bad(&name, v, "a number of seconds above 0 is expected"),
+            },
+            "OPDUMP_QUEUE" => match parse_count(v) {
+                Some(n) if n > 0 => c.queue = n as usize,
+                _ => bad(&name, v, "a capacity above 0 is expected"),
+            },
+            "OPDUMP_QUEUE_FULL" => match v.trim() {
+                "block" => c.queue_full = QueueFull::Block,
+                "drop" => c.queue_full = QueueFull::Drop,
+                _ => bad(&name, v, "use block or drop"),
+            },
+            "OPDUMP_QUEUE_WAIT_MS" => match parse_count(v) {
+                Some(n) => c.queue_wait = Duration::from_millis(n),
+                None => bad(&name, v, "a number of milliseconds is expected"),
+            },
+            _ => {
+                let nearest = VARIABLES
+                    .iter()
+                    .map(|(n, _, _)| (strsim::levenshtein(n, &name), *n))
+                    .min()
+                    .map(|(_, n)| n)
+                    .unwrap_or("OPDUMP");
+                warnings.push(format!(
+                    "{name} is not an opdump variable and is ignored; did you mean {nearest}?"
+                ));
+            }
+        }
+    }
+    Parsed { config: c, errors, warnings }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(vars: &[(&str, &str)]) -> Parsed {
+        parse(vars.iter().map(|(a, b)| (a.to_string(), b.to_string())))
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let r = p(&[("OPDUMP", "1"), ("OPDUMP_STEPS", "0-2,10"), ("OPDUMP_QUEUE_FULL", "drop")]);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert!(r.config.on_at_load);
+        let s = r.config.steps.unwrap();
+        assert!(s.contains(0) && s.contains(2) && s.contains(10) && !s.contains(3));
+        assert_eq!(r.config.queue_full, QueueFull::Drop);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (name, value) in [
+            ("OPDUMP", "yes please"),
+            ("OPDUMP_INCLUDE", "add("),
+            ("OPDUMP_STEPS", "1-"),
+            ("OPDUMP_ROTATE_ROWS", "-5"),
+            ("OPDUMP_QUEUE_FULL", "sometimes"),
+        ] {
+            let r = p(&[(name, value)]);
+            assert_eq!(r.errors.len(), 1, "{name}={value}");
+            assert!(r.errors[0].starts_with(&format!("{name}=")), "{}", r.errors[0]);
+        }
+    }
+
+    #[test]
+    fn unknown_name_suggests_the_nearest() {
+        let r = p(&[("OPDUMP_DIRR", "/tmp/x")]);
+        assert!(r.errors.is_empty());
+        assert!(r.warnings[0].contains("did you mean OPDUMP_DIR?"), "{}", r.warnings[0]);
+    }
+}

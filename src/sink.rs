@@ -1,0 +1,281 @@
+//! The record path after C++: a bounded channel and one named writer thread
+//! that drains it into Parquet, one rotating writer per device partition.
+//!
+//! Modelled on tracing-appender's non-blocking writer: bounded channel, named
+//! worker, explicit flush and shutdown with bounded waits. The producer never
+//! waits longer than the configured bound, so a stalled disk cannot hang the
+//! job; what is dropped or lost is counted.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
+use opdump_format::schema::meta;
+use opdump_format::{OpRecord, Role, RotateOptions, RotatingWriter};
+
+use crate::config::{Config, QueueFull};
+
+/// How often the writer wakes up to rotate files by age.
+const TICK: Duration = Duration::from_millis(200);
+
+/// Counts of what happened to records, for `torch.ops.opdump.stats()` and the
+/// exit report.
+#[derive(Default)]
+pub struct Counters {
+    /// Op calls handed to the channel.
+    pub enqueued: AtomicU64,
+    /// Op calls in complete, visible files.
+    pub written: AtomicU64,
+    /// Op calls dropped because the channel stayed full.
+    pub dropped: AtomicU64,
+    /// Op calls lost because writing failed.
+    pub failed: AtomicU64,
+}
+
+enum Msg {
+    Record(OpRecord),
+    /// Complete every open file, then answer.
+    Flush(Sender<()>),
+    Stop,
+}
+
+/// What the writer needs to name and describe its files.
+pub struct SinkSetup {
+    pub dir: PathBuf,
+    pub rank: u32,
+    pub pid: i32,
+    pub torch_version: String,
+    /// Called once from the writer thread when writing fails for good.
+    pub on_failure: fn(),
+}
+
+pub struct Sink {
+    tx: Sender<Msg>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    pub counters: Arc<Counters>,
+    policy: QueueFull,
+    wait: Duration,
+    /// Set after a send timed out: later sends do not wait again until the
+    /// writer catches up, so a hung disk costs the job one wait, not one per op.
+    stalled: AtomicBool,
+}
+
+impl Sink {
+    pub fn start(config: &Config, setup: SinkSetup) -> std::io::Result<Sink> {
+        let (tx, rx) = bounded(config.queue);
+        let counters = Arc::new(Counters::default());
+        let opts = RotateOptions {
+            max_rows: config.rotate_rows,
+            max_age: config.rotate_every,
+            ..RotateOptions::default()
+        };
+        let worker = Worker {
+            setup,
+            opts,
+            writers: HashMap::new(),
+            counters: counters.clone(),
+            failed: false,
+        };
+        let handle = std::thread::Builder::new()
+            .name("opdump-writer".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(Sink {
+            tx,
+            worker: Mutex::new(Some(handle)),
+            counters,
+            policy: config.queue_full,
+            wait: config.queue_wait,
+            stalled: AtomicBool::new(false),
+        })
+    }
+
+    /// Hands one record to the writer, waiting at most the configured bound.
+    pub fn send(&self, rec: OpRecord) {
+        let result = match self.policy {
+            QueueFull::Block if !self.stalled.load(Ordering::Relaxed) => {
+                match self.tx.send_timeout(Msg::Record(rec), self.wait) {
+                    Ok(()) => Ok(()),
+                    Err(SendTimeoutError::Timeout(_)) => {
+                        if !self.stalled.swap(true, Ordering::Relaxed) {
+                            eprintln!(
+                                "opdump: the writer has not taken a record for {} ms (a slow or hung disk?); \
+                                 records are dropped and counted until it catches up",
+                                self.wait.as_millis()
+                            );
+                        }
+                        Err(())
+                    }
+                    Err(SendTimeoutError::Disconnected(_)) => Err(()),
+                }
+            }
+            _ => match self.tx.try_send(Msg::Record(rec)) {
+                Ok(()) => {
+                    self.stalled.store(false, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(()),
+            },
+        };
+        match result {
+            Ok(()) => self.counters.enqueued.fetch_add(1, Ordering::Relaxed),
+            Err(()) => self.counters.dropped.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Waits until everything sent so far is in complete, visible files.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (reply_tx, reply_rx) = bounded(1);
+        if self.tx.send_timeout(Msg::Flush(reply_tx), timeout).is_err() {
+            return false;
+        }
+        reply_rx.recv_timeout(timeout).is_ok()
+    }
+
+    /// Writes everything queued, completes the files and stops the writer.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        let Some(handle) = self.worker.lock().ok().and_then(|mut w| w.take()) else {
+            return true;
+        };
+        if self.tx.send_timeout(Msg::Stop, timeout).is_err() {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        while !handle.is_finished() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        handle.join().is_ok()
+    }
+}
+
+struct Worker {
+    setup: SinkSetup,
+    opts: RotateOptions,
+    writers: HashMap<String, RotatingWriter>,
+    counters: Arc<Counters>,
+    failed: bool,
+}
+
+/// `cuda:0` -> `cuda_0`: a directory name for a device.
+fn device_dir(device: &str) -> String {
+    device.replace(':', "_")
+}
+
+/// An op's rows go to the partition of its first output's device, else its
+/// first input's, else `cpu`.
+fn partition_of(rec: &OpRecord) -> &str {
+    rec.tensors
+        .iter()
+        .find(|t| t.role == Role::Output)
+        .or_else(|| rec.tensors.first())
+        .map_or("cpu", |t| t.device.as_str())
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            match rx.recv_timeout(TICK) {
+                Ok(Msg::Record(rec)) => self.write(rec),
+                Ok(Msg::Flush(reply)) => {
+                    self.close_all();
+                    let _ = reply.send(());
+                }
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                    // Take what is still queued, then stop.
+                    while let Ok(Msg::Record(rec)) = rx.try_recv() {
+                        self.write(rec);
+                    }
+                    self.close_all();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => self.tick(),
+            }
+        }
+    }
+
+    fn writer_for(&mut self, device: &str) -> &mut RotatingWriter {
+        let key = device_dir(device);
+        let s = &self.setup;
+        let opts = &self.opts;
+        self.writers.entry(key.clone()).or_insert_with(|| {
+            let dir = s.dir.join(format!("rank={}", s.rank)).join(format!("device={key}"));
+            let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
+            let metadata = vec![
+                (meta::OPDUMP_VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                (meta::TORCH_VERSION.to_string(), s.torch_version.clone()),
+                (meta::PID.to_string(), s.pid.to_string()),
+                (meta::RANK.to_string(), s.rank.to_string()),
+                (meta::DEVICE.to_string(), device.to_string()),
+                (meta::STATS_ACCUMULATE.to_string(), accumulate.to_string()),
+            ];
+            RotatingWriter::new(dir, format!("part-{}", s.pid), opts.clone(), metadata)
+        })
+    }
+
+    fn write(&mut self, rec: OpRecord) {
+        if self.failed {
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let device = partition_of(&rec).to_string();
+        let w = self.writer_for(&device);
+        let before = w.ops_written();
+        let result = w.append(&rec);
+        let done = w.ops_written() - before;
+        self.counters.written.fetch_add(done, Ordering::Relaxed);
+        if let Err(e) = result {
+            self.fail(&e);
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let mut error = None;
+        for w in self.writers.values_mut() {
+            let before = w.ops_written();
+            if let Err(e) = w.tick(now) {
+                error = Some(e);
+            }
+            self.counters.written.fetch_add(w.ops_written() - before, Ordering::Relaxed);
+        }
+        if let Some(e) = error {
+            self.fail(&e);
+        }
+    }
+
+    fn close_all(&mut self) {
+        if self.failed {
+            return;
+        }
+        let mut error = None;
+        for w in self.writers.values_mut() {
+            let before = w.ops_written();
+            if let Err(e) = w.close_file() {
+                error = Some(e);
+            }
+            self.counters.written.fetch_add(w.ops_written() - before, Ordering::Relaxed);
+        }
+        if let Some(e) = error {
+            self.fail(&e);
+        }
+    }
+
+    /// Writing failed (disk full, a file-size limit, permissions): stop
+    /// writing for good, remove incomplete files, count what is lost.
+    fn fail(&mut self, e: &opdump_format::Error) {
+        self.failed = true;
+        let lost: u64 = self.writers.values_mut().map(|w| w.abandon()).sum();
+        self.counters.failed.fetch_add(lost, Ordering::Relaxed);
+        eprintln!(
+            "opdump: writing the dump failed ({e}); opdump stops recording. \
+             {lost} op calls were lost; the job goes on unchanged"
+        );
+        (self.setup.on_failure)();
+    }
+}
