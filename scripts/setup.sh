@@ -26,5 +26,5 @@ fi
 export OPDUMP_PYTHON="$PWD/$VENV/bin/python"
 if [ "${OPDUMP_SKIP_BUILD:-0}" != 1 ]; then
   cargo build --release --workspace --quiet
-  "$OPDUMP_PYTHON" tests/testdev/build.py
+  "$OPDUMP_PYTHON" tests/testdev/build.py >&2
 fi

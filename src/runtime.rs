@@ -71,16 +71,7 @@ fn writer_failed() {
 pub fn init() {
     PID.store(std::process::id() as i32, Ordering::Relaxed);
     let parsed = config::parse(std::env::vars());
-    for w in &parsed.warnings {
-        say(w);
-    }
-    for e in &parsed.errors {
-        say(e);
-    }
     let config_ok = parsed.errors.is_empty();
-    if !config_ok {
-        say("dumping stays off until the values above are fixed");
-    }
     let dir = std::path::absolute(&parsed.config.dir).unwrap_or_else(|_| parsed.config.dir.clone());
     let on = parsed.config.on_at_load;
     let _ = RUNTIME.set(Runtime {
@@ -89,8 +80,15 @@ pub fn init() {
         dir,
         torch_version: ffi::torch_version(),
     });
+    // A second copy reports itself and nothing else.
     if !ffi::install() {
         return;
+    }
+    for line in parsed.warnings.iter().chain(&parsed.errors) {
+        say(line);
+    }
+    if !config_ok {
+        say("dumping stays off until the values above are fixed");
     }
     // SAFETY: registering a plain extern "C" function.
     unsafe { libc::atexit(at_exit) };

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: set-up (venv with the pinned torch, release build), then
+# the Rust tests of every crate and the Python tests against the built library.
+#
+#   scripts/test.sh               # everything
+#   scripts/test.sh -k seed       # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OPDUMP_PYTHON="$PWD/${VENV:-.venv}/bin/python"
+
+echo "== cargo test (format, cli, core config)" >&2
+cargo test --release --workspace --quiet
+
+echo "== pytest" >&2
+"$OPDUMP_PYTHON" -m pytest tests -q -p no:cacheprovider "$@"

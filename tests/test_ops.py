@@ -1,0 +1,131 @@
+"""Op shapes: in-place, out=, list returns and inputs, factory ops,
+ops that return nothing, and an op that raises."""
+
+import math
+
+from conftest import assert_stats_match, ref_stats
+
+import torch
+
+
+def test_op_shapes(run, tmp_path):
+    job = run("""
+    torch.manual_seed(1)
+    a = torch.randn(4, 5)
+    b = torch.randn(4, 5)
+    torch.save({"a": a.clone(), "b": b.clone()}, "in.pt")
+    torch.ops.opdump.enable()
+    a.add_(b)                                  # in-place
+    out = torch.empty(4, 5)
+    torch.add(a, b, out=out)                   # out=
+    parts = torch.split(out, 2)                # list return
+    cat = torch.cat([parts[1], parts[0]])      # list input
+    r = torch.randn(3, 3)                      # factory
+    xs = [torch.ones(2), torch.zeros(3)]
+    torch._foreach_add_(xs, 2.0)               # returns nothing
+    err = None
+    try:
+        torch.mm(torch.ones(2, 3), torch.ones(2, 3))
+    except RuntimeError as e:
+        err = str(e)
+    torch.ops.opdump.flush()
+    torch.save({"a": a, "out": out, "cat": cat, "r": r}, "out.pt")
+    print(json.dumps({"err": err}))
+    """)
+    assert job.returncode == 0, job.stderr
+    t = job.table()
+    before = torch.load(tmp_path / "in.pt")
+    after = torch.load(tmp_path / "out.pt")
+    top = t[t.depth == 0]
+
+    add_ = top[top.op == "aten::add_"].set_index(["role", "arg"])
+    assert add_.loc[("input", "self")].stats_status == "computed"
+    assert_stats_match(add_.loc[("input", "self")], ref_stats(before["a"]), what="add_ self before")
+    assert_stats_match(add_.loc[("output", "0")], ref_stats(after["a"]), what="add_ result")
+
+    add_out = top[(top.op == "aten::add") & (top.overload == "out")].set_index(["role", "arg"])
+    assert add_out.loc[("input", "out")].stats_status == "uninitialized"
+    assert math.isnan(add_out.loc[("input", "out")]["min"])
+    assert_stats_match(add_out.loc[("output", "0")], ref_stats(after["out"]), what="add out=")
+
+    split = top[top.op == "aten::split"]
+    outs = split[split.role == "output"].sort_values("list_index")
+    assert outs.list_index.tolist() == [0, 1] and set(outs.arg) == {"0"}
+    assert [list(s) for s in outs["shape"]] == [[2, 5], [2, 5]]
+
+    cat = top[top.op == "aten::cat"]
+    ins = cat[cat.role == "input"].sort_values("list_index")
+    assert ins.arg.tolist() == ["tensors", "tensors"] and ins.list_index.tolist() == [0, 1]
+    assert_stats_match(cat[cat.role == "output"].iloc[0], ref_stats(after["cat"]), what="cat")
+
+    randn = top[top.op == "aten::randn"]
+    assert (randn.role == "output").all() and len(randn) == 1
+    assert_stats_match(randn.iloc[0], ref_stats(after["r"]), what="randn")
+    # The nested fill of randn's fresh memory is not measured as values.
+    nested = t[(t.parent_seq == randn.iloc[0].seq) & (t.op == "aten::empty")]
+    assert (nested.stats_status == "uninitialized").all()
+
+    fe = top[top.op == "aten::_foreach_add_"]
+    outs = fe[fe.role == "output"].sort_values("list_index")
+    assert outs.arg.tolist() == ["self", "self"]
+    assert outs["min"].tolist() == [3.0, 2.0] and outs["max"].tolist() == [3.0, 2.0]
+
+    mm = top[top.op == "aten::mm"]
+    assert len(mm.drop_duplicates("seq")) == 1
+    msg = job.result()["err"]
+    assert msg and "cannot be multiplied" in msg
+    assert mm.iloc[0].error is not None and "cannot be multiplied" in mm.iloc[0].error
+    assert (mm.role == "input").all()
+
+
+def test_user_error_unchanged(run):
+    code = """
+    try:
+        torch.mm(torch.ones(2, 3), torch.ones(2, 3))
+    except RuntimeError as e:
+        print(json.dumps({"type": type(e).__name__, "msg": str(e)}))
+    """
+    off = run(code, load=False)
+    on = run(code, OPDUMP=1)
+    assert on.returncode == 0 and off.returncode == 0
+    assert on.result() == off.result()
+
+
+def test_values_nan_inf_empty_int_bool(run, tmp_path):
+    job = run("""
+    tensors = {
+        "f32": torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -3.5]),
+        "bf16": torch.tensor([0.1, -2.5, float("nan"), 0.0], dtype=torch.bfloat16),
+        "f16": torch.tensor([65504.0, -1e-3, float("-inf")], dtype=torch.float16),
+        "f64": torch.randn(1000, dtype=torch.float64) * 1e6 + 1e9,
+        "empty": torch.empty(0, 3),
+        "allnan": torch.full((4,), float("nan")),
+        "i64": torch.tensor([-5, 0, 7, 2**40]),
+        "u8": torch.tensor([0, 255, 3], dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True, True]),
+        "c64": torch.tensor([3 + 4j, 0j, -1j]),
+        "strided": torch.arange(24.0).reshape(4, 6)[:, ::2],
+        "transposed": torch.randn(5, 7).t(),
+        "expanded": torch.randn(3, 1).expand(3, 4),
+    }
+    torch.save(tensors, "t.pt")
+    torch.ops.opdump.enable()
+    for name, t in tensors.items():
+        torch.ops.aten.alias(t)
+    torch.ops.opdump.flush()
+    print(json.dumps(list(tensors)))
+    """)
+    assert job.returncode == 0, job.stderr
+    names = job.result()
+    saved = torch.load(tmp_path / "t.pt")
+    t = job.table()
+    rows = t[(t.op == "aten::alias") & (t.role == "input")].sort_values("seq")
+    assert len(rows) == len(names)
+    for name, (_, row) in zip(names, rows.iterrows()):
+        ten = saved[name]
+        assert row.stats_status == "computed", name
+        assert row["dtype"] == str(ten.dtype).removeprefix("torch."), name
+        assert row.numel == ten.numel()
+        assert_stats_match(row, ref_stats(ten), rtol=1e-9, atol=1e-12, what=name)
+    f32 = rows.iloc[0]
+    assert (f32.nan_count, f32.posinf_count, f32.neginf_count, f32.zero_count) == (1, 1, 1, 1)
