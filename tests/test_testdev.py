@@ -1,0 +1,572 @@
+"""Tests of the testdev PrivateUse1 test device (tests/testdev/).
+
+    .venv/bin/python -m pytest tests/test_testdev.py -q
+
+The first run builds tests/testdev/build/libtestdev.so (about a minute).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import tests.testdev as testdev  # noqa: E402
+
+D = "testdev"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _loaded():
+    testdev.load()
+
+
+@pytest.fixture(autouse=True)
+def _no_faults():
+    testdev.set_fault(None)
+    yield
+    testdev.set_fault(None)
+    testdev.trace(False)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and values (NaN equal to NaN), on any devices."""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def run(fn, inputs, device):
+    """fn on copies of inputs moved to device (float ones requiring grad);
+    returns the output and the gradients of sum(output * fixed weights)."""
+    xs = []
+    for x in inputs:
+        x = x.detach().to(device, copy=True)
+        if x.is_floating_point():
+            x.requires_grad_()
+        xs.append(x)
+    out = fn(*xs)
+    g = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape).to(device)
+    (out * g).sum().backward()
+    return out.detach().cpu(), [x.grad.cpu() if x.grad is not None else None for x in xs]
+
+
+# ---- the device ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64]
+)
+def test_round_trip(dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(3, 5) * 10).to(dtype)
+    y = x.to(D)
+    assert y.device == torch.device(D, 0)
+    assert y.is_testdev
+    assert bits_equal(y.cpu(), x)
+    # non-contiguous source and device -> device copy
+    t = x.t().to(D)
+    assert bits_equal(t.cpu(), x.t())
+    assert bits_equal(t.clone().cpu(), x.t())
+    assert bits_equal(x.testdev().cpu(), x)
+
+
+def test_factories_and_item():
+    assert bits_equal(torch.ones(2, 3, device=D).cpu(), torch.ones(2, 3))
+    assert bits_equal(torch.arange(6, device=D).cpu(), torch.arange(6))
+    assert torch.tensor(2.5, device=D).item() == 2.5
+    assert torch.full((2,), 7, device=D).sum().item() == 14
+    e = torch.empty(4, 5, device=D)
+    assert e.shape == (4, 5) and e.device.type == D
+    with pytest.raises(RuntimeError, match="single device"):
+        torch.empty(2, device=torch.device(D, 1))
+
+
+def test_views_alias_their_base():
+    a = torch.zeros(4, 4, device=D)
+    a.view(16)[0] = 1
+    a.t()[0, 1] = 2  # a[1, 0]
+    a.unfold(1, 2, 2)[2, 0, 1] = 3  # a[2, 1]
+    a.diagonal()[3] = 4
+    a[:, 3].add_(10)
+    expected = torch.zeros(4, 4)
+    expected[0, 0], expected[1, 0], expected[2, 1], expected[3, 3] = 1, 2, 3, 4
+    expected[:, 3] += 10
+    assert bits_equal(a.cpu(), expected)
+    c = torch.zeros(3, dtype=torch.complex64, device=D)
+    torch.view_as_real(c)[1, 1] = 5
+    assert c[1].item() == 5j
+
+
+def test_module_to_device_and_state_dict():
+    torch.manual_seed(0)
+    m = nn.Linear(3, 2)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    m.to(D)
+    assert all(p.device.type == D for p in m.parameters())
+    assert all(bits_equal(m.state_dict()[k], v) for k, v in sd.items())
+    m.cpu()
+    assert all(p.device.type == "cpu" for p in m.parameters())
+
+
+def test_save_and_load_keep_the_device():
+    import io
+
+    x = torch.randn(3, 4).to(D)
+    buf = io.BytesIO()
+    torch.save({"x": x}, buf)
+    buf.seek(0)
+    y = torch.load(buf)["x"]
+    assert y.device == torch.device(D, 0) and bits_equal(y, x)
+    buf.seek(0)
+    assert bits_equal(torch.load(buf, map_location="cpu")["x"], x.cpu())
+
+
+# ---- numerics against the CPU -------------------------------------------------
+
+
+def _inputs(seed, *shapes, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=dtype) for s in shapes]
+
+
+EXACT_CASES = {
+    "matmul": (lambda a, b: a @ b, lambda: _inputs(1, (8, 16), (16, 4))),
+    "linear": (lambda x, w, b: F.linear(x, w, b), lambda: _inputs(2, (8, 16), (4, 16), (4,))),
+    "gelu": (F.gelu, lambda: _inputs(3, (8, 33))),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), lambda: _inputs(4, (8, 33))),
+    "softmax": (lambda x: F.softmax(x, dim=-1), lambda: _inputs(5, (8, 33))),
+    "masked_softmax": (
+        lambda x: x.masked_fill(torch.triu(torch.ones(6, 6, dtype=torch.bool, device=x.device), 1), float("-inf")).softmax(-1),
+        lambda: _inputs(6, (2, 6, 6)),
+    ),
+    "cross_entropy": (
+        lambda x: F.cross_entropy(x, torch.arange(8, device=x.device) % 5).reshape(1),
+        lambda: _inputs(7, (8, 5)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_CASES))
+def test_forward_backward_match_cpu_exactly(case):
+    """These reach the device as the very ops the CPU runs: bit-identical."""
+    fn, make = EXACT_CASES[case]
+    out_c, grads_c = run(fn, make(), "cpu")
+    out_d, grads_d = run(fn, make(), D)
+    assert bits_equal(out_d, out_c)
+    for gd, gc in zip(grads_d, grads_c):
+        assert bits_equal(gd, gc)
+
+
+def _row_ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference in units of the dtype's eps times the row's largest magnitude."""
+    a64, b64 = a.double(), b.double()
+    scale = torch.maximum(a64.abs(), b64.abs()).amax(-1, keepdim=True)
+    return ((a64 - b64).abs() / (torch.finfo(a.dtype).eps * scale)).max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_close_to_cpu(dtype):
+    """LayerNorm's forward has a generic kernel, so testdev runs it decomposed:
+    close to the CPU kernel, not always identical (a realistic device gap)."""
+    x, w, b = _inputs(8, (16, 64), (64,), (64,), dtype=dtype)
+
+    def fn(x, w, b):
+        return F.layer_norm(x, (64,), w, b)
+
+    testdev.trace(True)
+    out_d, grads_d = run(fn, [x, w, b], D)
+    traced = testdev.traced_ops()
+    out_c, grads_c = run(fn, [x, w, b], "cpu")
+    assert "aten::native_layer_norm" not in traced and "aten::native_batch_norm" in traced
+    assert _row_ulps(out_d, out_c) <= 4
+    for gd, gc in zip(grads_d, grads_c):
+        assert gd.dtype == gc.dtype
+        tol = 4 * torch.finfo(dtype).eps * gc.double().abs().max().item()
+        assert (gd.double() - gc.double()).abs().max().item() <= tol
+
+
+def test_backward_runs_on_the_device_thread():
+    threads = []
+    x = torch.randn(5, device=D, requires_grad=True)
+    y = x * 3
+    y.register_hook(lambda g: threads.append(threading.get_ident()))
+    y.sum().backward()
+    assert threads and threads[0] != threading.get_ident()
+    assert x.grad.device.type == D
+    assert bits_equal(x.grad, torch.full((5,), 3.0))
+
+
+def test_streams_and_events_are_noops():
+    """Work is synchronous: one default stream, events complete at once."""
+    mod = torch.get_device_module(D)
+    assert (mod.is_available(), mod.device_count(), mod.current_device()) == (True, 1, 0)
+    s = torch.Stream(device=D)
+    assert s.device == torch.device(D, 0)
+    e = torch.Event(device=D)
+    e.record(s)
+    assert e.query()
+    e.synchronize()
+    s.wait_event(e)
+    s.synchronize()
+    assert s.query()
+    mod.synchronize()
+
+
+def test_random_ops_follow_the_cpu_generator():
+    torch.manual_seed(123)
+    a = torch.randn(100, device=D)
+    torch.manual_seed(123)
+    assert bits_equal(a, torch.randn(100))
+    # dropout reaches the device and keeps or doubles each element
+    y = F.dropout(torch.ones(1000, device=D), p=0.5, training=True).cpu()
+    assert set(y.unique().tolist()) == {0.0, 2.0}
+    # an explicit testdev generator draws like a CPU one with the same seed
+    g = torch.Generator(device=D).manual_seed(7)
+    gc = torch.Generator().manual_seed(7)
+    for _ in range(2):  # the generator's state advances
+        assert bits_equal(torch.rand(10, device=D, generator=g), torch.rand(10, generator=gc))
+
+
+class _TinyLM(nn.Module):
+    def __init__(self, vocab=40, d=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        t = idx.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
+        att = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(mask, float("-inf")).softmax(-1)
+        x = x + att @ v
+        x = x + self.proj(F.gelu(self.fc(self.ln2(x))))
+        return self.head(x)
+
+
+def _train(device, steps=25):
+    torch.manual_seed(0)
+    model = _TinyLM()
+    data = torch.randint(0, 40, (8, 12))
+    model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    idx, tgt = data[:, :-1].to(device), data[:, 1:].to(device)
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_small_model_trains_with_adamw_like_cpu():
+    model_d, losses_d = _train(D)
+    model_c, losses_c = _train("cpu")
+    assert all(p.device.type == D for p in model_d.parameters())
+    assert losses_d[-1] < 0.7 * losses_d[0]
+    # LayerNorm runs decomposed on testdev: the runs agree closely, not bitwise.
+    assert max(abs(a - b) for a, b in zip(losses_d, losses_c)) < 1e-3
+    for pd, pc in zip(model_d.parameters(), model_c.parameters()):
+        # Adam moves a parameter by about lr per step whatever the gradient's
+        # size, so tiny gradient differences show up as up to ~lr apart.
+        torch.testing.assert_close(pd.detach().cpu(), pc.detach(), rtol=0, atol=3e-3)
+
+
+# ---- planted faults -----------------------------------------------------------
+
+
+def _x(n=4096, seed=0, dtype=torch.float32):
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(D)
+
+
+@pytest.mark.parametrize("factor", [2.0, 1.01])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scale_multiplies_exactly(factor, dtype):
+    x = _x(dtype=dtype)
+    clean = F.gelu(x)
+    testdev.set_fault(f"aten::gelu=scale:{factor}")
+    faulted = F.gelu(x)
+    assert bits_equal(faulted, clean * factor)
+    assert not bits_equal(faulted, clean)
+    assert testdev.fault_counts() == {"aten::gelu": 1}
+
+
+def test_fault_covers_out_and_inplace_overloads():
+    a, b = _x(seed=1), _x(seed=2)
+    clean = a + b
+    testdev.set_fault("add=scale:3")
+    out = torch.empty_like(a)
+    torch.add(a, b, out=out)
+    assert bits_equal(out, clean * 3)
+    c = a.clone()
+    c.add_(b)
+    assert bits_equal(c, clean * 3)
+    assert bits_equal(a + b, clean * 3)
+    # x.relu_() is its own op (aten::relu_), covered by the fault on relu
+    testdev.set_fault("relu=scale:2")
+    r = a.clone().relu_()
+    assert bits_equal(r, F.relu(a.cpu()) * 2)
+    assert testdev.fault_counts() == {"aten::relu": 1}
+
+
+def test_fault_leaves_other_ops_alone():
+    x = _x(n=64 * 32).reshape(64, 32)
+    w = _x(n=32 * 16, seed=1).reshape(32, 16)
+    xc, wc = x.cpu(), w.cpu()
+    for spec in ["gelu=scale:2", "gelu=noise:0.1:3", "gelu=permute:4"]:
+        testdev.set_fault(spec)
+        y = torch.tanh(x @ w).softmax(-1).exp() - x.sum()
+        assert bits_equal(y, torch.tanh(xc @ wc).softmax(-1).exp() - xc.sum())
+        assert testdev.fault_counts() == {"aten::gelu": 0}
+
+
+def test_fault_leaves_integer_outputs_alone():
+    i = torch.arange(10, device=D)
+    testdev.set_fault("add=scale:2")
+    assert bits_equal(i + i, torch.arange(10) * 2)  # not 4x: integer outputs untouched
+    assert testdev.fault_counts() == {"aten::add": 0}
+
+
+def test_noise_has_the_requested_relative_size_and_is_reproducible():
+    x = _x(n=100_000)
+    clean = torch.exp(x)
+    r = 1e-3
+    testdev.set_fault(f"exp=noise:{r}:7")
+    y1 = torch.exp(x)
+    y1_again_later = torch.exp(x)  # a second firing draws fresh noise
+    rel = ((y1 - clean).norm() / clean.norm()).item()
+    assert 0.97 * r < rel < 1.03 * r
+    # each element moved by at most R * sqrt(3) relative (u is uniform on [-sqrt3, sqrt3])
+    assert ((y1 / clean - 1).abs().max().item()) <= r * 3**0.5 * (1 + 1e-3) + 1e-6
+    assert not bits_equal(y1_again_later, y1)
+    testdev.set_fault(f"exp=noise:{r}:7")  # same seed, counts restart: same noise
+    assert bits_equal(torch.exp(x), y1)
+    testdev.set_fault(f"exp=noise:{r}:8")
+    assert not bits_equal(torch.exp(x), y1)
+    testdev.set_fault(f"exp=noise:{r}:7")
+    torch.exp(x)
+    testdev.reset_fault_counts()  # reset restarts the streams too
+    assert bits_equal(torch.exp(x), y1)
+
+
+def test_noise_in_bfloat16_keeps_dtype():
+    x = _x(n=10_000, dtype=torch.bfloat16)
+    clean = F.gelu(x)
+    testdev.set_fault("gelu=noise:0.01:1")
+    y = F.gelu(x)
+    assert y.dtype == torch.bfloat16
+    rel = ((y.float() - clean.float()).norm() / clean.float().norm()).item()
+    assert 0.005 < rel < 0.02
+
+
+def test_permute_preserves_values_not_order():
+    x = _x(n=10_000)
+    clean = F.gelu(x).cpu()
+    testdev.set_fault("gelu=permute:5")
+    y = F.gelu(x).cpu()
+    assert bits_equal(y.sort().values, clean.sort().values)
+    assert (y != clean).float().mean().item() > 0.99
+    assert torch.equal(y.norm(), clean.norm()) or abs(y.norm().item() / clean.norm().item() - 1) < 1e-6
+    testdev.set_fault("gelu=permute:5")
+    assert bits_equal(F.gelu(x), y)
+    testdev.set_fault("gelu=permute:6")
+    assert not bits_equal(F.gelu(x), y)
+
+
+def test_permute_on_a_strided_out_tensor():
+    x = _x(n=200).reshape(10, 20)
+    clean = torch.exp(x).cpu()
+    out = torch.zeros(20, 10, device=D).t()  # non-contiguous destination
+    testdev.set_fault("exp=permute")
+    torch.exp(x, out=out)
+    y = out.cpu()
+    assert bits_equal(y.flatten().sort().values, clean.flatten().sort().values)
+    assert not bits_equal(y, clean)
+
+
+def test_counter_counts_every_call_and_resets():
+    x = _x(n=16)
+    testdev.set_fault("gelu=scale:1.5; aten::_softmax=scale:2")
+    for _ in range(3):
+        F.gelu(x)
+    F.softmax(x, -1)
+    assert testdev.fault_counts() == {"aten::gelu": 3, "aten::_softmax": 1}
+    assert testdev.fault_spec() == "aten::gelu=scale:1.5;aten::_softmax=scale:2"
+    testdev.reset_fault_counts()
+    assert testdev.fault_counts() == {"aten::gelu": 0, "aten::_softmax": 0}
+    testdev.set_fault(None)
+    assert testdev.fault_counts() == {}
+
+
+def test_composite_ops_never_reach_the_device():
+    """linear and softmax are composite: a fault on them never fires; on their
+    parts (addmm, _softmax) it does."""
+    x, w, b = _x(n=24).reshape(4, 6), _x(n=18, seed=1).reshape(3, 6), _x(n=3, seed=2)
+    lin, soft = F.linear(x, w, b), F.softmax(x, -1)
+    testdev.set_fault("linear=scale:2;softmax=scale:2")
+    assert bits_equal(F.linear(x, w, b), lin)
+    assert bits_equal(F.softmax(x, -1), soft)
+    assert testdev.fault_counts() == {"aten::linear": 0, "aten::softmax": 0}
+    testdev.set_fault("addmm=scale:2;_softmax=scale:2")
+    assert bits_equal(F.linear(x, w, b), lin * 2)
+    assert bits_equal(F.softmax(x, -1), soft * 2)
+    assert testdev.fault_counts() == {"aten::addmm": 1, "aten::_softmax": 1}
+
+
+def test_fault_applies_in_backward_on_the_device_thread():
+    x = _x(n=100)
+    _, (clean_grad,) = run(F.gelu, [x], D)
+    testdev.set_fault("gelu_backward=scale:2")
+    _, (grad,) = run(F.gelu, [x], D)
+    assert bits_equal(grad, clean_grad * 2)
+    assert testdev.fault_counts() == {"aten::gelu_backward": 1}
+
+
+def test_observer_bookkeeping_is_not_faulted():
+    """Ops run with TESTING_ONLY_GenericMode excluded (how opdump computes its
+    statistics) are left alone."""
+    x = _x(n=100)
+    clean = F.gelu(x)
+    testdev.set_fault("gelu=scale:2")
+    assert bits_equal(testdev.call_unobserved("aten::gelu", x), clean)
+    assert testdev.fault_counts() == {"aten::gelu": 0}
+    assert bits_equal(F.gelu(x), clean * 2)
+
+
+def test_trace_lists_the_ops_that_reach_the_device():
+    x = _x(n=12).reshape(3, 4)
+    testdev.trace(True)
+    F.gelu(x)
+    F.linear(x, x)
+    traced = testdev.traced_ops()
+    assert traced.get("aten::gelu.out") == 1
+    assert traced.get("aten::mm.out") == 1
+    assert not any(name.startswith("aten::linear") for name in traced)
+    testdev.trace(False)
+    F.gelu(x)
+    assert testdev.traced_ops() == {}
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("gelu", "no '='"),
+        ("gelu=", "unknown fault kind"),
+        ("=scale:2", "no op name"),
+        ("gelu=scale", "exactly one value"),
+        ("gelu=scale:abc", "not a finite number"),
+        ("gelu=scale:inf", "not a finite number"),
+        ("gelu=scale:2:3", "exactly one value"),
+        ("gelu=noise:-1", "must be > 0"),
+        ("gelu=noise:1e-3:x", "not a non-negative integer"),
+        ("gelu=permute:1:2", "permute takes"),
+        ("gelu=explode:2", "unknown fault kind"),
+        ("aten::gelu.out=scale:2", "without an overload"),
+        ("gelux=scale:2", "no operator aten::gelux"),
+        ("ge lu=scale:2", "not an op name"),
+        ("gelu=scale:2;gelu_=scale:3", "a second fault on aten::gelu"),
+    ],
+)
+def test_bad_spec_raises_and_keeps_the_active_faults(spec, message):
+    testdev.set_fault("exp=scale:2")
+    with pytest.raises(ValueError, match=message):
+        testdev.set_fault(spec)
+    assert testdev.fault_spec() == "aten::exp=scale:2"
+
+
+def test_fault_context_manager_restores():
+    testdev.set_fault("exp=scale:2")
+    with testdev.fault("gelu=permute:1"):
+        assert testdev.fault_spec() == "aten::gelu=permute:1"
+    assert testdev.fault_spec() == "aten::exp=scale:2"
+
+
+def _python(code: str, env_fault: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESTDEV_FAULT=env_fault)
+    prelude = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch, torch.nn.functional as F\nimport tests.testdev as testdev\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_env_var_is_read_at_load():
+    res = _python(
+        """
+        testdev.load()
+        x = torch.randn(50).to("testdev")
+        clean = F.gelu(x.cpu())
+        y = F.gelu(x)
+        torch.exp(x)
+        print(testdev.fault_spec())
+        print(torch.equal(y.cpu(), clean * 2), testdev.fault_counts())
+        """,
+        "aten::gelu=scale:2 ; exp=noise:1e-3:5;",
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "aten::gelu=scale:2;aten::exp=noise:0.001:5",
+        "True {'aten::gelu': 1, 'aten::exp': 1}",
+    ]
+
+
+def test_bad_env_var_raises_at_load():
+    res = _python(
+        """
+        try:
+            testdev.load()
+        except ValueError as e:
+            print("ValueError:", e)
+        print(testdev.fault_counts())
+        """,
+        "gelu=scale:2;exp=wobble",
+    )
+    assert res.returncode == 0, res.stderr
+    assert 'ValueError: testdev: bad TESTDEV_FAULT' in res.stdout
+    assert 'unknown fault kind "wobble"' in res.stdout
+    assert res.stdout.splitlines()[-1] == "{}"  # nothing half-applied
+
+
+def test_second_copy_from_another_path_stays_inert(tmp_path):
+    """Loading the library again from another path must not abort the process
+    (two fallbacks on one dispatch key abort inside dlopen)."""
+    copy = tmp_path / "libtestdev-copy.so"
+    copy.write_bytes(testdev.library_path().read_bytes())
+    res = _python(
+        f"""
+        testdev.load()
+        torch.ops.load_library({str(copy)!r})
+        print(F.gelu(torch.ones(2).to("testdev")).cpu().tolist())
+        """,
+        "",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "another copy of libtestdev is already loaded" in res.stderr
+    assert res.stdout.strip() == str(F.gelu(torch.ones(2)).tolist())
+
+
+def test_build_is_idempotent():
+    from tests.testdev import build
+
+    lib = build.build()
+    before = lib.stat().st_mtime_ns
+    assert build.build() == lib
+    assert lib.stat().st_mtime_ns == before

@@ -1,0 +1,211 @@
+"""testdev: a PrivateUse1 test device whose tensors live in host memory.
+
+    import tests.testdev as testdev      # with the repo root on sys.path
+    testdev.load()                        # builds if needed, loads, names it "testdev"
+    x = torch.randn(3, device="testdev")
+    testdev.set_fault("aten::gelu=scale:1.01")
+    ...
+    testdev.fault_counts()                # {"aten::gelu": 1}
+
+See README.md in this folder. Test-only: never part of libopdump.so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+NAME = "testdev"
+
+_lock = threading.Lock()
+_loaded = False
+
+
+def library_path() -> Path:
+    """Where build.py puts the library."""
+    from . import build as _build
+
+    return _build.LIBRARY
+
+
+def _device_module() -> types.ModuleType:
+    """torch.testdev: what torch asks of a PrivateUse1 backend module."""
+    mod = types.ModuleType("torch." + NAME)
+    mod.__doc__ = "The testdev test device (tests/testdev)."
+
+    def _check(device=None) -> None:
+        if device is None:
+            return
+        d = torch.device(NAME, device) if isinstance(device, int) else torch.device(device)
+        if d.type != NAME or (d.index or 0) != 0:
+            raise ValueError(f"testdev has a single device, {NAME}:0; got {device!r}")
+
+    def set_device(device) -> None:
+        _check(device)
+
+    def synchronize(device=None) -> None:  # work is synchronous
+        _check(device)
+
+    # Random ops on testdev run in the CPU fallback with the CPU default
+    # generator, so the device's RNG state is the CPU's.
+    def manual_seed(seed: int) -> None:
+        torch.default_generator.manual_seed(int(seed))
+
+    def get_rng_state(device=NAME) -> torch.Tensor:
+        _check(device)
+        return torch.get_rng_state()
+
+    def set_rng_state(new_state: torch.Tensor, device=NAME) -> None:
+        _check(device)
+        torch.set_rng_state(new_state)
+
+    class device:  # noqa: N801  (torch.cuda.device's shape; one device: nothing to switch)
+        def __init__(self, device) -> None:
+            _check(device)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    mod.device = device
+    mod.is_available = lambda: True
+    mod.is_initialized = lambda: True
+    mod._is_in_bad_fork = lambda: False
+    mod._lazy_init = lambda: None
+    mod.device_count = lambda: 1
+    mod.current_device = lambda: 0
+    mod.set_device = set_device
+    mod.synchronize = synchronize
+    mod.manual_seed = manual_seed
+    mod.manual_seed_all = manual_seed
+    mod.seed = mod.seed_all = lambda: torch.seed()
+    mod.initial_seed = lambda: torch.initial_seed()
+    mod.get_rng_state = get_rng_state
+    mod.set_rng_state = set_rng_state
+    return mod
+
+
+def load(build: bool = True) -> None:
+    """Loads the testdev backend into this process (once) and names it "testdev".
+
+    build: build (or rebuild a stale) library first, as build.py does.
+    Raises ValueError when TESTDEV_FAULT (read as the library loads) is malformed,
+    RuntimeError when PrivateUse1 is already taken by another backend.
+    """
+    global _loaded
+    with _lock:
+        if not _loaded:
+            from . import build as _build
+
+            with _build.locked():
+                if build:
+                    path = _build.build(lock=False)
+                else:
+                    path = library_path()
+                    if not path.exists():
+                        raise FileNotFoundError(
+                            f"{path} is missing; build it with: python tests/testdev/build.py"
+                        )
+                torch.ops.load_library(str(path))
+            err = torch.ops.testdev.init_error()
+            if err:
+                raise RuntimeError(f"testdev: {err}")
+            current = torch._C._get_privateuse1_backend_name()
+            if current == "privateuseone":
+                torch.utils.rename_privateuse1_backend(NAME)
+            elif current != NAME:
+                raise RuntimeError(f"PrivateUse1 is already named {current!r} in this process")
+            if not hasattr(torch, NAME):
+                torch._register_device_module(NAME, _device_module())
+            if not hasattr(torch.Tensor, NAME):  # Tensor.testdev(), Module.testdev(), is_testdev
+                torch.utils.generate_methods_for_privateuse1_backend(
+                    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
+                )
+            _loaded = True
+    env_error = torch.ops.testdev.env_fault_error()
+    if env_error:
+        raise ValueError(f"testdev: bad TESTDEV_FAULT, no fault is active: {env_error}")
+
+
+def _ops():
+    if not _loaded:
+        load()
+    return torch.ops.testdev
+
+
+def set_fault(spec: str | None) -> None:
+    """Replaces the active faults by `spec` (TESTDEV_FAULT grammar; None or "" clears).
+
+    Counts restart at 0. A malformed spec raises ValueError and changes nothing.
+    """
+    _ops().set_fault(spec or "")
+
+
+def fault_spec() -> str:
+    """The active faults, normalised ("aten::gelu=scale:1.01"); "" when none."""
+    return _ops().fault_spec()
+
+
+def fault_counts() -> dict[str, int]:
+    """{op: calls the fault changed} for every active fault, e.g. {"aten::gelu": 3}.
+
+    A fault whose op never reaches the device (a composite op such as linear
+    or softmax, or an op whose outputs are not floating) stays at 0.
+    """
+    names, counts = _ops().fault_counts()
+    return dict(zip(names, counts))
+
+
+def reset_fault_counts() -> None:
+    """Sets every fault's count to 0 (noise/permute streams restart too)."""
+    _ops().reset_fault_counts()
+
+
+@contextlib.contextmanager
+def fault(spec: str | None) -> Iterator[None]:
+    """Activates `spec` for a block, then restores the faults active before."""
+    previous = fault_spec()
+    set_fault(spec)
+    try:
+        yield
+    finally:
+        set_fault(previous)
+
+
+def trace(enabled: bool = True) -> None:
+    """Starts (clearing it) or stops recording which ops reach the CPU fallback."""
+    _ops().set_trace(bool(enabled))
+
+
+def traced_ops() -> dict[str, int]:
+    """{"aten::gelu.out": calls, ...}: ops that reached the fallback while tracing."""
+    names, counts = _ops().traced_ops()
+    return dict(zip(names, counts))
+
+
+def call_unobserved(op: str, x: torch.Tensor) -> torch.Tensor:
+    """Runs a one-tensor op ("aten::gelu") as an observer's bookkeeping would
+    (TESTING_ONLY_GenericMode excluded): faults do not fire there."""
+    return _ops()._call_unobserved(op, x)
+
+
+__all__ = [
+    "NAME",
+    "call_unobserved",
+    "fault",
+    "fault_counts",
+    "fault_spec",
+    "library_path",
+    "load",
+    "reset_fault_counts",
+    "set_fault",
+    "trace",
+    "traced_ops",
+]

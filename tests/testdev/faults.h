@@ -1,0 +1,45 @@
+// Planted faults of the testdev backend (see README.md, "Planted faults").
+//
+// Only the boxed CPU fallback applies faults: an op that reaches the device
+// through it runs on the CPU, then the fault (if one names the op) rewrites
+// the op's floating outputs in place, with plain loops over host memory, so
+// that no further dispatcher call is made (an observer such as opdump sees
+// nothing extra).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace testdev {
+
+// Parses `spec` and makes it the active fault set (an empty spec clears all
+// faults). Throws c10::ValueError, naming the bad part, when the spec is
+// malformed; the previous fault set then stays active. Counts start at 0.
+void set_fault(const std::string& spec);
+
+// The active spec, normalised (`aten::gelu=scale:1.01;...`), "" when none.
+std::string fault_spec();
+
+// Per fault: normalised op name (`aten::gelu`) and how many calls it changed.
+std::vector<std::pair<std::string, int64_t>> fault_counts();
+void reset_fault_counts();
+
+// Reads TESTDEV_FAULT once, when the library loads. A bad value is reported
+// on stderr and kept here (load() in Python raises it); no fault is active.
+void init_faults_from_env();
+std::string env_fault_error();
+
+// Optional trace of the ops that reach the CPU fallback (`aten::gelu.out`).
+void set_trace(bool on);
+std::vector<std::pair<std::string, int64_t>> traced_ops();
+
+// The boxed fallback registered for every op on PrivateUse1 that has no
+// kernel of its own: runs the op through at::native::cpu_fallback, then
+// applies the fault that names it, if any.
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+} // namespace testdev

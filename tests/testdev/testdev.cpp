@@ -1,0 +1,420 @@
+// testdev: a PrivateUse1 backend for tests, whose tensors live in host memory.
+//
+// It gives a CPU-only machine a real second device. Python renames
+// PrivateUse1 to "testdev" (tests/testdev/__init__.py). This file holds the
+// device itself:
+//   - an allocator for PrivateUse1 that hands out host memory;
+//   - a device guard with one device (index 0) whose streams and events are
+//     no-ops: work is synchronous (autograd's device thread, torch.Stream,
+//     torch.Event and torch.accelerator all go through it);
+//   - PrivateUse1 hooks (one device, a default generator, storage resize);
+//   - the few kernels a device must own (allocation, views, copies across
+//     devices, reading a scalar), listed in register_device_kernels();
+//   - a boxed fallback that runs every other op on the CPU (faults.cpp).
+// Nothing here is part of libopdump.so.
+//
+// Everything is registered from one static initialiser that first checks
+// that PrivateUse1 is free: loading a second copy of this library (from
+// another path) then leaves that copy inert instead of aborting the process
+// inside dlopen ("multiple backend fallbacks for the same dispatch key").
+
+#include "faults.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/library.h>
+
+#include <cstdio>
+#include <memory>
+#include <tuple>
+
+namespace testdev {
+namespace {
+
+constexpr c10::DeviceType kDev = c10::DeviceType::PrivateUse1;
+const c10::Device kDevice(kDev, 0);
+
+std::string g_init_error;  // why this copy registered nothing, if it did not
+
+// ---- memory ----------------------------------------------------------------
+
+struct HostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    return {p, p, &release, kDevice};
+  }
+  static void release(void* p) {
+    if (p) c10::free_cpu(p);
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &release;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+HostAllocator g_alloc;
+
+void check_device(std::optional<c10::Device> device) {
+  if (device && device->has_index()) {
+    TORCH_CHECK(device->index() == 0, "testdev has a single device, index 0; got ", *device);
+  }
+}
+
+// A CPU tensor over the same host memory as a testdev tensor (no copy). The
+// alias keeps the testdev storage alive.
+at::Tensor host_alias(const at::Tensor& t) {
+  if (t.device().type() != kDev) return t;
+  c10::Storage storage = t.storage();
+  void* data = storage.mutable_data();
+  c10::DataPtr ptr = c10::InefficientStdFunctionContext::makeDataPtr(
+      data, [keep = storage](void*) {}, c10::Device(c10::DeviceType::CPU));
+  c10::Storage host(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(ptr),
+                    /*allocator=*/nullptr, /*resizable=*/false);
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
+                                                    t.storage_offset());
+  return alias;
+}
+
+// ---- device guard: one device, no-op streams and events -------------------
+
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  static c10::Stream default_stream() {
+    return c10::Stream(c10::Stream::DEFAULT, kDevice);
+  }
+  c10::DeviceType type() const override {
+    return kDev;
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check(d);
+    return kDevice;
+  }
+  c10::Device getDevice() const override {
+    return kDevice;
+  }
+  void setDevice(c10::Device d) const override {
+    check(d);
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const override {
+    return default_stream();
+  }
+  c10::Stream getDefaultStream(c10::Device) const override {
+    return default_stream();
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device, bool) const override {
+    return default_stream();
+  }
+  c10::Stream getNewStream(c10::Device, int) const override {
+    return default_stream();
+  }
+  c10::Stream exchangeStream(c10::Stream) const override {
+    return default_stream();
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+  // Work is synchronous, so every event is complete as soon as it exists.
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void record(void**, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override {
+    return true;
+  }
+  void synchronizeEvent(void*) const override {}
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
+    return 0.0;
+  }
+
+ private:
+  static void check(c10::Device d) {
+    TORCH_CHECK(d.type() == kDev, "testdev guard got a ", d.type(), " device");
+    TORCH_CHECK(!d.has_index() || d.index() == 0,
+                "testdev has a single device, index 0; got ", d);
+  }
+};
+
+// ---- generator and hooks ---------------------------------------------------
+
+// A CPU generator that says it belongs to testdev. Random ops that reach the
+// device take the CPU fallback with no generator argument and so draw from
+// the CPU default generator: the same seed gives the same numbers on cpu and
+// testdev. This one serves torch.Generator("testdev") and
+// torch.testdev.manual_seed; CPU kernels reject it as an explicit argument.
+struct TestdevGenerator : public at::CPUGeneratorImpl {
+  TestdevGenerator() {
+    device_ = kDevice;
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+};
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return true;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return true;
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return 1;
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return 0;
+  }
+  void setCurrentDevice(c10::DeviceIndex) const override {}
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override {
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override {
+    return 0;
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    static at::Generator gen = at::make_generator<TestdevGenerator>();
+    return gen;
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return at::make_generator<TestdevGenerator>();
+  }
+  at::Device getDeviceFromPtr(void*) const override {
+    return kDevice;
+  }
+  bool isPinnedPtr(const void*) const override {
+    return false;
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), nbytes);
+  }
+};
+
+// ---- kernels the device owns -----------------------------------------------
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout,
+                               std::optional<at::Device> device, std::optional<bool>,
+                               std::optional<at::MemoryFormat> memory_format) {
+  check_device(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided,
+              "testdev supports strided tensors only");
+  return at::detail::empty_generic(size, &g_alloc, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool>) {
+  check_device(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided,
+              "testdev supports strided tensors only");
+  return at::detail::empty_strided_generic(size, stride, &g_alloc,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+// copy_ between testdev and cpu (either way) or within testdev lands here
+// (dtype conversion and broadcasting included): copy on host aliases.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  for (const auto* t : {&self, &dst}) {
+    TORCH_CHECK(t->device().type() == kDev || t->device().is_cpu(),
+                "testdev copies to and from cpu only, got a tensor on ", t->device());
+  }
+  at::Tensor host_dst = host_alias(dst);
+  at::native::copy_(host_dst, host_alias(self), non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_(dst, self.sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+// tensor.set_(): an empty tensor on testdev (the CPU kernel would give it a
+// CPU storage).
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, &g_alloc, /*resizable=*/true);
+  return at::native::set_storage_cpu_(self, storage, 0, {0}, {});
+}
+
+// Everything else reaches the CPU fallback. Ops are listed here only when the
+// fallback would be wrong for them, which is the case for:
+//  - allocation (the fallback calls these itself);
+//  - views: the fallback returns a copy, so writes through the view would
+//    be lost. The list covers every aten view op with a CPU kernel and no
+//    generic (CompositeExplicit/Implicit) one, as the dispatcher reports on
+//    torch 2.15; the ATen kernels used only touch TensorImpl metadata;
+//  - ops that change a tensor's metadata or storage in place (the fallback
+//    would change a CPU copy);
+//  - copies across devices and .item().
+void register_device_kernels(torch::Library& m) {
+  // Allocation: tensors get host memory from g_alloc.
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  // Views.
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  // In-place changes of metadata or storage. resize_ grows the storage
+  // through its allocator (g_alloc).
+  m.impl("resize_", TORCH_FN(at::native::resize_));
+  m.impl("as_strided_", TORCH_FN(at::native::as_strided__symint));
+  m.impl("set_.source_Storage", TORCH_FN(at::native::set_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(at::native::set_storage_cpu_));
+  m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+  m.impl("set_", TORCH_FN(set_empty));
+  // Copies across devices: copy_ and the fallback itself move data with them.
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  // .item(): host memory is directly readable.
+  m.impl("_local_scalar_dense", TORCH_FN(at::native::_local_scalar_dense_cpu));
+}
+
+// ---- control ops: torch.ops.testdev.* (wrapped by __init__.py) ---------------
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> unzip(
+    const std::vector<std::pair<std::string, int64_t>>& v) {
+  std::tuple<std::vector<std::string>, std::vector<int64_t>> out;
+  for (const auto& [name, n] : v) {
+    std::get<0>(out).push_back(name);
+    std::get<1>(out).push_back(n);
+  }
+  return out;
+}
+
+void op_set_fault(std::string spec) {
+  set_fault(spec);
+}
+std::string op_fault_spec() {
+  return fault_spec();
+}
+std::tuple<std::vector<std::string>, std::vector<int64_t>> op_fault_counts() {
+  return unzip(fault_counts());
+}
+void op_reset_fault_counts() {
+  reset_fault_counts();
+}
+std::string op_env_fault_error() {
+  return env_fault_error();
+}
+std::string op_init_error() {
+  return g_init_error;
+}
+void op_set_trace(bool on) {
+  set_trace(on);
+}
+std::tuple<std::vector<std::string>, std::vector<int64_t>> op_traced_ops() {
+  return unzip(traced_ops());
+}
+// Runs a one-tensor aten op (default overload) the way an observer such as
+// opdump runs its own statistics: with TESTING_ONLY_GenericMode excluded.
+at::Tensor op_call_unobserved(std::string name, const at::Tensor& x) {
+  c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::TESTING_ONLY_GenericMode);
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "");
+  torch::jit::Stack stack{x};
+  const auto& args = handle.schema().arguments();
+  for (size_t i = 1; i < args.size(); ++i) {
+    TORCH_CHECK(args[i].default_value().has_value(), name, " takes more than one argument");
+    stack.push_back(*args[i].default_value());
+  }
+  handle.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
+void register_control_ops(torch::Library& m) {
+  m.def("set_fault(str spec) -> ()", TORCH_FN(op_set_fault));
+  m.def("fault_spec() -> str", TORCH_FN(op_fault_spec));
+  m.def("fault_counts() -> (str[], int[])", TORCH_FN(op_fault_counts));
+  m.def("reset_fault_counts() -> ()", TORCH_FN(op_reset_fault_counts));
+  m.def("env_fault_error() -> str", TORCH_FN(op_env_fault_error));
+  m.def("init_error() -> str", TORCH_FN(op_init_error));
+  m.def("set_trace(bool on) -> ()", TORCH_FN(op_set_trace));
+  m.def("traced_ops() -> (str[], int[])", TORCH_FN(op_traced_ops));
+  m.def("_call_unobserved(str name, Tensor x) -> Tensor", TORCH_FN(op_call_unobserved));
+}
+
+// Libraries live for the whole process (registrations end with them).
+std::vector<std::unique_ptr<torch::Library>>& libraries() {
+  static auto* libs = new std::vector<std::unique_ptr<torch::Library>>();
+  return *libs;
+}
+
+void register_all() {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  if (dispatcher.findOp(c10::OperatorName("testdev::set_fault", ""))) {
+    std::fprintf(stderr,
+                 "testdev: another copy of libtestdev is already loaded; this copy stays "
+                 "inactive\n");
+    return;
+  }
+  auto& libs = libraries();
+  libs.push_back(std::make_unique<torch::Library>(torch::Library::DEF, "testdev", std::nullopt,
+                                                  __FILE__, __LINE__));
+  register_control_ops(*libs.back());
+
+  if (dispatcher.hasBackendFallbackForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+      c10::impl::hasDeviceGuardImpl(kDev) || at::isPrivateUse1HooksRegistered()) {
+    g_init_error = "PrivateUse1 is already used by another backend in this process";
+    std::fprintf(stderr, "testdev: %s; the testdev device is not registered\n",
+                 g_init_error.c_str());
+    return;
+  }
+  c10::SetAllocator(kDev, &g_alloc);
+  static c10::impl::DeviceGuardImplRegistrar guard_registrar(kDev, new GuardImpl());
+  at::RegisterPrivateUse1HooksInterface(new Hooks());
+
+  libs.push_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+  register_device_kernels(*libs.back());
+  libs.push_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+  libs.back()->fallback(torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+
+  init_faults_from_env();
+}
+
+struct Init {
+  Init() {
+    try {
+      register_all();
+    } catch (const std::exception& e) {
+      // Throwing out of a static initialiser would abort inside dlopen.
+      g_init_error = std::string("registration failed: ") + e.what();
+      std::fprintf(stderr, "testdev: %s\n", g_init_error.c_str());
+    }
+  }
+};
+Init g_init;
+
+}  // namespace
+}  // namespace testdev
