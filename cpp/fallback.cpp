@@ -49,6 +49,17 @@ bool writes_without_reading(std::string_view op) {
   return false;
 }
 
+// Whether an argument holds values before the op runs. Pre-op values of out=
+// arguments and of what fill_, copy_, ... overwrite are not values anyone
+// computed (often they are fresh from `empty`).
+bool input_values_defined(std::string_view op, const c10::Argument& a, bool writes) {
+  if (a.is_out()) return false;
+  if (writes && writes_without_reading(op)) return false;
+  // The backend copy kernels write `dst` without an alias annotation.
+  if ((op == "_copy_from" || op == "_copy_from_and_resize") && a.name() == "dst") return false;
+  return true;
+}
+
 // Ops whose outputs are memory without values yet.
 bool output_uninitialized(std::string_view op) {
   return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
@@ -179,7 +190,6 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
   const auto& schema = op.schema();
   const auto& name = op.operator_name();
   const std::string_view base = base_name(name.name);
-  const bool write_only_op = writes_without_reading(base);
   const auto& args = schema.arguments();
   const size_t nargs = args.size();
   std::vector<std::pair<size_t, c10::IValue>> written;  // for ops that return nothing
@@ -195,12 +205,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
       const bool writes = a.alias_info() != nullptr && a.alias_info()->isWrite();
       if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
         if (writes) written.emplace_back(i, v);
-        if (ticket.inputs) {
-          // Pre-op values of out= arguments and of what fill_, copy_, ...
-          // overwrite are not values anyone computed: no statistics.
-          const bool defined = !(a.is_out() || (writes && write_only_op));
-          rec.value(v, 0, a.name(), defined);
-        }
+        if (ticket.inputs) rec.value(v, 0, a.name(), input_values_defined(base, a, writes));
       } else {
         append_arg_text(text, a, v);
       }

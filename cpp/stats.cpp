@@ -211,6 +211,12 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row) {
     row.status = kUninitialized;
     return;
   }
+  if (t.numel() == 0) {  // nothing to reduce: zero counts, no extremes
+    null_stats(row);
+    row.l2 = 0;
+    row.status = kComputed;
+    return;
+  }
   try {
     c10::impl::ExcludeDispatchKeyGuard guard(stats_excluded_keys());
     if (t.device().is_cpu())
