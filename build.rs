@@ -12,6 +12,7 @@ fn main() {
             "cpp/fallback.cpp",
             "cpp/stats.cpp",
             "cpp/threads.cpp",
+            "cpp/uninitialized.cpp",
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")

@@ -108,31 +108,41 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
 struct Recorder {
   OpCall call;
 
+  // `produced`: an output the op computed (not a view of an input), whose
+  // memory holds values from now on.
   void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
-              bool values_defined) {
+              bool values_defined, bool produced) {
     if (!t.defined()) return;
     TensorRow row{};
     row.role = role;
     row.arg = rust::String(arg);
     row.list_index = list_index;
+    if (values_defined) {
+      if (produced)
+        forget_uninitialized(t);
+      else if (still_uninitialized(t))
+        values_defined = false;
+    }
     measure(t, values_defined, row);
+    if (role == 1 && !values_defined) remember_uninitialized(t);
     call.tensors.push_back(std::move(row));
   }
 
   // One argument or return value: a Tensor, an element of Tensor[] or
   // Tensor?[], or nothing at all.
-  void value(const c10::IValue& v, uint8_t role, const std::string& arg, bool values_defined) {
+  void value(const c10::IValue& v, uint8_t role, const std::string& arg, bool values_defined,
+             bool produced = false) {
     if (v.isTensor()) {
-      tensor(v.toTensor(), role, arg, -1, values_defined);
+      tensor(v.toTensor(), role, arg, -1, values_defined, produced);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       for (size_t j = 0; j < list.size(); ++j)
-        tensor(list.get(j), role, arg, static_cast<int32_t>(j), values_defined);
+        tensor(list.get(j), role, arg, static_cast<int32_t>(j), values_defined, produced);
     } else if (v.isList()) {
       auto list = v.toListRef();
       for (size_t j = 0; j < list.size(); ++j)
         if (list[j].isTensor())
-          tensor(list[j].toTensor(), role, arg, static_cast<int32_t>(j), values_defined);
+          tensor(list[j].toTensor(), role, arg, static_cast<int32_t>(j), values_defined, produced);
     }
   }
 };
@@ -238,12 +248,16 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
     const bool fresh = !output_uninitialized(base);
     if (!returns.empty()) {
       const size_t first = stack->size() - returns.size();
-      for (size_t r = 0; r < returns.size(); ++r)
-        rec.value((*stack)[first + r], 1, std::to_string(r), fresh);
+      for (size_t r = 0; r < returns.size(); ++r) {
+        // A view of an input holds no new values; anything else the op computed.
+        const auto* alias = returns[r].alias_info();
+        const bool produced = alias == nullptr || alias->isWrite();
+        rec.value((*stack)[first + r], 1, std::to_string(r), fresh, produced);
+      }
     } else {
       // In-place ops that return nothing (_foreach_add_): their results are
       // the arguments the schema marks as written.
-      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh);
+      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh, true);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));

@@ -48,4 +48,9 @@ enum Status : uint8_t {
 };
 void measure(const at::Tensor& t, bool values_defined, TensorRow& row);
 
+// Uninitialized memory followed through views (uninitialized.cpp).
+void remember_uninitialized(const at::Tensor& t);
+bool still_uninitialized(const at::Tensor& t);
+void forget_uninitialized(const at::Tensor& t);
+
 }  // namespace opdump
