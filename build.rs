@@ -13,6 +13,7 @@ fn main() {
             "cpp/stats.cpp",
             "cpp/threads.cpp",
             "cpp/uninitialized.cpp",
+            "cpp/provenance.cpp",
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")

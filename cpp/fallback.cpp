@@ -108,8 +108,11 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
 struct Recorder {
   OpCall call;
 
-  // `produced`: an output the op computed (not a view of an input), whose
-  // memory holds values from now on.
+  // `nested`: the call runs inside another recorded call. `produced`: an
+  // output the op computed (not a view of an input), whose memory holds
+  // values from now on.
+  bool nested = false;
+
   void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
               bool values_defined, bool produced) {
     if (!t.defined()) return;
@@ -117,14 +120,20 @@ struct Recorder {
     row.role = role;
     row.arg = rust::String(arg);
     row.list_index = list_index;
+    Status no_values = kUninitialized;
     if (values_defined) {
-      if (produced)
+      if (produced) {
+        provenance_note(t);
         forget_uninitialized(t);
-      else if (still_uninitialized(t))
+      } else if (still_uninitialized(t)) {
         values_defined = false;
+      } else if (nested && !provenance_known(t)) {
+        values_defined = false;
+        no_values = kNotMeasured;
+      }
     }
-    measure(t, values_defined, row);
-    if (role == 1 && !values_defined) remember_uninitialized(t);
+    measure(t, values_defined, row, no_values);
+    if (role == 1 && !values_defined && no_values == kUninitialized) remember_uninitialized(t);
     call.tensors.push_back(std::move(row));
   }
 
@@ -192,12 +201,22 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
                     torch::jit::Stack* stack, const OpTicket& ticket) {
   Recorder rec;
   ExitGuard exit_guard{&rec.call};
+  const auto& schema = op.schema();
+  // What a top-level call reads is known memory; see provenance.cpp.
+  if (ticket.depth == 0) {
+    provenance_begin_top_level();
+    for (size_t i = stack->size() - schema.arguments().size(); i < stack->size(); ++i)
+      provenance_note_all((*stack)[i]);
+  }
   if (!ticket.record) {
     op.redispatchBoxed(next, stack);
+    const auto& returns = schema.returns();
+    for (size_t r = 0; r < returns.size(); ++r)
+      if (returns[r].alias_info() == nullptr) provenance_note_all((*stack)[stack->size() - returns.size() + r]);
     return;
   }
+  rec.nested = ticket.depth > 0;
 
-  const auto& schema = op.schema();
   const auto& name = op.operator_name();
   const std::string_view base = base_name(name.name);
   const auto& args = schema.arguments();

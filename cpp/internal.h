@@ -46,11 +46,18 @@ enum Status : uint8_t {
   kNotMeasured = 5,
   kFailed = 6,
 };
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row);
+// `no_values` is the status given when `values_defined` is false.
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values = kUninitialized);
 
 // Uninitialized memory followed through views (uninitialized.cpp).
 void remember_uninitialized(const at::Tensor& t);
 bool still_uninitialized(const at::Tensor& t);
 void forget_uninitialized(const at::Tensor& t);
+
+// Memory a nested call can be trusted to read (provenance.cpp).
+void provenance_begin_top_level();
+void provenance_note(const at::Tensor& t);
+void provenance_note_all(const c10::IValue& v);
+bool provenance_known(const at::Tensor& t);
 
 }  // namespace opdump

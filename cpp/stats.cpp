@@ -195,7 +195,7 @@ void null_stats(TensorRow& row) {
 
 }  // namespace
 
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row) {
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values) {
   null_stats(row);
   try {
     fill_metadata(t, row);
@@ -208,7 +208,7 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row) {
     return;
   }
   if (!values_defined) {
-    row.status = kUninitialized;
+    row.status = no_values;
     return;
   }
   if (t.numel() == 0) {  // nothing to reduce: zero counts, no extremes

@@ -23,6 +23,8 @@ pub mod ffi {
         record: bool,
         /// Whether to measure the inputs (they may be switched off).
         inputs: bool,
+        /// Nesting depth of the call on its thread (0: called by the job).
+        depth: i32,
     }
 
     /// One tensor of a call, measured by C++.
