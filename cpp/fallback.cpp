@@ -60,6 +60,14 @@ bool input_values_defined(std::string_view op, const c10::Argument& a, bool writ
   return true;
 }
 
+// Collectives write their outputs after they return (asynchronous work):
+// reading them at return would race. Only `wait_tensor` hands back final
+// values.
+bool outputs_asynchronous(std::string_view qualified) {
+  if (qualified.starts_with("c10d::")) return true;
+  return qualified.starts_with("_c10d_functional::") && qualified != "_c10d_functional::wait_tensor";
+}
+
 // Ops whose outputs are memory without values yet.
 bool output_uninitialized(std::string_view op) {
   return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
@@ -112,6 +120,7 @@ struct Recorder {
   // output the op computed (not a view of an input), whose memory holds
   // values from now on.
   bool nested = false;
+  Status no_values = kUninitialized;
 
   void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
               bool values_defined, bool produced) {
@@ -120,7 +129,7 @@ struct Recorder {
     row.role = role;
     row.arg = rust::String(arg);
     row.list_index = list_index;
-    Status no_values = kUninitialized;
+    Status no_values = this->no_values;
     if (values_defined) {
       if (produced) {
         provenance_note(t);
@@ -139,8 +148,10 @@ struct Recorder {
 
   // One argument or return value: a Tensor, an element of Tensor[] or
   // Tensor?[], or nothing at all.
+  // `no_values`: the status when `values_defined` is false.
   void value(const c10::IValue& v, uint8_t role, const std::string& arg, bool values_defined,
-             bool produced = false) {
+             bool produced = false, Status no_values = kUninitialized) {
+    this->no_values = no_values;
     if (v.isTensor()) {
       tensor(v.toTensor(), role, arg, -1, values_defined, produced);
     } else if (v.isTensorList()) {
@@ -264,19 +275,21 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
 
   try {
     const auto& returns = schema.returns();
-    const bool fresh = !output_uninitialized(base);
+    const bool async_outputs = outputs_asynchronous(name.name);
+    const bool fresh = !output_uninitialized(base) && !async_outputs;
+    const Status no_values = async_outputs ? kNotMeasured : kUninitialized;
     if (!returns.empty()) {
       const size_t first = stack->size() - returns.size();
       for (size_t r = 0; r < returns.size(); ++r) {
         // A view of an input holds no new values; anything else the op computed.
         const auto* alias = returns[r].alias_info();
         const bool produced = alias == nullptr || alias->isWrite();
-        rec.value((*stack)[first + r], 1, std::to_string(r), fresh, produced);
+        rec.value((*stack)[first + r], 1, std::to_string(r), fresh, produced, no_values);
       }
     } else {
       // In-place ops that return nothing (_foreach_add_): their results are
       // the arguments the schema marks as written.
-      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh, true);
+      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh, true, no_values);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));

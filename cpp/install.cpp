@@ -3,6 +3,8 @@
 // used, because a second copy of the library (loaded from another path) would
 // then throw inside a static initializer and terminate the process.
 
+#include <pthread.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +62,8 @@ bool install() {
     ops->def("stats() -> int[]", &op_stats);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
+    pthread_atfork(&uninitialized_atfork_prepare, &uninitialized_atfork_parent,
+                   &uninitialized_atfork_child);
     return true;
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("registration failed: ") + e.what()));

@@ -53,6 +53,9 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
 void remember_uninitialized(const at::Tensor& t);
 bool still_uninitialized(const at::Tensor& t);
 void forget_uninitialized(const at::Tensor& t);
+void uninitialized_atfork_prepare();
+void uninitialized_atfork_parent();
+void uninitialized_atfork_child();
 
 // Memory a nested call can be trusted to read (provenance.cpp).
 void provenance_begin_top_level();

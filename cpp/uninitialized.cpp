@@ -35,6 +35,12 @@ bool trackable(const at::Tensor& t) {
 
 }  // namespace
 
+// A fork while another thread holds the lock must not leave it held in the
+// child (pthread_atfork, registered at install).
+void uninitialized_atfork_prepare() { g_mutex.lock(); }
+void uninitialized_atfork_parent() { g_mutex.unlock(); }
+void uninitialized_atfork_child() { g_mutex.unlock(); }
+
 void remember_uninitialized(const at::Tensor& t) {
   if (!trackable(t)) return;
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -26,6 +26,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_QUEUE", "16384", "capacity of the record channel to the writer thread, in op calls"),
     ("OPDUMP_QUEUE_FULL", "block", "when the channel is full: block (wait, nothing lost) or drop (count and go on)"),
     ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record is dropped, so a hung disk never hangs the job"),
+    ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
+    ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +81,22 @@ pub struct Config {
     pub queue: usize,
     pub queue_full: QueueFull,
     pub queue_wait: Duration,
+    /// A forked child records into its own files.
+    pub fork_record: bool,
+    pub file_mode: u32,
+}
+
+impl Config {
+    /// Directories get an execute bit wherever files get read or write.
+    pub fn dir_mode(&self) -> u32 {
+        let mut m = self.file_mode;
+        for shift in [6, 3, 0] {
+            if (self.file_mode >> shift) & 0o6 != 0 {
+                m |= 0o1 << shift;
+            }
+        }
+        m
+    }
 }
 
 impl Default for Config {
@@ -98,6 +116,8 @@ impl Default for Config {
             queue: 16384,
             queue_full: QueueFull::Block,
             queue_wait: Duration::from_millis(10_000),
+            fork_record: false,
+            file_mode: 0o600,
         }
     }
 }
@@ -205,6 +225,15 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                 Some(n) => c.queue_wait = Duration::from_millis(n),
                 None => bad(&name, v, "a number of milliseconds is expected"),
             },
+            "OPDUMP_FORK" => match v.trim() {
+                "off" | "0" => c.fork_record = false,
+                "record" | "1" => c.fork_record = true,
+                _ => bad(&name, v, "use off (a forked child records nothing) or record (its own files)"),
+            },
+            "OPDUMP_FILE_MODE" => match u32::from_str_radix(v.trim().trim_start_matches("0o"), 8) {
+                Ok(m) if m <= 0o777 && m & 0o600 == 0o600 => c.file_mode = m,
+                _ => bad(&name, v, "octal permission bits that let the owner read and write, e.g. 600 or 640"),
+            },
             _ => {
                 let nearest = VARIABLES
                     .iter()
@@ -252,6 +281,15 @@ mod tests {
             assert_eq!(r.errors.len(), 1, "{name}={value}");
             assert!(r.errors[0].starts_with(&format!("{name}=")), "{}", r.errors[0]);
         }
+    }
+
+    #[test]
+    fn file_mode_gives_directories_execute_bits() {
+        let r = p(&[("OPDUMP_FILE_MODE", "640")]);
+        assert_eq!(r.config.file_mode, 0o640);
+        assert_eq!(r.config.dir_mode(), 0o750);
+        assert_eq!(p(&[]).config.dir_mode(), 0o700);
+        assert_eq!(p(&[("OPDUMP_FILE_MODE", "400")]).errors.len(), 1);
     }
 
     #[test]

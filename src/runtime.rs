@@ -27,6 +27,16 @@ pub struct Runtime {
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static SINK: OnceLock<Sink> = OnceLock::new();
 static SINK_START: Mutex<()> = Mutex::new(());
+/// A forked child's own sink (OPDUMP_FORK=record). Never touched by the
+/// parent, so its lock cannot have been held by another thread at fork.
+static CHILD_SINK: OnceLock<Sink> = OnceLock::new();
+static CHILD_SINK_START: Mutex<()> = Mutex::new(());
+/// This process is a fork of the one that loaded opdump.
+static FORKED: AtomicBool = AtomicBool::new(false);
+static PARENT_PID: AtomicI32 = AtomicI32::new(0);
+/// SIGTERM arrived: the writer completes the files and ends the process.
+static TERMINATE: AtomicBool = AtomicBool::new(false);
+static TERM_SIGNAL: AtomicI32 = AtomicI32::new(libc::SIGTERM);
 static PID: AtomicI32 = AtomicI32::new(0);
 /// An internal failure switched opdump off for the rest of the process.
 static BROKEN: AtomicBool = AtomicBool::new(false);
@@ -35,8 +45,21 @@ pub fn get() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
+/// The sink of this process: the parent's, or a forked child's own.
 pub fn sink() -> Option<&'static Sink> {
-    SINK.get()
+    if !FORKED.load(Ordering::Relaxed) {
+        return SINK.get();
+    }
+    if let Some(s) = CHILD_SINK.get() {
+        return Some(s);
+    }
+    let rt = get()?;
+    let _guard = CHILD_SINK_START.lock().ok()?;
+    if let Some(s) = CHILD_SINK.get() {
+        return Some(s);
+    }
+    let s = Sink::start(&rt.config, setup(rt, Some(PARENT_PID.load(Ordering::Relaxed)))).ok()?;
+    Some(CHILD_SINK.get_or_init(|| s))
 }
 
 pub fn pid() -> i32 {
@@ -90,10 +113,91 @@ pub fn init() {
     if !config_ok {
         say("dumping stays off until the values above are fixed");
     }
-    // SAFETY: registering a plain extern "C" function.
-    unsafe { libc::atexit(at_exit) };
+    // SAFETY: registering plain extern "C" functions.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(in_forked_child));
+    }
     if on && config_ok {
         enable();
+    }
+}
+
+fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
+    SinkSetup {
+        dir: rt.dir.clone(),
+        rank: recorder::rank(),
+        pid: pid(),
+        torch_version: rt.torch_version.clone(),
+        terminate: &TERMINATE,
+        on_terminated: end_after_signal,
+        on_failure: writer_failed,
+        forked_from,
+        file_mode: rt.config.file_mode,
+        dir_mode: rt.config.dir_mode(),
+    }
+}
+
+/// After fork, in the child (one thread: the one that forked). By default
+/// the child records nothing: it would continue the parent's seq numbers and
+/// write into the parent's files. With OPDUMP_FORK=record it writes files of
+/// its own, started at its first record.
+extern "C" fn in_forked_child() {
+    PARENT_PID.store(PID.load(Ordering::Relaxed), Ordering::Relaxed);
+    // SAFETY: getpid is async-signal-safe.
+    PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    FORKED.store(true, Ordering::SeqCst);
+    if !get().is_some_and(|rt| rt.config.fork_record) {
+        RECORDING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// SIGTERM (and SIGINT where nothing else handles it): stop recording at
+/// once, and let the writer thread complete the files and end the process.
+/// Only atomics are touched here: this runs in a signal handler.
+extern "C" fn on_terminate_signal(sig: libc::c_int) {
+    RECORDING.store(false, Ordering::SeqCst);
+    let writer = if FORKED.load(Ordering::SeqCst) { CHILD_SINK.get() } else { SINK.get() };
+    if writer.is_none() {
+        // Nothing to complete (a forked child that records nothing): end now.
+        // SAFETY: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+        return;
+    }
+    TERM_SIGNAL.store(sig, Ordering::SeqCst);
+    TERMINATE.store(true, Ordering::SeqCst);
+}
+
+/// Called by the writer thread once the files are complete: end the process
+/// as the signal would have, with its status.
+fn end_after_signal() {
+    let sig = TERM_SIGNAL.load(Ordering::SeqCst);
+    // SAFETY: restoring the default action and re-raising the signal.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::kill(libc::getpid(), sig);
+    }
+}
+
+/// Handles SIGTERM and SIGINT only where the job left them at their default
+/// action (Python turns SIGINT into KeyboardInterrupt, which exits through
+/// atexit and needs nothing from us).
+fn install_signal_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: reading and setting dispositions with zeroed sigaction structs.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+                continue;
+            }
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_terminate_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
     }
 }
 
@@ -102,7 +206,7 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
     if let Some(s) = SINK.get() {
         return Some(s);
     }
-    if let Err(e) = opdump_format::writer::create_dir(&rt.dir, 0o700) {
+    if let Err(e) = opdump_format::writer::create_dir(&rt.dir, rt.config.dir_mode()) {
         say(&format!("OPDUMP_DIR={} cannot be created ({e}); set OPDUMP_DIR to a writable directory. Dumping stays off", rt.dir.display()));
         return None;
     }
@@ -114,15 +218,11 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
         say(&format!("OPDUMP_DIR={} is not writable; set OPDUMP_DIR to a writable directory. Dumping stays off", rt.dir.display()));
         return None;
     }
-    let setup = SinkSetup {
-        dir: rt.dir.clone(),
-        rank: recorder::rank(),
-        pid: pid(),
-        torch_version: rt.torch_version.clone(),
-        on_failure: writer_failed,
-    };
-    match Sink::start(&rt.config, setup) {
-        Ok(s) => SINK.get_or_init(|| s).into(),
+    match Sink::start(&rt.config, setup(rt, None)) {
+        Ok(s) => {
+            install_signal_handlers();
+            SINK.get_or_init(|| s).into()
+        }
         Err(e) => {
             say(&format!("cannot start the writer thread ({e}); dumping stays off"));
             None
@@ -140,7 +240,11 @@ pub fn enable() -> bool {
         say("enable() ignored: fix the OPDUMP_* values reported at load first");
         return false;
     }
-    if start_sink(rt).is_none() {
+    if FORKED.load(Ordering::SeqCst) {
+        if !rt.config.fork_record {
+            return false; // see in_forked_child
+        }
+    } else if start_sink(rt).is_none() {
         return false;
     }
     set_recording(true);
@@ -152,7 +256,7 @@ pub fn disable() {
 }
 
 pub fn flush() -> bool {
-    match sink() {
+    match if FORKED.load(Ordering::Relaxed) { CHILD_SINK.get() } else { SINK.get() } {
         Some(s) => s.flush(FLUSH_WAIT),
         None => true,
     }
@@ -161,7 +265,9 @@ pub fn flush() -> bool {
 extern "C" fn at_exit() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         RECORDING.store(false, Ordering::SeqCst);
-        let Some(s) = sink() else { return };
+        // A forked child has no writer thread of the parent's to wait for.
+        let s = if FORKED.load(Ordering::SeqCst) { CHILD_SINK.get() } else { SINK.get() };
+        let Some(s) = s else { return };
         if !s.shutdown(FLUSH_WAIT) {
             say("the writer did not finish within 60 s at exit; the last files may be missing");
         }
@@ -208,7 +314,7 @@ pub fn control_step() -> i64 {
 
 /// [written, dropped, failed] op calls.
 pub fn control_stats() -> Vec<i64> {
-    guarded(vec![0, 0, 0], || match sink() {
+    guarded(vec![0, 0, 0], || match if FORKED.load(Ordering::Relaxed) { CHILD_SINK.get() } else { SINK.get() } {
         Some(s) => {
             let c = &s.counters;
             [&c.written, &c.dropped, &c.failed]

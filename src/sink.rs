@@ -49,8 +49,16 @@ pub struct SinkSetup {
     pub rank: u32,
     pub pid: i32,
     pub torch_version: String,
+    /// Set from a SIGTERM handler: drain, complete the files, then call
+    /// `on_terminated` (which ends the process).
+    pub terminate: &'static AtomicBool,
+    pub on_terminated: fn(),
     /// Called once from the writer thread when writing fails for good.
     pub on_failure: fn(),
+    /// The parent's pid, for a forked child that records.
+    pub forked_from: Option<i32>,
+    pub file_mode: u32,
+    pub dir_mode: u32,
 }
 
 pub struct Sink {
@@ -71,6 +79,8 @@ impl Sink {
         let opts = RotateOptions {
             max_rows: config.rotate_rows,
             max_age: config.rotate_every,
+            file_mode: setup.file_mode,
+            dir_mode: setup.dir_mode,
             ..RotateOptions::default()
         };
         let worker = Worker {
@@ -180,6 +190,16 @@ fn partition_of(rec: &OpRecord) -> &str {
 impl Worker {
     fn run(mut self, rx: Receiver<Msg>) {
         loop {
+            if self.setup.terminate.load(Ordering::SeqCst) {
+                while let Ok(msg) = rx.try_recv() {
+                    if let Msg::Record(rec) = msg {
+                        self.write(rec);
+                    }
+                }
+                self.close_all();
+                (self.setup.on_terminated)();
+                return;
+            }
             match rx.recv_timeout(TICK) {
                 Ok(Msg::Record(rec)) => self.write(rec),
                 Ok(Msg::Flush(reply)) => {
@@ -214,6 +234,10 @@ impl Worker {
                 (meta::DEVICE.to_string(), device.to_string()),
                 (meta::STATS_ACCUMULATE.to_string(), accumulate.to_string()),
             ];
+            let mut metadata = metadata;
+            if let Some(parent) = s.forked_from {
+                metadata.push((meta::FORKED_FROM.to_string(), parent.to_string()));
+            }
             RotatingWriter::new(dir, format!("part-{}", s.pid), opts.clone(), metadata)
         })
     }

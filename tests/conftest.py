@@ -74,13 +74,17 @@ def run(tmp_path):
     """run(code, **env) runs `code` after loading opdump, in a subprocess,
     with OPDUMP_DIR in the test's temporary directory."""
 
+    calls = []
+
     def _run(code, *, preload=False, load=True, testdev=False, timeout=300, cwd=None, **env):
         script = tmp_path / "job.py"
         body = textwrap.dedent(code)
         if testdev:  # the test device, loaded before opdump's records begin
             body = "import tests.testdev as testdev\ntestdev.load()\n" + body
         script.write_text((PRELUDE if not preload else "import json, os, sys\nimport torch\n") + body)
-        dump = env.pop("OPDUMP_DIR", tmp_path / "dump")
+        # Each run its own dump unless told otherwise: dumps accumulate files.
+        calls.append(1)
+        dump = env.pop("OPDUMP_DIR", tmp_path / ("dump" if len(calls) == 1 else f"dump{len(calls)}"))
         e = clean_env(OPDUMP_DIR=dump, TESTJOB_LIB=LIB, TESTJOB_LOAD=int(load), **env)
         if preload:
             e["LD_PRELOAD"] = str(LIB)

@@ -34,6 +34,9 @@ pub mod meta {
     pub const OP_CALLS: &str = "opdump.op_calls";
     pub const SEQ_MIN: &str = "opdump.seq_min";
     pub const SEQ_MAX: &str = "opdump.seq_max";
+    /// Set in the files of a forked child: the pid of the process it forked
+    /// from, whose seq numbers it continues.
+    pub const FORKED_FROM: &str = "opdump.forked_from";
 }
 
 /// Column names, for readers.
