@@ -118,6 +118,7 @@ pub fn init() {
         libc::atexit(at_exit);
         libc::pthread_atfork(None, None, Some(in_forked_child));
     }
+    register_python_exit();
     if on && config_ok {
         enable();
     }
@@ -262,7 +263,28 @@ pub fn flush() -> bool {
     }
 }
 
+/// Python ends a job interrupted by Ctrl-C (an unhandled KeyboardInterrupt)
+/// by finalizing and then killing itself with SIGINT, so the C atexit
+/// handlers never run. `Py_AtExit` functions run at the end of finalization:
+/// register there too when the process is Python. `at_exit` runs once.
+fn register_python_exit() {
+    type PyAtExit = unsafe extern "C" fn(extern "C" fn()) -> libc::c_int;
+    // SAFETY: looks the symbol up in the process; calls it with its signature.
+    unsafe {
+        let sym = libc::dlsym(libc::RTLD_DEFAULT, c"Py_AtExit".as_ptr());
+        if !sym.is_null() {
+            let py_at_exit: PyAtExit = std::mem::transmute(sym);
+            py_at_exit(at_exit);
+        }
+    }
+}
+
+static EXITED: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn at_exit() {
+    if EXITED.swap(true, Ordering::SeqCst) {
+        return;
+    }
     let _ = catch_unwind(AssertUnwindSafe(|| {
         RECORDING.store(false, Ordering::SeqCst);
         // A forked child has no writer thread of the parent's to wait for.

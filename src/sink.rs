@@ -189,7 +189,13 @@ fn partition_of(rec: &OpRecord) -> &str {
 
 impl Worker {
     fn run(mut self, rx: Receiver<Msg>) {
+        let mut last_tick = Instant::now();
         loop {
+            // Rotation by age must not wait for an idle channel.
+            if last_tick.elapsed() >= TICK {
+                self.tick();
+                last_tick = Instant::now();
+            }
             if self.setup.terminate.load(Ordering::SeqCst) {
                 while let Ok(msg) = rx.try_recv() {
                     if let Msg::Record(rec) = msg {
@@ -214,7 +220,7 @@ impl Worker {
                     self.close_all();
                     return;
                 }
-                Err(RecvTimeoutError::Timeout) => self.tick(),
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
     }
