@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET = Path(os.environ.get("OPDUMP_TARGET_DIR", ROOT / "target")) / "release"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 
 
 def worker(device, steps):

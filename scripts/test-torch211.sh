@@ -5,6 +5,6 @@
 # machine that has torch 2.11.0 but no cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export VENV=.venv-torch211 TORCH_VERSION=2.11.0 CARGO_TARGET_DIR=target-torch211
-export OPDUMP_TARGET_DIR="$PWD/target-torch211" TESTDEV_BUILD_DIR="$PWD/target-torch211/testdev"
+export VENV=.venv-torch211 TORCH_VERSION=2.11.0
+export CARGO_TARGET_DIR="$PWD/target-torch211" TESTDEV_BUILD_DIR="$PWD/target-torch211/testdev"
 exec scripts/test.sh "$@"

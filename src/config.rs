@@ -28,6 +28,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record is dropped, so a hung disk never hangs the job"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
+    ("OPDUMP_PYTHON", "python3", "build time only: the Python interpreter whose torch build.rs builds against"),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,6 +226,7 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                 Some(n) => c.queue_wait = Duration::from_millis(n),
                 None => bad(&name, v, "a number of milliseconds is expected"),
             },
+            "OPDUMP_PYTHON" => {} // read by build.rs, not at run time
             "OPDUMP_FORK" => match v.trim() {
                 "off" | "0" => c.fork_record = false,
                 "record" | "1" => c.fork_record = true,

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # scripts/test.sh points this at another target dir for the torch 2.11 run.
-TARGET = Path(os.environ.get("OPDUMP_TARGET_DIR", ROOT / "target")) / "release"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 LIB = TARGET / "libopdump.so"
 CORE = TARGET / "libopdump_core.so"
 CLI = TARGET / "opdump"

@@ -1,0 +1,629 @@
+"""Side-by-side benchmark of opdump against no dumper and its peers.
+
+    scripts/bench/run.sh              # the full run (about 10 minutes on 2 cores)
+    scripts/bench/run.sh --quick      # TinyLM, one thread only (about 2 minutes)
+
+Every configuration runs in its own subprocess (so the library is loaded or
+not), which builds the model, runs warm-up steps, then times each training
+step itself and reports the times as one JSON line. The parent interleaves
+the configurations (their order rotated each repeat), takes at least 5
+repeats, and prints, per workload and thread setting, the median step time
+of each configuration and its ratio to the baseline.
+
+Configurations:
+  baseline    opdump not loaded
+  off         libopdump.so loaded (torch.ops.load_library), dumping off
+  on          OPDUMP=1, defaults
+  on-noreuse  OPDUMP=1 OPDUMP_REUSE=0 (reuse and view shortcuts off)
+  peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
+  msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
+
+Then the parts: the writer alone (scripts/bench/writer-bench) and
+`opdump compare` on two synthetic dumps of 1,000,000 op calls each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+LIB = ROOT / "target" / "release" / "libopdump.so"
+OPDUMP_CLI = ROOT / "target" / "release" / "opdump"
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+MSPROBE_VENV = Path(os.environ.get("BENCH_MSPROBE_VENV", "/tmp/msprobe-venv"))
+
+WORKLOADS = {
+    # The demo's TinyLM step.
+    "tiny": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512),
+    # Larger tensors, so the statistics passes show against memory bandwidth.
+    "large": dict(d=512, layers=4, heads=8, seq=64, batch=8, vocab=512),
+}
+CONFIGS = ["baseline", "off", "on", "on-noreuse", "peer", "msprobe"]
+DESCRIBE = {
+    "baseline": "opdump not loaded",
+    "off": "libopdump.so loaded, dumping off",
+    "on": "OPDUMP=1, defaults",
+    "on-noreuse": "OPDUMP=1 OPDUMP_REUSE=0",
+    "peer": "Python TorchDispatchMode -> Parquet",
+    "msprobe": "msprobe statistics, L1",
+}
+
+
+# --------------------------------------------------------------------------
+# The child: one configuration, one workload, one thread setting.
+# --------------------------------------------------------------------------
+
+def child(spec: dict) -> None:
+    """Runs each workload of `spec` in turn in this process and prints one
+    `BENCH {json}` line with a report per workload."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(HERE))
+    import tinylm
+
+    cfg = spec["config"]
+    if spec["threads"] == 1:
+        torch.set_num_threads(1)
+    out_dir = spec["out_dir"]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+
+    if cfg in ("off", "on", "on-noreuse"):
+        torch.ops.load_library(str(LIB))
+    peer = debugger = None
+    if cfg == "peer":
+        from peer_dumper import PeerDumper
+        peer = PeerDumper(out_dir)
+        peer.__enter__()
+    elif cfg == "msprobe":
+        from msprobe.pytorch import PrecisionDebugger
+        conf = Path(out_dir) / "msprobe-config.json"
+        conf.write_text(json.dumps({
+            "task": "statistics", "dump_path": str(Path(out_dir) / "dump"), "rank": [], "step": [],
+            "level": "L1", "async_dump": False,
+            "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+        }))
+        debugger = PrecisionDebugger(config_path=str(conf))
+
+    def flush():
+        if cfg in ("on", "on-noreuse", "off"):
+            torch.ops.opdump.flush()
+        elif cfg == "peer":
+            peer.flush()
+
+    def counts() -> dict:
+        """Op calls and rows written so far (after a flush)."""
+        if cfg in ("on", "on-noreuse"):
+            written, dropped, failed = torch.ops.opdump.stats()
+            return dict(op_calls=written, dropped=dropped, failed=failed, **_parquet_counts(out_dir))
+        if cfg == "off":
+            return dict(op_calls=torch.ops.opdump.stats()[0])
+        if cfg == "peer":
+            return dict(op_calls=peer.ops_written, rows=peer.rows_written, files=peer.files)
+        if cfg == "msprobe":
+            return _msprobe_counts(Path(out_dir) / "dump")
+        return {}
+
+    reports = {}
+    for wl in spec["workloads"]:
+        w = WORKLOADS[wl]
+        plan = spec["plan"][wl]
+        model = tinylm.make(0, vocab=w["vocab"], d=w["d"], layers=w["layers"], heads=w["heads"], seq=w["seq"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = tinylm.batches(plan["warmup"] + plan["steps"], batch=w["batch"], seq=w["seq"], vocab=w["vocab"])
+
+        def step(x, y):
+            if debugger is not None:
+                debugger.start()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            if debugger is not None:
+                debugger.stop()
+                debugger.step()
+
+        flush()
+        before = counts()
+        times = []
+        ran = 0
+        t_start = None
+        for i, (x, y) in enumerate(data):
+            if i == plan["warmup"]:
+                flush()  # the timed window starts with nothing queued or buffered
+            t0 = time.perf_counter()
+            step(x, y)
+            dt = time.perf_counter() - t0
+            ran += 1
+            if i >= plan["warmup"]:
+                times.append(dt)
+                if t_start is None:
+                    t_start = t0
+                # A time budget bounds slow configurations (at least min_steps).
+                if len(times) >= plan["min_steps"] and time.perf_counter() - t_start > plan["max_seconds"]:
+                    break
+        # What the timed steps left queued or buffered is written now, and
+        # counted in the amortized step time.
+        t0 = time.perf_counter()
+        flush()
+        flush_s = time.perf_counter() - t0
+        after = counts()
+        rep = {"times": times, "steps_run": ran, "threads": torch.get_num_threads(), "flush_s": flush_s}
+        for k, v in after.items():
+            rep[k] = v - before.get(k, 0) if k not in ("dropped", "failed", "files") else v
+        reports[wl] = rep
+        del model, opt, data
+    if peer is not None:
+        peer.__exit__(None, None, None)
+        peer.close()
+    print("BENCH " + json.dumps(reports), flush=True)
+
+
+def _parquet_counts(d: str) -> dict:
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(d).rglob("*.parquet"))
+    return {"files": len(files), "rows": sum(pq.ParquetFile(f).metadata.num_rows for f in files)}
+
+
+def _msprobe_counts(d: Path) -> dict:
+    calls = tensors = 0
+    files = 0
+    for f in d.rglob("dump.json"):
+        files += 1
+        data = json.loads(f.read_text()).get("data", {})
+        calls += len(data)
+
+        def walk(v):
+            nonlocal tensors
+            if isinstance(v, dict):
+                if v.get("type") == "torch.Tensor":
+                    tensors += 1
+                else:
+                    for e in v.values():
+                        walk(e)
+            elif isinstance(v, list):
+                for e in v:
+                    walk(e)
+
+        walk(data)
+    return {"op_calls": calls, "rows": tensors, "files": files}
+
+
+# --------------------------------------------------------------------------
+# msprobe: its own venv that sees the project's torch.
+# --------------------------------------------------------------------------
+
+def ensure_msprobe(install: bool) -> tuple[str | None, str]:
+    """(python, '') when msprobe runs here, else (None, reason)."""
+    py = MSPROBE_VENV / "bin" / "python"
+    check = "import torch, msprobe.pytorch; print(torch.__version__)"
+    if py.exists():
+        r = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd="/tmp")
+        if r.returncode == 0:
+            return str(py), ""
+        if not install:
+            return None, "import failed: " + _last_line(r.stderr)
+    if not install:
+        return None, f"no venv at {MSPROBE_VENV} (run without --no-msprobe-install to create it)"
+    print(f"bench: installing mindstudio-probe into {MSPROBE_VENV} (once) ...", file=sys.stderr, flush=True)
+    try:
+        subprocess.run([str(VENV_PY), "-m", "venv", "--system-site-packages", str(MSPROBE_VENV)],
+                       check=True, capture_output=True, text=True)
+        # A venv made from a venv sees the base interpreter's packages, not the
+        # project venv's: point it at the project's site-packages (torch), after
+        # its own (msprobe and its dependencies win).
+        site = subprocess.run([str(VENV_PY), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        own = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        Path(own, "zz_opdump_project_torch.pth").write_text(site + "\n")
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "mindstudio-probe"],
+                           capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            return None, "pip install mindstudio-probe failed: " + _last_line(r.stderr)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        return None, f"venv/pip failed: {e}"
+    r = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd="/tmp")
+    if r.returncode != 0:
+        return None, "import failed: " + _last_line(r.stderr)
+    return str(py), ""
+
+
+def _last_line(s: str) -> str:
+    lines = [l for l in s.strip().splitlines() if l.strip()]
+    return lines[-1][:200] if lines else "(no message)"
+
+
+# --------------------------------------------------------------------------
+# The parent.
+# --------------------------------------------------------------------------
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPDUMP")}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
+    """{workload: report}; on failure {workload: {"error": ...}}."""
+    out = tmp / f"{spec['config']}-t{spec['threads']}-r{spec['repeat']}"
+    spec = dict(spec, out_dir=str(out))
+    env = clean_env()
+    if spec["config"] in ("on", "on-noreuse"):
+        env.update(OPDUMP="1", OPDUMP_DIR=str(out))
+        if spec["config"] == "on-noreuse":
+            env["OPDUMP_REUSE"] = "0"
+    opdump_lines = []
+    try:
+        r = subprocess.run([py, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                           capture_output=True, text=True, env=env, cwd=str(tmp), timeout=timeout)
+        lines = [l for l in r.stdout.splitlines() if l.startswith("BENCH ")]
+        opdump_lines = sorted({l.strip() for l in r.stderr.splitlines() if l.startswith("opdump:")})
+        if r.returncode != 0 or not lines:
+            reps = {wl: {"error": f"exit {r.returncode}: {_last_line(r.stderr)}"} for wl in spec["workloads"]}
+        else:
+            reps = json.loads(lines[-1][6:])
+    except subprocess.TimeoutExpired:
+        reps = {wl: {"error": f"timed out after {timeout:.0f}s"} for wl in spec["workloads"]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    for rep in reps.values():
+        rep["opdump_lines"] = opdump_lines
+    return reps
+
+
+def fmt_ms(s: float) -> str:
+    ms = s * 1e3
+    return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def plans(args) -> dict:
+    return {
+        "tiny": dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps, max_seconds=args.max_seconds),
+        "large": dict(warmup=args.large_warmup, steps=args.large_steps, min_steps=args.min_steps,
+                      max_seconds=args.large_max_seconds),
+    }
+
+
+def bench_threads(threads: int, workloads: list[str], configs: list[str], args, py_for: dict,
+                  tmp: Path) -> list[str]:
+    """Every configuration, `args.repeats` times, interleaved; each child runs
+    every workload in turn. Returns the tables, one per workload."""
+    plan = {wl: p for wl, p in plans(args).items() if wl in workloads}
+    results = {wl: {c: [] for c in configs} for wl in workloads}
+    for rep in range(args.repeats):
+        k = rep % len(configs)
+        order = configs[k:] + configs[:k]
+        for c in order:
+            spec = dict(config=c, threads=threads, repeat=rep, workloads=workloads, plan=plan)
+            t0 = time.time()
+            reps = run_child(py_for[c], spec, tmp, args.child_timeout)
+            msgs = []
+            for wl in workloads:
+                r = reps.get(wl, {"error": "no report"})
+                results[wl][c].append(r)
+                msgs.append(f"{wl} " + (r.get("error") or
+                            f"{fmt_ms(statistics.median(r['times']))} ms ({len(r['times'])} steps)"))
+            print(f"  [threads={threads if threads else 'default'} rep {rep + 1}/{args.repeats}] {c:<11} "
+                  f"{'; '.join(msgs)} ({time.time() - t0:.1f}s)", file=sys.stderr, flush=True)
+    lines = []
+    for wl in workloads:
+        lines += render(wl, threads, configs, results[wl], plan[wl], args)
+    return lines
+
+
+def render(workload: str, threads: int, configs: list[str], results: dict, plan: dict, args) -> list[str]:
+    w = WORKLOADS[workload]
+    warmup, steps, max_s = plan["warmup"], plan["steps"], plan["max_seconds"]
+    tname = "1 (torch.set_num_threads(1))" if threads == 1 else "default"
+    nthreads = {r.get("threads") for rs in results.values() for r in rs if "threads" in r}
+    if threads != 1 and nthreads:
+        tname += f" ({'/'.join(str(n) for n in sorted(nthreads))})"
+    lines = [
+        f"### {workload}: TinyLM d={w['d']}, {w['layers']} blocks, {w['heads']} heads, seq {w['seq']}, "
+        f"batch {w['batch']}, vocab {w['vocab']}, AdamW; intra-op threads: {tname}",
+        f"{args.repeats} repeats, configuration order rotated each repeat; each: {warmup} warm-up steps, "
+        f"then up to {steps} timed steps (at least {args.min_steps}, stopping after {max_s:g} s).",
+        "",
+        "| config | what | median ms/step | ratio | amortized ms/step | ratio | repeat medians min–max (ms) "
+        "| op calls/step | rows/step | files (process) |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    base = base_am = None
+    meds, ams = {}, {}
+    notes = []
+    for c in configs:
+        rs = results[c]
+        good = [r for r in rs if "times" in r and r["times"]]
+        errs = sorted({r["error"] for r in rs if "error" in r})
+        for r in rs:
+            for l in r.get("opdump_lines", []):
+                if f"{c}: {l}" not in notes:
+                    notes.append(f"{c}: {l}")
+        if not good:
+            lines.append(f"| {c} | {DESCRIBE[c]} | failed | | | | {'; '.join(errs)[:120]} | | | |")
+            continue
+        per_rep = [statistics.median(r["times"]) for r in good]
+        # Amortized: the timed steps plus writing out what they left buffered.
+        per_rep_am = [(sum(r["times"]) + r.get("flush_s", 0.0)) / len(r["times"]) for r in good]
+        med, am = statistics.median(per_rep), statistics.median(per_rep_am)
+        meds[c], ams[c] = med, am
+        if c == "baseline":
+            base, base_am = med, am
+        ratio = f"{med / base:.2f}×" if base else "n/a"
+        ratio_am = f"{am / base_am:.2f}×" if base_am else "n/a"
+        steps_run = [r["steps_run"] for r in good]
+        calls = [r["op_calls"] / r["steps_run"] for r in good if r.get("op_calls") is not None]
+        rows = [r["rows"] / r["steps_run"] for r in good if r.get("rows") is not None]
+        files = [r["files"] for r in good if r.get("files") is not None]
+        calls_s = f"{statistics.median(calls):.0f}" if calls else "–"
+        rows_s = f"{statistics.median(rows):.0f}" if rows else "–"
+        files_s = f"{statistics.median(files):.0f}" if files else "–"
+        lines.append(f"| {c} | {DESCRIBE[c]} | {fmt_ms(med)} | {ratio} | {fmt_ms(am)} | {ratio_am} | "
+                     f"{fmt_ms(min(per_rep))}–{fmt_ms(max(per_rep))} | {calls_s} | {rows_s} | {files_s} |")
+        if errs:
+            notes.append(f"{c}: {len(rs) - len(good)} of {len(rs)} runs failed: {'; '.join(errs)[:200]}")
+        drops = [r.get("dropped", 0) + r.get("failed", 0) for r in good]
+        if any(drops):
+            notes.append(f"{c}: dropped+failed op calls per run: {drops}")
+        if c in ("on", "on-noreuse", "peer"):
+            fl = statistics.median(r.get("flush_s", 0.0) for r in good)
+            nt = statistics.median(len(r["times"]) for r in good)
+            notes.append(f"{c}: final flush after the timed steps: median {fl * 1e3:.0f} ms "
+                         f"(over a median of {nt:g} timed steps); processes ran {min(steps_run)}–{max(steps_run)} "
+                         f"steps incl. warm-up")
+    for k, what in (("peer", "the Python peer"), ("msprobe", "msprobe")):
+        if "on" in meds and k in meds:
+            notes.append(f"{k} / on = {meds[k] / meds['on']:.2f}× median, {ams[k] / ams['on']:.2f}× amortized "
+                         f"(how many times slower {what} is than opdump)")
+    if "on" in meds and "on-noreuse" in meds:
+        notes.append(f"on-noreuse / on = {meds['on-noreuse'] / meds['on']:.2f}× (what reuse and view shortcuts buy)")
+    SUMMARY["groups"][(workload, threads)] = (meds, ams)
+    if notes:
+        lines.append("")
+        lines.extend(f"- {n}" for n in notes)
+    lines.append("")
+    return lines
+
+
+# Figures for the goal table: {"groups": {(workload, threads): (medians, amortized)},
+# "writer": rows/s, "compare": (seconds, MiB)}.
+SUMMARY: dict = {"groups": {}}
+
+
+def goal_table() -> list[str]:
+    rows = []
+    groups = SUMMARY["groups"]
+
+    def tname(t):
+        return "1 thread" if t == 1 else "default threads"
+
+    for (wl, t), (meds, ams) in groups.items():
+        base, base_am = meds.get("baseline"), ams.get("baseline")
+        if base and "off" in meds:
+            r = meds["off"] / base
+            rows.append(f"| loaded but off, {wl}, {tname(t)} | ≤ 1.02× | {r:.2f}× | {'met' if r <= 1.02 else 'not met'} |")
+        if base and "on" in meds:
+            r, ra = meds["on"] / base, ams["on"] / base_am
+            rows.append(f"| dumping on (defaults), {wl}, {tname(t)} | ≤ 1.5× (aim 1.25×) | {r:.2f}× "
+                        f"(amortized {ra:.2f}×) | {'met' if max(r, ra) <= 1.5 else 'not met'} |")
+        if "on" in meds and "peer" in meds:
+            r = meds["peer"] / meds["on"]
+            rows.append(f"| opdump faster than the Python peer, {wl}, {tname(t)} | ≥ 2× | {r:.2f}× "
+                        f"| {'met' if r >= 2 else 'not met'} |")
+        if "on" in meds and "msprobe" in meds:
+            r = meds["msprobe"] / meds["on"]
+            rows.append(f"| (for reference) opdump faster than msprobe, {wl}, {tname(t)} | – | {r:.2f}× | |")
+    if "writer" in SUMMARY:
+        r = SUMMARY["writer"]
+        rows.append(f"| writer throughput (RotatingWriter, one thread) | ≥ 1,000,000 rows/s | {r:,.0f} rows/s "
+                    f"| {'met' if r >= 1e6 else 'not met'} |")
+    if "compare" in SUMMARY:
+        secs, mib, n = SUMMARY["compare"]
+        rows.append(f"| opdump compare, {n:,} vs {n:,} op calls (goal: 1M) | ≤ 10 s, memory bounded | {secs:.1f} s, peak RSS "
+                    f"{mib:.0f} MiB | {'met' if secs <= 10 else 'not met'} (time) |")
+    if not rows:
+        return []
+    return ["### Goals of issue 6 against this run", "", "| figure | goal | measured | |", "|---|---|---|---|"] \
+        + rows + [""]
+
+
+# --------------------------------------------------------------------------
+# The parts: writer throughput and compare.
+# --------------------------------------------------------------------------
+
+def cargo_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("CARGO_TARGET_DIR", str(ROOT / "target"))
+    return env
+
+
+def writer_bench(args, tmp: Path) -> list[str]:
+    pkg = HERE / "writer-bench"
+    lines = ["### Writer throughput (scripts/bench/writer-bench)", ""]
+    b = subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(pkg / "Cargo.toml")],
+                       capture_output=True, text=True, env=cargo_env())
+    if b.returncode != 0:
+        return lines + [f"not run: build failed: {_last_line(b.stderr)}", ""]
+    exe = Path(cargo_env()["CARGO_TARGET_DIR"]) / "release" / "writer-bench"
+    cmd = [str(exe), "--dir", str(tmp / "writer"), "--ops", str(args.writer_ops), "--runs", "3"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    shutil.rmtree(tmp / "writer", ignore_errors=True)
+    if r.returncode != 0:
+        return lines + [f"failed: {_last_line(r.stderr)}", ""]
+    m = re.search(r"^\| writer \(build[^|]*\| [\d.]+ \| (\d+) \|", r.stdout, re.M)
+    if m:
+        SUMMARY["writer"] = float(m.group(1))
+    lines.append("`" + " ".join(["writer-bench"] + cmd[1:]).replace(str(tmp), "$TMP") + "`")
+    lines.append("")
+    lines.extend(r.stdout.rstrip().splitlines())
+    lines.append("")
+    return lines
+
+
+def compare_bench(args, tmp: Path) -> list[str]:
+    lines = [f"### opdump compare on two synthetic dumps of {args.compare_ops:,} op calls each", ""]
+    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-cli", "--example", "synth",
+                        "--bin", "opdump"], cwd=str(ROOT), capture_output=True, text=True, env=cargo_env())
+    if b.returncode != 0:
+        return lines + [f"not run: build of the synth example failed: {_last_line(b.stderr)}", ""]
+    synth = Path(cargo_env()["CARGO_TARGET_DIR"]) / "release" / "examples" / "synth"
+    a, bdir = tmp / "cmp-a", tmp / "cmp-b"
+    t0 = time.perf_counter()
+    g = subprocess.run([str(synth), str(a), str(bdir), str(args.compare_ops)], capture_output=True, text=True)
+    if g.returncode != 0:
+        return lines + [f"not run: synth failed: {_last_line(g.stderr)}", ""]
+    gen_s = time.perf_counter() - t0
+    size = sum(f.stat().st_size for f in tmp.rglob("*.parquet"))
+    rows = _rows_of([a, bdir])
+    runs = []
+    verdict = ""
+    for _ in range(args.compare_runs):
+        t0 = time.perf_counter()
+        r = subprocess.run(["/usr/bin/time", "-v", str(OPDUMP_CLI), "compare", str(a), str(bdir)],
+                           capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr)
+        rss = int(m.group(1)) / 1024 if m else float("nan")
+        runs.append((secs, rss, r.returncode))
+        verdict = " / ".join(l.strip() for l in r.stdout.splitlines()
+                             if l.strip().startswith(("A  /", "B  /", "aligned:", "First divergence")))
+    shutil.rmtree(a, ignore_errors=True)
+    shutil.rmtree(bdir, ignore_errors=True)
+    secs = statistics.median(s for s, _, _ in runs)
+    rss = max(m for _, m, _ in runs)
+    codes = sorted({c for _, _, c in runs})
+    SUMMARY["compare"] = (secs, rss, args.compare_ops)
+    lines += [
+        f"`synth A B {args.compare_ops}` (crates/cli/examples/synth.rs) wrote {rows[0]:,} + {rows[1]:,} rows "
+        f"({size / 2**20:.0f} MiB of Parquet) in {gen_s:.1f} s; then `/usr/bin/time -v opdump compare A B`, "
+        f"{args.compare_runs} runs:",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| wall time, median | {secs:.2f} s |",
+        f"| wall time, runs | {', '.join(f'{s:.2f}' for s, _, _ in runs)} s |",
+        f"| peak RSS (max of runs) | {rss:.0f} MiB |",
+        f"| exit code | {', '.join(map(str, codes))} (1: diverged, as planted; 2: error) |",
+        "",
+        f"its report: `{verdict.replace(str(tmp), '$TMP')[:400]}`",
+        "",
+    ]
+    return lines
+
+
+def _rows_of(dirs) -> list[int]:
+    import pyarrow.parquet as pq
+
+    return [sum(pq.ParquetFile(f).metadata.num_rows for f in Path(d).rglob("*.parquet")) for d in dirs]
+
+
+# --------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true",
+                    help="TinyLM only, one intra-op thread, fewer steps; skips the parts")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--workloads", default="tiny,large")
+    ap.add_argument("--threads", default="1,default", help="comma list of 1 and/or default")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--warmup", type=int, default=2, help="TinyLM warm-up steps")
+    ap.add_argument("--steps", type=int, default=10, help="TinyLM timed steps (at most)")
+    ap.add_argument("--max-seconds", type=float, default=2.0, help="TinyLM: stop timing after this long")
+    ap.add_argument("--large-warmup", type=int, default=1)
+    ap.add_argument("--large-steps", type=int, default=4)
+    ap.add_argument("--large-max-seconds", type=float, default=2.5)
+    ap.add_argument("--min-steps", type=int, default=3)
+    ap.add_argument("--child-timeout", type=float, default=300)
+    ap.add_argument("--no-msprobe-install", action="store_true",
+                    help=f"use msprobe only if {MSPROBE_VENV} already has it")
+    ap.add_argument("--no-parts", action="store_true", help="skip the writer and compare benchmarks")
+    ap.add_argument("--parts-only", action="store_true", help="only the writer and compare benchmarks")
+    ap.add_argument("--writer-ops", type=int, default=1_000_000)
+    ap.add_argument("--compare-ops", type=int, default=1_000_000)
+    ap.add_argument("--compare-runs", type=int, default=2)
+    ap.add_argument("--out", help="also write the report (markdown) to this file")
+    args = ap.parse_args()
+
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    if args.repeats < 5:
+        print(f"bench: note: {args.repeats} repeats (the protocol asks for at least 5)", file=sys.stderr)
+    if args.quick:
+        args.workloads, args.threads, args.steps, args.no_parts = "tiny", "1", 6, True
+    if not LIB.exists():
+        print(f"bench: {LIB} is missing; run scripts/setup.sh", file=sys.stderr)
+        return 2
+
+    configs = [] if args.parts_only else [c for c in args.configs.split(",") if c]
+    py_for = {c: str(VENV_PY) for c in configs}
+    header_notes = []
+    if "msprobe" in configs:
+        ms_py, why = ensure_msprobe(not args.no_msprobe_install)
+        if ms_py:
+            py_for["msprobe"] = ms_py
+            ver = subprocess.run([ms_py, "-c", "from importlib.metadata import version; "
+                                  "print(version('mindstudio-probe'))"], capture_output=True, text=True)
+            header_notes.append(f"msprobe: mindstudio-probe {ver.stdout.strip()} from {MSPROBE_VENV} "
+                                f"(the project's torch via a .pth)")
+        else:
+            configs.remove("msprobe")
+            header_notes.append(f"msprobe: not available ({why})")
+
+    torch_ver = subprocess.run([str(VENV_PY), "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True).stdout.strip()
+    lib_time = time.strftime("%Y-%m-%d %H:%M", time.localtime(LIB.stat().st_mtime))
+    cmd = "scripts/bench/run.sh " + " ".join(a for a in sys.argv[1:] if not a.startswith("--out"))
+    report = [
+        f"## opdump benchmark, {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"command: `{cmd.strip()}`; torch {torch_ver}; {os.cpu_count()} CPUs; "
+        f"load average at start {os.getloadavg()[0]:.1f}; libopdump.so built {lib_time}",
+        "",
+    ] + [f"- {n}" for n in header_notes] + [""]
+
+    tmp = Path(tempfile.mkdtemp(prefix="opdump-bench-", dir="/tmp"))
+    t_all = time.time()
+    try:
+        for tsetting in [t for t in args.threads.split(",") if t and configs]:
+            threads = 1 if tsetting == "1" else 0
+            print(f"bench: threads={tsetting}", file=sys.stderr, flush=True)
+            report += bench_threads(threads, [w for w in args.workloads.split(",") if w], configs, args,
+                                    py_for, tmp)
+        if not args.no_parts:
+            print("bench: writer throughput", file=sys.stderr, flush=True)
+            report += writer_bench(args, tmp)
+            print("bench: opdump compare", file=sys.stderr, flush=True)
+            report += compare_bench(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report += goal_table()
+    report.append(f"total benchmark time: {time.time() - t_all:.0f} s; load average at end "
+                  f"{os.getloadavg()[0]:.1f}")
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
