@@ -18,7 +18,7 @@ fn main() {
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")
         .define("_GLIBCXX_USE_CXX11_ABI", if torch.cxx11_abi { "1" } else { "0" })
-        .define("OPDUMP_BUILD_TORCH_VERSION", format!("\"{}\"", torch.version).as_str())
+        .define("TORCH_VERSION_AT_BUILD", format!("\"{}\"", torch.version).as_str())
         .flag_if_supported("-fvisibility=hidden")
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(false);
@@ -33,7 +33,7 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-    println!("cargo:rustc-env=OPDUMP_BUILD_TORCH_VERSION={}", torch.version);
+    println!("cargo:rustc-env=TORCH_VERSION_AT_BUILD={}", torch.version);
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/bridge.rs");

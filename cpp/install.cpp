@@ -85,7 +85,7 @@ rust::String torch_version() {
 #ifdef TORCH_VERSION
   return rust::String(TORCH_VERSION);
 #else
-  return rust::String(OPDUMP_BUILD_TORCH_VERSION);
+  return rust::String(TORCH_VERSION_AT_BUILD);
 #endif
 }
 

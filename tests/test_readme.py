@@ -16,6 +16,7 @@ def test_every_variable_is_documented():
     # ... and the code reads no OPDUMP_* name the table does not list.
     used = set()
     for path in list((ROOT / "src").rglob("*.rs")) + list((ROOT / "cpp").rglob("*.cpp")) + [ROOT / "build.rs"]:
-        used |= set(re.findall(r'"(OPDUMP_[A-Z0-9_]+)"', path.read_text()))
+        text = path.read_text().split("#[cfg(test)]")[0]  # unit tests use made-up names
+        used |= set(re.findall(r'"(OPDUMP_[A-Z0-9_]+)"', text))
     used |= set(re.findall(r'"(OPDUMP_[A-Z0-9_]+)"', (ROOT / "crates/torchfind/src/lib.rs").read_text()))
     assert used <= set(names), used - set(names)

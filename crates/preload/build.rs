@@ -2,7 +2,7 @@
 // point can refuse a different torch at run time before it loads the core.
 fn main() {
     let torch = opdump_torchfind::find_or_exit();
-    println!("cargo:rustc-env=OPDUMP_BUILD_TORCH_VERSION={}", torch.version);
-    println!("cargo:rustc-env=OPDUMP_BUILD_CXX11_ABI={}", u8::from(torch.cxx11_abi));
+    println!("cargo:rustc-env=TORCH_VERSION_AT_BUILD={}", torch.version);
+    println!("cargo:rustc-env=TORCH_CXX11_ABI_AT_BUILD={}", u8::from(torch.cxx11_abi));
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 const CORE_FILE: &str = "libopdump_core.so";
 const TORCH_LIB: &CStr = c"libtorch_cpu.so";
-const BUILD_TORCH_VERSION: &str = env!("OPDUMP_BUILD_TORCH_VERSION");
+const BUILD_TORCH_VERSION: &str = env!("TORCH_VERSION_AT_BUILD");
 
 const WAITING: u8 = 0;
 const DONE: u8 = 1;
