@@ -1,8 +1,8 @@
 // Statistics of one tensor, computed on the tensor's own device.
 //
-// - CPU: one pass over the elements, accumulating in float64, with no float
-//   copy of the tensor (dense tensors of any layout are read in memory order,
-//   since every statistic is order-independent).
+// - CPU: one pass over memory, in L1-sized blocks, accumulating in float64,
+//   with no full-size float copy (dense tensors of any layout are read in
+//   memory order, since every statistic is order-independent).
 // - Other devices: ATen reductions on the device in float64 (float32 where
 //   the device has no float64), stacked into one small tensor that is copied
 //   to the host once. That copy synchronises the device, so the record is final.
@@ -14,6 +14,9 @@
 #include <complex>
 #include <limits>
 #include <type_traits>
+#include <vector>
+
+#include <ATen/Parallel.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
@@ -40,37 +43,67 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Running sums over finite values. Variance uses sums shifted by the first
-// finite value, which avoids the cancellation of sum(x^2) - n*mean^2 when the
-// mean is large against the spread.
+// Statistics over finite values, built from blocks. Each block is read once
+// into an L1-sized buffer: a first pass sums and finds the extremes, a second
+// pass over the buffer takes the squared deviations from the block's own
+// mean; blocks merge with Chan's formula. This keeps the variance accurate
+// when the mean is large against the spread, and the passes vectorise.
 struct Acc {
   int64_t finite = 0, nan = 0, posinf = 0, neginf = 0, zero = 0;
   double min = std::numeric_limits<double>::infinity();
   double max = -std::numeric_limits<double>::infinity();
-  double absmax = 0, sum = 0, sumsq = 0;
-  double shift = 0, dsum = 0, dsumsq = 0;
+  double sum = 0, sumsq = 0, mean = 0, m2 = 0;
 
-  inline void add(double x) {
-    if (std::isnan(x)) {
-      ++nan;
-      return;
+  void merge(const Acc& o) {
+    nan += o.nan;
+    posinf += o.posinf;
+    neginf += o.neginf;
+    zero += o.zero;
+    min = o.min < min ? o.min : min;
+    max = o.max > max ? o.max : max;
+    sum += o.sum;
+    sumsq += o.sumsq;
+    if (o.finite == 0) return;
+    if (finite == 0) {
+      mean = o.mean;
+      m2 = o.m2;
+    } else {
+      const double n = static_cast<double>(finite + o.finite);
+      const double delta = o.mean - mean;
+      mean += delta * static_cast<double>(o.finite) / n;
+      m2 += o.m2 + delta * delta * static_cast<double>(finite) * static_cast<double>(o.finite) / n;
     }
-    if (std::isinf(x)) {
-      if (x > 0) ++posinf; else ++neginf;
-      return;
+    finite += o.finite;
+  }
+
+  // Adds `m` finite values.
+  void add_finite(const double* x, int64_t m) {
+    if (m == 0) return;
+    double s = 0, s2 = 0, mn = x[0], mx = x[0];
+    int64_t z = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const double v = x[i];
+      s += v;
+      s2 += v * v;
+      mn = v < mn ? v : mn;
+      mx = v > mx ? v : mx;
+      z += v == 0.0;
     }
-    if (finite == 0) shift = x;
-    ++finite;
-    zero += (x == 0.0);
-    min = x < min ? x : min;
-    max = x > max ? x : max;
-    const double a = std::fabs(x);
-    absmax = a > absmax ? a : absmax;
-    sum += x;
-    sumsq += x * x;
-    const double d = x - shift;
-    dsum += d;
-    dsumsq += d * d;
+    Acc b;
+    b.finite = m;
+    b.zero = z;
+    b.min = mn;
+    b.max = mx;
+    b.sum = s;
+    b.sumsq = s2;
+    b.mean = s / static_cast<double>(m);
+    double d2 = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const double d = x[i] - b.mean;
+      d2 += d * d;
+    }
+    b.m2 = d2;
+    merge(b);
   }
 
   void write(TensorRow& row) const {
@@ -83,14 +116,11 @@ struct Acc {
       row.min = row.max = row.mean = row.std = row.absmax = kNaN;
       return;
     }
-    const double n = static_cast<double>(finite);
     row.min = min;
     row.max = max;
-    row.absmax = absmax;
-    row.mean = sum / n;
-    const double dm = dsum / n;
-    const double var = dsumsq / n - dm * dm;
-    row.std = std::sqrt(var > 0 ? var : 0.0);
+    row.absmax = std::max(std::fabs(min), std::fabs(max));
+    row.mean = sum / static_cast<double>(finite);
+    row.std = std::sqrt(m2 / static_cast<double>(finite));
   }
 };
 
@@ -103,6 +133,58 @@ inline double to_double(T v) {
   }
 }
 
+constexpr int64_t kBlock = 1024;
+
+// One block: converted into a buffer; blocks without NaN or Inf (the common
+// case) take no per-element branch.
+template <typename T>
+void add_block(const T* p, int64_t m, Acc& acc) {
+  double buf[kBlock];
+  double check = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    buf[i] = to_double(p[i]);
+    check += buf[i] * 0.0;  // NaN if any element is NaN or infinite
+  }
+  if (check == 0.0) {
+    acc.add_finite(buf, m);
+    return;
+  }
+  int64_t k = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const double v = buf[i];
+    if (std::isnan(v)) {
+      ++acc.nan;
+    } else if (std::isinf(v)) {
+      if (v > 0) ++acc.posinf; else ++acc.neginf;
+    } else {
+      buf[k++] = v;
+    }
+  }
+  acc.add_finite(buf, k);
+}
+
+// Large tensors are split into fixed chunks measured in parallel and merged
+// in chunk order, so the result does not depend on the thread count.
+constexpr int64_t kChunk = int64_t{1} << 18;
+
+template <typename T>
+Acc accumulate(const T* p, int64_t n) {
+  auto run = [](const T* q, int64_t len) {
+    Acc a;
+    for (int64_t s = 0; s < len; s += kBlock) add_block(q + s, std::min(kBlock, len - s), a);
+    return a;
+  };
+  if (n < 4 * kChunk) return run(p, n);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<Acc> parts(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) parts[c] = run(p + c * kChunk, std::min(kChunk, n - c * kChunk));
+  });
+  Acc total;
+  for (const auto& a : parts) total.merge(a);
+  return total;
+}
+
 void measure_cpu(const at::Tensor& t, TensorRow& row) {
   // Dense tensors (contiguous, transposed, permuted) occupy exactly numel
   // elements of memory: read them in memory order. Others (expanded,
@@ -113,8 +195,7 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   const int64_t n = src.numel();
   Acc acc;
   AT_DISPATCH_V2(src.scalar_type(), "opdump_stats", AT_WRAP([&] {
-    const auto* p = static_cast<const scalar_t*>(src.const_data_ptr());
-    for (int64_t i = 0; i < n; ++i) acc.add(to_double(p[i]));
+    acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n);
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
   acc.write(row);
