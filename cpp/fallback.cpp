@@ -68,6 +68,34 @@ bool outputs_asynchronous(std::string_view qualified) {
   return qualified.starts_with("_c10d_functional::") && qualified != "_c10d_functional::wait_tensor";
 }
 
+// Views that hold exactly the values of their input, in another shape or
+// order: their output takes the input's statistics. (`expand` repeats
+// elements; `as_strided`, `slice` and `select` may select or overlap; `view`
+// to another dtype reinterprets bits: all are measured.)
+bool preserves_values(std::string_view op, std::string_view overload) {
+  static constexpr std::string_view kOps[] = {
+      "view", "_reshape_alias", "_unsafe_view", "transpose", "permute", "t",
+      "squeeze", "unsqueeze", "detach", "alias", "numpy_T", "mT", "view_as",
+  };
+  if (op == "view" && overload == "dtype") return false;
+  for (auto o : kOps)
+    if (o == op) return true;
+  return false;
+}
+
+void copy_stats(const TensorRow& from, TensorRow& to) {
+  to.min = from.min;
+  to.max = from.max;
+  to.mean = from.mean;
+  to.std = from.std;
+  to.l2 = from.l2;
+  to.absmax = from.absmax;
+  to.nan_count = from.nan_count;
+  to.posinf_count = from.posinf_count;
+  to.neginf_count = from.neginf_count;
+  to.zero_count = from.zero_count;
+}
+
 // Ops whose outputs are memory without values yet.
 bool output_uninitialized(std::string_view op) {
   return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
@@ -121,6 +149,11 @@ struct Recorder {
   // values from now on.
   bool nested = false;
   Status no_values = kUninitialized;
+  // Reuse and view shortcuts (OPDUMP_REUSE).
+  bool shortcuts = true;
+  // For a value-preserving view: the row of its `self` input, whose
+  // statistics its output takes.
+  int64_t view_source = -1;
 
   void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
               bool values_defined, bool produced) {
@@ -141,7 +174,25 @@ struct Recorder {
         no_values = kNotMeasured;
       }
     }
-    measure(t, values_defined, row, no_values);
+    if (values_defined && role == 1 && view_source >= 0) {
+      const TensorRow& src = call.tensors[view_source];
+      if ((src.status == kComputed || src.status == kReused || src.status == kView) &&
+          src.numel == t.numel()) {
+        measure(t, false, row, kView);  // metadata only
+        if (row.status == kView) {
+          copy_stats(src, row);
+          if (!nested) reuse_remember(t, row);
+        }
+        call.tensors.push_back(std::move(row));
+        return;
+      }
+    }
+    // The cache holds top-level measurements only: inside a call, a kernel may
+    // still write a tensor without moving its version (addmm copies the bias
+    // into its result with copy_, then runs the GEMM into it). Outputs are
+    // always measured.
+    const bool cache = shortcuts && !nested;
+    measure(t, values_defined, row, no_values, cache && role == 0, cache);
     if (role == 1 && !values_defined && no_values == kUninitialized) remember_uninitialized(t);
     call.tensors.push_back(std::move(row));
   }
@@ -227,6 +278,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
     return;
   }
   rec.nested = ticket.depth > 0;
+  rec.shortcuts = ticket.shortcuts;
 
   const auto& name = op.operator_name();
   const std::string_view base = base_name(name.name);
@@ -275,6 +327,10 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
 
   try {
     const auto& returns = schema.returns();
+    if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
+      for (size_t i = 0; i < rec.call.tensors.size(); ++i)
+        if (rec.call.tensors[i].role == 0 && std::string(rec.call.tensors[i].arg) == "self") rec.view_source = i;
+    }
     const bool async_outputs = outputs_asynchronous(name.name);
     const bool fresh = !output_uninitialized(base) && !async_outputs;
     const Status no_values = async_outputs ? kNotMeasured : kUninitialized;

@@ -64,6 +64,7 @@ bool install() {
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
     pthread_atfork(&uninitialized_atfork_prepare, &uninitialized_atfork_parent,
                    &uninitialized_atfork_child);
+    pthread_atfork(&reuse_atfork_prepare, &reuse_atfork_release, &reuse_atfork_release);
     return true;
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("registration failed: ") + e.what()));

@@ -47,7 +47,16 @@ enum Status : uint8_t {
   kFailed = 6,
 };
 // `no_values` is the status given when `values_defined` is false.
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values = kUninitialized);
+// `lookup`: take the statistics from the cache of measured tensors when they
+// are there; `remember`: put what is measured into it.
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values = kUninitialized,
+             bool lookup = false, bool remember = false);
+
+// The cache of measured tensors (reuse.cpp).
+void reuse_remember(const at::Tensor& t, const TensorRow& row);
+bool reuse_lookup(const at::Tensor& t, TensorRow& row);
+void reuse_atfork_prepare();
+void reuse_atfork_release();
 
 // Uninitialized memory followed through views (uninitialized.cpp).
 void remember_uninitialized(const at::Tensor& t);

@@ -276,7 +276,8 @@ void null_stats(TensorRow& row) {
 
 }  // namespace
 
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values) {
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values, bool lookup,
+             bool remember) {
   null_stats(row);
   try {
     fill_metadata(t, row);
@@ -298,6 +299,10 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
     row.status = kComputed;
     return;
   }
+  if (lookup && reuse_lookup(t, row)) {
+    row.status = kReused;
+    return;
+  }
   try {
     c10::impl::ExcludeDispatchKeyGuard guard(stats_excluded_keys());
     if (t.device().is_cpu())
@@ -305,6 +310,7 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
     else
       measure_device(t, row);
     row.status = kComputed;
+    if (remember) reuse_remember(t, row);
   } catch (const std::exception&) {
     null_stats(row);
     row.status = kFailed;

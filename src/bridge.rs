@@ -25,6 +25,8 @@ pub mod ffi {
         inputs: bool,
         /// Nesting depth of the call on its thread (0: called by the job).
         depth: i32,
+        /// Reuse statistics already measured, and copy them through views.
+        shortcuts: bool,
     }
 
     /// One tensor of a call, measured by C++.

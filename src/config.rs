@@ -20,6 +20,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_RANKS", "(all)", "ranks that record: a list of numbers and ranges, e.g. 0,3"),
     ("OPDUMP_MAX_DEPTH", "(none)", "deepest nesting level recorded; 0 records top-level ops only"),
     ("OPDUMP_INPUTS", "1", "0 records outputs only"),
+    ("OPDUMP_REUSE", "1", "reuse the statistics of a tensor measured before and unchanged since (version counter), and copy them through value-preserving views; 0 measures every tensor (for data written outside the dispatcher, e.g. through NumPy)"),
     ("OPDUMP_MAX_RECORDS", "0", "stop recording after this many op calls per process; 0 is no limit"),
     ("OPDUMP_ROTATE_ROWS", "500000", "start a new file after this many rows"),
     ("OPDUMP_ROTATE_SECS", "10", "start a new file after this many seconds; bounds what a crash loses"),
@@ -76,6 +77,7 @@ pub struct Config {
     pub ranks: Option<IntSet>,
     pub max_depth: Option<i32>,
     pub inputs: bool,
+    pub reuse: bool,
     pub max_records: u64,
     pub rotate_rows: u64,
     pub rotate_every: Duration,
@@ -111,6 +113,7 @@ impl Default for Config {
             ranks: None,
             max_depth: None,
             inputs: true,
+            reuse: true,
             max_records: 0,
             rotate_rows: 500_000,
             rotate_every: Duration::from_secs(10),
@@ -199,6 +202,10 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             },
             "OPDUMP_INPUTS" => match parse_bool(v) {
                 Some(b) => c.inputs = b,
+                None => bad(&name, v, "use 1 or 0"),
+            },
+            "OPDUMP_REUSE" => match parse_bool(v) {
+                Some(b) => c.reuse = b,
                 None => bad(&name, v, "use 1 or 0"),
             },
             "OPDUMP_MAX_RECORDS" => match parse_count(v) {

@@ -111,7 +111,12 @@ fn enter(op: &str, overload: &str, phase: u8) -> OpTicket {
         }
         let seq = record.then(|| NEXT_SEQ.fetch_add(1, Ordering::Relaxed));
         stack.push(Frame { seq, parent, depth, step, phase });
-        OpTicket { record, inputs: rt.is_some_and(|rt| rt.config.inputs), depth }
+        OpTicket {
+            record,
+            inputs: rt.is_some_and(|rt| rt.config.inputs),
+            depth,
+            shortcuts: rt.is_some_and(|rt| rt.config.reuse),
+        }
     })
 }
 
@@ -188,7 +193,7 @@ fn exit(call: &mut OpCall) {
 pub fn op_enter(op: &str, overload: &str, phase: u8) -> OpTicket {
     catch_unwind(AssertUnwindSafe(|| enter(op, overload, phase))).unwrap_or_else(|_| {
         runtime::fail("internal error at an op's entry");
-        OpTicket { record: false, inputs: false, depth: 0 }
+        OpTicket { record: false, inputs: false, depth: 0, shortcuts: false }
     })
 }
 

@@ -141,3 +141,7 @@ def assert_stats_match(row, ref, rtol=1e-9, atol=1e-12, what=""):
 def built():
     if not LIB.exists() or not CORE.exists():
         pytest.exit(f"{LIB} is not built: run scripts/setup.sh first", returncode=2)
+
+# Statuses whose statistics hold measured values: computed now, reused from
+# an earlier measurement of the unchanged tensor, or copied through a view.
+MEASURED = ("computed", "reused", "view")

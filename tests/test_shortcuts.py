@@ -1,0 +1,55 @@
+"""The reuse and view shortcuts give the numbers a full pass gives, also
+after an in-place change of the input (the version counter is honoured)."""
+
+import math
+
+JOB = """
+torch.manual_seed(0)
+torch.ops.opdump.enable()
+x = torch.randn(64, 32)
+y = x.relu()
+z = y * 2.0            # y: reused from relu's output
+y.add_(1.0)            # in place: y's version moves
+w = y * 3.0            # y: measured again, not reused
+v = y.view(-1).t() if y.dim() == 1 else y.view(-1)   # a view: the input's statistics
+u = v.unsqueeze(0).sum()
+e = y.expand(2, 64, 32).sum()  # expand repeats elements: measured
+model = torch.nn.Linear(32, 8)
+for _ in range(2):
+    model(x).pow(2).mean().backward()
+torch.ops.opdump.flush()
+print(json.dumps(1))
+"""
+
+STATS = ["min", "max", "mean", "std", "l2", "absmax", "nan_count", "posinf_count", "neginf_count", "zero_count"]
+
+
+def test_shortcuts_equal_full_pass(run):
+    on = run(JOB, OPDUMP_REUSE="1")
+    off = run(JOB, OPDUMP_REUSE="0")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    a = on.table().reset_index(drop=True)
+    b = off.table().reset_index(drop=True)
+    assert len(a) == len(b)
+    assert set(b.stats_status) <= {"computed", "uninitialized", "not_measured"}
+    assert {"reused", "view"} <= set(a.stats_status)
+    for (_, ra), (_, rb) in zip(a.iterrows(), b.iterrows()):
+        assert (ra.seq, ra.role, ra.arg) == (rb.seq, rb.role, rb.arg)
+        if rb.stats_status != "computed":
+            continue
+        assert ra.stats_status in ("computed", "reused", "view"), (ra.op, ra.stats_status)
+        for k in STATS:
+            x, y = ra[k], rb[k]
+            if isinstance(y, float) and math.isnan(y):
+                assert math.isnan(x)
+            else:
+                assert math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-300), (ra.op, ra.role, ra.arg, k, x, y)
+
+    # After add_ (its version moved), the second multiplication does not see
+    # relu's statistics again but add_'s result: max grew by 1.
+    muls = a[(a.op == "aten::mul") & (a.role == "input") & (a.arg == "self") & (a.depth == 0)].sort_values("seq")
+    first, second = muls.iloc[0], muls.iloc[1]
+    assert first.stats_status == "reused"
+    assert math.isclose(second["max"], first["max"] + 1.0, rel_tol=1e-6)
+    ex = a[(a.op == "aten::expand") & (a.role == "output")]
+    assert (ex.stats_status == "computed").all()
