@@ -14,6 +14,7 @@ fn main() {
             "cpp/threads.cpp",
             "cpp/uninitialized.cpp",
             "cpp/provenance.cpp",
+            "cpp/reuse.cpp",
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")
