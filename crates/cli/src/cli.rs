@@ -1,0 +1,274 @@
+//! Command-line parsing and the two commands' drivers.
+//!
+//! Exit status: 0 no divergence, 1 divergence found, 2 usage or input error
+//! (one `opdump:` line on stderr). Reports go to stdout, progress and
+//! messages to stderr.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use regex::Regex;
+
+use crate::align::Filter;
+use crate::compare::{self, CompareOptions};
+use crate::error::{CliError, Result};
+use crate::progress::Progress;
+use crate::report::model::CompareReport;
+use crate::report::{html, json, parquet, summary_text, terminal};
+use crate::summary;
+use crate::tolerance::{Tolerances, DEFAULT_MIN_AMPLIFICATION};
+
+pub const EXIT_SAME: u8 = 0;
+pub const EXIT_DIVERGED: u8 = 1;
+pub const EXIT_ERROR: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "opdump",
+    version,
+    about = "Compare and summarize opdump dumps (per-op tensor statistics)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Align the op calls of two dumps and name the op where they diverge.
+    ///
+    /// Exit status: 0 no divergence, 1 divergence found, 2 usage or input error.
+    Compare(CompareArgs),
+    /// Describe one dump: op calls per op, phase and step; NaN/Inf origins.
+    Summary(SummaryArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// The reference dump (the device you trust).
+    pub dump_a: PathBuf,
+    /// The dump under test.
+    pub dump_b: PathBuf,
+    /// Rank to compare (default: the lowest rank both dumps have).
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Steps to compare: `3`, `0-2`, `0-2,5`.
+    #[arg(long, value_name = "RANGES")]
+    pub steps: Option<String>,
+    /// Leave out op calls (with what they call) whose `op.overload` matches,
+    /// e.g. `aten::_to_copy|aten::copy_`.
+    #[arg(long, value_name = "REGEX")]
+    pub ignore: Option<String>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write DIR/compare.parquet (one row per aligned tensor pair) and
+    /// DIR/compare.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Also write a self-contained HTML report.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Relative tolerance for a dtype, replacing the default formula; may be
+    /// repeated: `--rtol bfloat16=0.05 --rtol float32=1e-5`.
+    #[arg(long, value_name = "DTYPE=VALUE")]
+    pub rtol: Vec<String>,
+    /// How many introduced divergences to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// How much an op may amplify errors: an op "introduced" an error only
+    /// if its output error exceeds X times the error that reached it from
+    /// upstream divergences; rounding drift of its inputs may grow X-fold
+    /// before an output counts as diverged.
+    #[arg(long, default_value_t = DEFAULT_MIN_AMPLIFICATION, value_name = "X")]
+    pub min_amplification: f64,
+    /// Compare even when the dumps look like runs of different programs.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SummaryArgs {
+    /// The dump directory.
+    pub dump: PathBuf,
+    /// Only this rank (default: every rank).
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `3`, `0-2`, `0..2`, `0-2,5` -> inclusive ranges.
+pub fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
+    let bad = || {
+        CliError::new(format!(
+            "--steps {s:?}: expected steps like 3, 0-2 or 0-2,5"
+        ))
+    };
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once("..").or_else(|| part.split_once('-')) {
+            Some((lo, hi)) => (
+                lo.trim().parse().map_err(|_| bad())?,
+                hi.trim().parse().map_err(|_| bad())?,
+            ),
+            None => {
+                let v: i64 = part.parse().map_err(|_| bad())?;
+                (v, v)
+            }
+        };
+        if lo > hi {
+            return Err(bad());
+        }
+        out.push((lo, hi));
+    }
+    if out.is_empty() {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error worth a
+/// message.
+fn print(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
+}
+
+fn compare_cmd(a: CompareArgs) -> Result<u8> {
+    let filter = Filter {
+        steps: a
+            .steps
+            .as_deref()
+            .map(parse_steps)
+            .transpose()?
+            .unwrap_or_default(),
+        ignore: a
+            .ignore
+            .as_deref()
+            .map(|r| Regex::new(r).map_err(|e| CliError::new(format!("--ignore {r:?}: {e}"))))
+            .transpose()?,
+    };
+    let tol = Tolerances::with_overrides(&a.rtol, a.min_amplification)?;
+    let progress = Progress::auto();
+    let t0 = std::time::Instant::now();
+    let c = compare::run(
+        CompareOptions {
+            dump_a: a.dump_a.clone(),
+            dump_b: a.dump_b.clone(),
+            rank: a.rank,
+            filter,
+            tol,
+            top: a.top,
+            force: a.force,
+        },
+        &progress,
+    )?;
+    compare::timing("total compare", t0);
+    let t0 = std::time::Instant::now();
+    let report = CompareReport::build(&c, a.steps.clone(), a.ignore.clone());
+    compare::timing("report", t0);
+    if let Some(dir) = &a.out {
+        parquet::write(&c, dir, &progress)?;
+        let path = dir.join("compare.json");
+        let mut f = std::fs::File::create(&path)
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        json::write(&report, &mut f)?;
+    }
+    if let Some(path) = &a.html {
+        std::fs::write(path, html::render(&c, &report))
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    }
+    progress.finish();
+    if a.json {
+        let mut buf = Vec::new();
+        json::write(&report, &mut buf)?;
+        print(&String::from_utf8_lossy(&buf));
+    } else {
+        print(&terminal::render(&report));
+    }
+    Ok(if report.divergence {
+        EXIT_DIVERGED
+    } else {
+        EXIT_SAME
+    })
+}
+
+fn summary_cmd(a: SummaryArgs) -> Result<u8> {
+    let progress = Progress::auto();
+    let s = summary::run(&a.dump, a.rank, &progress)?;
+    progress.finish();
+    if a.json {
+        let mut buf = Vec::new();
+        json::write(&s, &mut buf)?;
+        print(&String::from_utf8_lossy(&buf));
+    } else {
+        print(&summary_text::render(&s));
+    }
+    Ok(EXIT_SAME)
+}
+
+/// Runs the command line; returns the exit status.
+pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let text = e.to_string();
+                print(&text);
+                if !text.ends_with('\n') {
+                    print("\n");
+                }
+                return ExitCode::from(EXIT_SAME);
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = write!(std::io::stderr(), "{e}");
+                return ExitCode::from(EXIT_ERROR);
+            }
+            // One line: clap's first paragraph, without its "error: " prefix.
+            let text = e.to_string();
+            let para: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let msg = para.join(" ");
+            let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+            eprintln!("opdump: {msg} (see opdump --help)");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::Compare(a) => compare_cmd(a),
+        Cmd::Summary(a) => summary_cmd(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("opdump: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps() {
+        assert_eq!(parse_steps("0-2").unwrap(), vec![(0, 2)]);
+        assert_eq!(parse_steps("3").unwrap(), vec![(3, 3)]);
+        assert_eq!(parse_steps("0-2,5").unwrap(), vec![(0, 2), (5, 5)]);
+        assert_eq!(parse_steps("1..4").unwrap(), vec![(1, 4)]);
+        assert!(parse_steps("2-1").is_err());
+        assert!(parse_steps("x").is_err());
+        assert!(parse_steps("").is_err());
+    }
+}

@@ -1,0 +1,283 @@
+//! One rank of one dump, in memory, as flat columns.
+//!
+//! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
+//! order they were read, and each op points at its contiguous run of tensors.
+//! Strings, dtypes and shapes are interned. There is no per-row heap object:
+//! a million op calls with three tensors each cost about 100 bytes per tensor
+//! and 60 per op call.
+
+use std::path::PathBuf;
+
+use opdump_format::{Phase, Role, StatsStatus};
+
+use crate::dtype::DType;
+use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
+
+pub const NONE: u32 = u32::MAX;
+
+/// `role` column codes.
+pub const ROLE_INPUT: u8 = 0;
+pub const ROLE_OUTPUT: u8 = 1;
+
+/// `stats_status` code for a null status.
+pub const STATUS_NULL: u8 = u8::MAX;
+
+pub fn role_name(code: u8) -> &'static str {
+    match code {
+        ROLE_INPUT => Role::Input.as_str(),
+        ROLE_OUTPUT => Role::Output.as_str(),
+        _ => Role::None.as_str(),
+    }
+}
+
+pub fn phase_code(p: Phase) -> u8 {
+    match p {
+        Phase::Forward => 0,
+        Phase::Backward => 1,
+        Phase::Optimizer => 2,
+    }
+}
+
+pub fn phase_name(code: u8) -> &'static str {
+    match code {
+        0 => "forward",
+        1 => "backward",
+        2 => "optimizer",
+        _ => "unknown",
+    }
+}
+
+pub fn status_code(s: StatsStatus) -> u8 {
+    StatsStatus::ALL
+        .iter()
+        .position(|&v| v == s)
+        .map_or(STATUS_NULL, |i| i as u8)
+}
+
+pub fn status_of(code: u8) -> Option<StatsStatus> {
+    StatsStatus::ALL.get(code as usize).copied()
+}
+
+/// Per-tensor columns.
+pub struct Tensors {
+    pub role: Vec<u8>,
+    /// Id in [`Dump::names`].
+    pub arg: Vec<u32>,
+    /// -1 when null.
+    pub list_index: Vec<i32>,
+    /// Index into [`Dump::dtypes`].
+    pub dtype: Vec<u16>,
+    /// Id in `shapes` (which also holds the numel).
+    pub shape: Vec<u32>,
+    pub shapes: ShapeInterner,
+    pub status: Vec<u8>,
+    pub min: Vec<f64>,
+    pub max: Vec<f64>,
+    pub mean: Vec<f64>,
+    pub std: Vec<f64>,
+    pub l2: Vec<f64>,
+    pub absmax: Vec<f64>,
+    /// NaN, +Inf and -Inf counts, stored only for tensors that have some
+    /// (almost none do): `nf_index` is sorted, `nf_counts` parallel to it.
+    pub nf_index: Vec<u32>,
+    pub nf_counts: Vec<[i64; 3]>,
+    pub zero: Vec<i64>,
+    /// Optional evidence columns of later schema versions; empty when the
+    /// dump has none. 0 means null.
+    pub fingerprint: Vec<u64>,
+}
+
+impl Tensors {
+    pub fn len(&self) -> usize {
+        self.role.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.role.is_empty()
+    }
+
+    /// Whether the statistics columns hold measured values.
+    pub fn has_values(&self, t: u32) -> bool {
+        status_of(self.status[t as usize]).is_some_and(|s| s.has_values())
+    }
+
+    pub fn numel(&self, t: u32) -> i64 {
+        self.shapes.numel(self.shape[t as usize])
+    }
+
+    /// (NaN, +Inf, -Inf) counts.
+    pub fn nonfinite_counts(&self, t: u32) -> [i64; 3] {
+        match self.nf_index.binary_search(&t) {
+            Ok(k) => self.nf_counts[k],
+            Err(_) => [0; 3],
+        }
+    }
+
+    /// Elements that are neither NaN nor infinite.
+    pub fn finite_count(&self, t: u32) -> i64 {
+        let [n, p, m] = self.nonfinite_counts(t);
+        self.numel(t) - n - p - m
+    }
+
+    pub fn has_nonfinite(&self, t: u32) -> bool {
+        self.nonfinite_counts(t) != [0; 3]
+    }
+}
+
+/// One rank of one dump.
+pub struct Dump {
+    /// The directory given on the command line.
+    pub path: PathBuf,
+    pub rank: u32,
+    /// The files read, and the process they came from.
+    pub files: usize,
+    pub pid: Option<i64>,
+    /// `float32` when some device accumulated statistics in float32 (their
+    /// own rounding then needs a tolerance), else `float64`.
+    pub stats_accumulate: String,
+    /// Op calls of other processes of the same rank, left out.
+    pub skipped_other_pids: u64,
+
+    /// Op names, overloads and argument names.
+    pub names: Interner,
+    /// `args` and `error` texts.
+    pub texts: Interner,
+    pub dtypes: Vec<DType>,
+
+    // Op calls, in seq order.
+    pub seq: Vec<i64>,
+    /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
+    /// that is not in the dump).
+    pub parent: Vec<u32>,
+    pub depth: Vec<i32>,
+    pub step: Vec<i64>,
+    pub phase: Vec<u8>,
+    pub op: Vec<u32>,
+    pub overload: Vec<u32>,
+    pub args: Vec<u32>,
+    /// `NO_ID` when the op did not raise.
+    pub error: Vec<u32>,
+    pub t_start: Vec<u32>,
+    pub t_len: Vec<u32>,
+    /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
+    /// seq order.
+    pub child_start: Vec<u32>,
+    pub children: Vec<u32>,
+    /// Op calls without a parent, in seq order.
+    pub roots: Vec<u32>,
+
+    pub tensors: Tensors,
+}
+
+impl Dump {
+    pub fn len(&self) -> usize {
+        self.seq.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seq.is_empty()
+    }
+
+    pub fn op_name(&self, i: u32) -> &str {
+        self.names.get(self.op[i as usize])
+    }
+
+    pub fn overload_name(&self, i: u32) -> &str {
+        self.names.get(self.overload[i as usize])
+    }
+
+    /// `aten::add.Tensor`; the unnamed overload prints without a suffix.
+    pub fn full_name(&self, i: u32) -> String {
+        let (op, ov) = (self.op_name(i), self.overload_name(i));
+        if ov.is_empty() || ov == "default" {
+            op.to_string()
+        } else {
+            format!("{op}.{ov}")
+        }
+    }
+
+    pub fn args_text(&self, i: u32) -> &str {
+        self.texts.get(self.args[i as usize])
+    }
+
+    pub fn error_text(&self, i: u32) -> Option<&str> {
+        let e = self.error[i as usize];
+        (e != NO_ID).then(|| self.texts.get(e))
+    }
+
+    pub fn tensors_of(&self, i: u32) -> std::ops::Range<u32> {
+        let s = self.t_start[i as usize];
+        s..s + self.t_len[i as usize]
+    }
+
+    pub fn children_of(&self, i: u32) -> &[u32] {
+        let (s, e) = (
+            self.child_start[i as usize],
+            self.child_start[i as usize + 1],
+        );
+        &self.children[s as usize..e as usize]
+    }
+
+    pub fn parent_of(&self, i: u32) -> Option<u32> {
+        let p = self.parent[i as usize];
+        (p != NONE).then_some(p)
+    }
+
+    /// Ancestors of an op call, outermost first.
+    pub fn ancestors(&self, i: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut cur = self.parent_of(i);
+        while let Some(p) = cur {
+            out.push(p);
+            cur = self.parent_of(p);
+        }
+        out.reverse();
+        out
+    }
+
+    pub fn dtype(&self, t: u32) -> &DType {
+        &self.dtypes[self.tensors.dtype[t as usize] as usize]
+    }
+
+    pub fn shape(&self, t: u32) -> &[i64] {
+        self.tensors.shapes.get(self.tensors.shape[t as usize])
+    }
+
+    pub fn arg_name(&self, t: u32) -> &str {
+        self.names.get(self.tensors.arg[t as usize])
+    }
+
+    pub fn list_index(&self, t: u32) -> Option<i32> {
+        let v = self.tensors.list_index[t as usize];
+        (v >= 0).then_some(v)
+    }
+
+    /// The alignment signature of an op call: op, overload, and the role and
+    /// shape of each tensor, but not dtypes (a bf16 run must align with an
+    /// fp32 run). Equal across dumps for equal calls.
+    pub fn signature(&self, i: u32) -> u64 {
+        let mut h = self.name_signature(i);
+        for t in self.tensors_of(i) {
+            h = mix(h, self.tensors.role[t as usize] as u64);
+            h = mix(h, self.tensors.shapes.hash(self.tensors.shape[t as usize]));
+        }
+        h
+    }
+
+    /// Op and overload only: the looser key used to pair calls whose shapes
+    /// differ.
+    pub fn name_signature(&self, i: u32) -> u64 {
+        mix(
+            self.names.hash(self.op[i as usize]),
+            self.names.hash(self.overload[i as usize]),
+        )
+    }
+
+    /// Steps present among the roots, sorted.
+    pub fn steps(&self) -> Vec<i64> {
+        let mut s: Vec<i64> = self.roots.iter().map(|&r| self.step[r as usize]).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+}

@@ -1,0 +1,135 @@
+//! Sources of evidence about how much two tensors differ.
+//!
+//! Today a dump carries statistics, which give a guaranteed *lower bound* on
+//! the difference. Later schema versions may add a bitwise fingerprint (then
+//! "identical" can be proven) or an error sketch (then the difference can be
+//! estimated, not just bounded). Each source implements [`Evidence`] and
+//! adds what it knows to a [`Measure`]; the verdict code reads the measure
+//! and never asks which columns a dump has.
+
+use crate::dump::Dump;
+
+/// What is known about the difference of one tensor pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Measure {
+    /// Lower bound on ||a - b||_2.
+    pub l2_bound: f64,
+    /// Lower bound on ||a - b||_inf.
+    pub linf_bound: f64,
+    /// Every statistic is equal (not bitwise equality: a permutation keeps
+    /// every statistic).
+    pub stats_equal: bool,
+    /// Some(true) when proven bitwise identical, Some(false) when proven
+    /// different, None when unknown.
+    pub identical: Option<bool>,
+    /// An estimate of ||a - b||_2, when a source can give one.
+    pub l2_estimate: Option<f64>,
+}
+
+pub trait Evidence: Sync {
+    /// Short name, as reported in the `evidence` field.
+    fn name(&self) -> &'static str;
+    /// Whether both dumps carry what this source needs.
+    fn available(&self, a: &Dump, b: &Dump) -> bool;
+    /// Adds what this source says about tensor `ta` of `a` and `tb` of `b`.
+    /// Both have measured values and the same shape.
+    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure);
+}
+
+/// The statistics columns: every dump has them.
+pub struct StatsEvidence;
+
+/// |x - y|, with two missing values (NaN: no finite element) as equal.
+fn gap(x: f64, y: f64) -> f64 {
+    match (x.is_nan(), y.is_nan()) {
+        (true, true) => 0.0,
+        (false, false) => (x - y).abs(),
+        // One side has no finite element and the other has: the counts
+        // differ, which is judged as a NaN/Inf mismatch before this matters.
+        _ => 0.0,
+    }
+}
+
+fn same(x: f64, y: f64) -> bool {
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+impl Evidence for StatsEvidence {
+    fn name(&self) -> &'static str {
+        "stats"
+    }
+
+    fn available(&self, _: &Dump, _: &Dump) -> bool {
+        true
+    }
+
+    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+        let (x, y) = (&a.tensors, &b.tensors);
+        let (i, j) = (ta as usize, tb as usize);
+        // Each term is <= ||a - b||_2 (over the finite elements):
+        // - | ||a|| - ||b|| |                 (triangle inequality)
+        // - |sum a - sum b| / sqrt(n)         (Cauchy-Schwarz with the ones vector)
+        // - |std a - std b| * sqrt(n)         (centring is a projection)
+        // - |max a - max b|, |min a - min b|, |absmax a - absmax b|
+        //                                     (each <= ||a - b||_inf <= ||a - b||_2)
+        let n = a
+            .tensors
+            .finite_count(ta)
+            .min(b.tensors.finite_count(tb))
+            .max(0) as f64;
+        let linf = gap(x.max[i], y.max[j])
+            .max(gap(x.min[i], y.min[j]))
+            .max(gap(x.absmax[i], y.absmax[j]));
+        let mut l2 = linf.max(gap(x.l2[i], y.l2[j]));
+        if n > 0.0 {
+            let sum_gap = gap(x.mean[i] * n, y.mean[j] * n);
+            l2 = l2
+                .max(sum_gap / n.sqrt())
+                .max(gap(x.std[i], y.std[j]) * n.sqrt());
+        }
+        m.l2_bound = m.l2_bound.max(l2);
+        m.linf_bound = m.linf_bound.max(linf);
+        m.stats_equal = same(x.min[i], y.min[j])
+            && same(x.max[i], y.max[j])
+            && same(x.mean[i], y.mean[j])
+            && same(x.std[i], y.std[j])
+            && same(x.l2[i], y.l2[j])
+            && same(x.absmax[i], y.absmax[j])
+            && x.nonfinite_counts(ta) == y.nonfinite_counts(tb)
+            && x.zero[i] == y.zero[j]
+            && x.numel(ta) == y.numel(tb);
+    }
+}
+
+/// A bitwise fingerprint column (`fingerprint`), when both dumps have one:
+/// equal fingerprints prove the tensors identical.
+pub struct FingerprintEvidence;
+
+impl Evidence for FingerprintEvidence {
+    fn name(&self) -> &'static str {
+        "fingerprint"
+    }
+
+    fn available(&self, a: &Dump, b: &Dump) -> bool {
+        !a.tensors.fingerprint.is_empty() && !b.tensors.fingerprint.is_empty()
+    }
+
+    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+        let (fa, fb) = (
+            a.tensors.fingerprint[ta as usize],
+            b.tensors.fingerprint[tb as usize],
+        );
+        if fa != 0 && fb != 0 {
+            m.identical = Some(fa == fb);
+        }
+    }
+}
+
+static STATS: StatsEvidence = StatsEvidence;
+static FINGERPRINT: FingerprintEvidence = FingerprintEvidence;
+
+/// The sources both dumps support, statistics first.
+pub fn available(a: &Dump, b: &Dump) -> Vec<&'static dyn Evidence> {
+    let all: [&'static dyn Evidence; 2] = [&STATS, &FINGERPRINT];
+    all.into_iter().filter(|e| e.available(a, b)).collect()
+}

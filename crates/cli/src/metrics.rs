@@ -1,0 +1,497 @@
+//! Comparing one aligned pair of op calls: its tensors paired up and
+//! measured, its tolerance, and its verdict.
+//!
+//! This is a pure function of the two dumps, cheap enough to run on every
+//! pair once (keeping only a few numbers per op) and again for the handful
+//! of ops a report shows in full.
+
+use crate::dtype::DType;
+use crate::dump::{Dump, ROLE_INPUT, ROLE_OUTPUT};
+use crate::evidence::{Evidence, Measure};
+use crate::opclass::{args_make_discontinuous, classify, OpClass};
+use crate::tolerance::Tolerances;
+use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
+
+/// An output this much smaller than its inputs (in RMS) is measured against
+/// the inputs' scale instead: `a - b` of nearly equal tensors has a tiny
+/// norm, and its rounding error is relative to `a` and `b`, not to the
+/// result. Without this floor, catastrophic cancellation would read as a
+/// huge relative error.
+pub const CANCELLATION_FLOOR: f64 = 0.1;
+
+/// Denominators never go below this (an all-zero reference tensor).
+const TINY: f64 = 1e-300;
+
+/// What two tensors of an aligned op pair compare to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorCmp {
+    pub ta: Option<u32>,
+    pub tb: Option<u32>,
+    pub role: u8,
+    pub verdict: TensorVerdict,
+    pub measure: Measure,
+    /// `l2_bound / scale_l2`: a lower bound on ||a-b||_2 / ||a||_2 (with the
+    /// floor for outputs, see [`CANCELLATION_FLOOR`]).
+    pub rel_l2: f64,
+    /// `linf_bound / scale_linf`: a lower bound on ||a-b||_inf / ||a||_inf.
+    pub rel_linf: f64,
+    /// The larger of the two (and of an estimate, when evidence gives one):
+    /// what is compared with the tolerance.
+    pub rel_err: f64,
+    pub scale_l2: f64,
+    pub scale_linf: f64,
+    pub tolerance: f64,
+    /// What the output may differ by: `tolerance` plus the drift its inputs
+    /// explain (set by [`Ctx::judge`], outputs only).
+    pub allowed: f64,
+    /// The verdict a differing output gets instead of diverged (random and
+    /// discontinuous ops).
+    pub legit: Option<TensorVerdict>,
+    /// Identity of the pair (and of its A side) for [`crate::provenance`];
+    /// (0, 0) when a side has no measured values.
+    pub key: (u64, u64),
+    /// Set by [`Ctx::judge`]: for an input, the error upstream of it (0 when
+    /// none diverged); for an output, what its consumers inherit.
+    pub taint: f64,
+    pub dtype_differs: bool,
+    /// The strongest evidence used: `stats`, `fingerprint`, ...
+    pub evidence: &'static str,
+}
+
+/// The comparison of one op pair.
+#[derive(Clone, Debug, Default)]
+pub struct OpCmp {
+    pub tensors: Vec<TensorCmp>,
+    pub class: Option<OpClass>,
+    /// The least precise float dtype among the op's tensors, both sides.
+    pub compute_dtype: Option<DType>,
+    /// Estimated reduction length.
+    pub k: f64,
+    pub tolerance: f64,
+    pub out_err: f64,
+    /// Largest error among inputs that had not diverged (drift).
+    pub explained_in_err: f64,
+    /// Largest error among inputs that had diverged.
+    pub diverged_in_err: f64,
+    /// The larger of the two.
+    pub in_err: f64,
+    pub amplification: f64,
+    pub verdict: Option<OpVerdict>,
+    /// Buffer reused across calls.
+    scratch: Vec<(Option<u32>, Option<u32>)>,
+}
+
+/// What comparing needs besides the two op calls.
+pub struct Ctx<'a> {
+    pub a: &'a Dump,
+    pub b: &'a Dump,
+    pub tol: &'a Tolerances,
+    pub evidence: Vec<&'static dyn Evidence>,
+    /// Some dump accumulated statistics in float32.
+    pub stats_f32: bool,
+    /// The class of each name id of A (names are few, calls are many).
+    classes: Vec<OpClass>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(a: &'a Dump, b: &'a Dump, tol: &'a Tolerances) -> Self {
+        Ctx {
+            a,
+            b,
+            tol,
+            evidence: crate::evidence::available(a, b),
+            stats_f32: a.stats_accumulate == "float32" || b.stats_accumulate == "float32",
+            classes: (0..a.names.len() as u32)
+                .map(|i| classify(a.names.get(i)))
+                .collect(),
+        }
+    }
+
+    /// Pairs the tensors of op `ia` (in a) and `ib` (in b) by role, argument
+    /// name and list index, in a's order; tensors of b left over come last.
+    fn pair_tensors(&self, ia: u32, ib: u32, out: &mut Vec<(Option<u32>, Option<u32>)>) {
+        let (a, b) = (self.a, self.b);
+        let rb = b.tensors_of(ib);
+        let nb = (rb.end - rb.start) as usize;
+        // Which of b's tensors are taken: a bit mask for the usual few, a
+        // vector beyond 64.
+        let mut used_small = 0u64;
+        let mut used_big = if nb > 64 { vec![false; nb] } else { Vec::new() };
+        let is_used =
+            |m: usize, small: u64, big: &[bool]| if nb > 64 { big[m] } else { small >> m & 1 == 1 };
+        for (k, ta) in a.tensors_of(ia).enumerate() {
+            let key =
+                |d: &Dump, t: u32| (d.tensors.role[t as usize], d.tensors.list_index[t as usize]);
+            let matches = |t: u32| key(a, ta) == key(b, t) && a.arg_name(ta) == b.arg_name(t);
+            // Usually the k-th tensor is the one; search only when not.
+            let found =
+                if k < nb && !is_used(k, used_small, &used_big) && matches(rb.start + k as u32) {
+                    Some(k)
+                } else {
+                    (0..nb).find(|&m| {
+                        !is_used(m, used_small, &used_big) && matches(rb.start + m as u32)
+                    })
+                };
+            match found {
+                Some(m) => {
+                    if nb > 64 {
+                        used_big[m] = true;
+                    } else {
+                        used_small |= 1 << m;
+                    }
+                    out.push((Some(ta), Some(rb.start + m as u32)));
+                }
+                None => out.push((Some(ta), None)),
+            }
+        }
+        for m in 0..nb {
+            if !is_used(m, used_small, &used_big) {
+                out.push((None, Some(rb.start + m as u32)));
+            }
+        }
+    }
+
+    /// Stage 1: pairs the tensors of op `ia` of a and `ib` of b and measures
+    /// each pair; verdicts are provisional (each tensor against this op's
+    /// own tolerance) until [`Ctx::judge`].
+    pub fn measure(&self, ia: u32, ib: u32, cmp: &mut OpCmp) {
+        let (a, b) = (self.a, self.b);
+        let mut pairs = std::mem::take(&mut cmp.scratch);
+        pairs.clear();
+        self.pair_tensors(ia, ib, &mut pairs);
+        cmp.tensors.clear();
+
+        let op = a.op_name(ia);
+        let mut class = self
+            .classes
+            .get(a.op[ia as usize] as usize)
+            .copied()
+            .unwrap_or(OpClass::Plain);
+        if class == OpClass::Plain && args_make_discontinuous(op, a.args_text(ia)) {
+            class = OpClass::Discontinuous;
+        }
+
+        // The compute dtype, the inputs' scale, and whether any input is a
+        // float (an integer output of float inputs is a discontinuity).
+        let mut compute: Option<&DType> = None;
+        let mut any_float_input = false;
+        let mut in_rms: f64 = 0.0;
+        let mut in_absmax: f64 = 0.0;
+        let consider = |d: &'a Dump, t: u32, compute: &mut Option<&'a DType>| {
+            let dt = d.dtype(t);
+            if dt.is_float() && compute.map_or(true, |c| dt.unit_roundoff > c.unit_roundoff) {
+                *compute = Some(dt);
+            }
+        };
+        for &(ta, tb) in &pairs {
+            if let Some(t) = ta {
+                consider(a, t, &mut compute);
+                if a.tensors.role[t as usize] == ROLE_INPUT && a.dtype(t).is_float() {
+                    any_float_input = true;
+                    let i = t as usize;
+                    if a.tensors.has_values(t) && a.tensors.numel(t) > 0 {
+                        let rms = a.tensors.l2[i] / (a.tensors.numel(t) as f64).sqrt();
+                        if rms.is_finite() {
+                            in_rms = in_rms.max(rms);
+                        }
+                        if a.tensors.absmax[i].is_finite() {
+                            in_absmax = in_absmax.max(a.tensors.absmax[i]);
+                        }
+                    }
+                }
+            }
+            if let Some(t) = tb {
+                consider(b, t, &mut compute);
+                if b.tensors.role[t as usize] == ROLE_INPUT && b.dtype(t).is_float() {
+                    any_float_input = true;
+                }
+            }
+        }
+        let k = reduction_length(a, ia, class);
+        let tolerance = self.tol.rtol(compute, k);
+
+        for &(ta, tb) in &pairs {
+            let role = match (ta, tb) {
+                (Some(t), _) => a.tensors.role[t as usize],
+                (None, Some(t)) => b.tensors.role[t as usize],
+                (None, None) => continue,
+            };
+            let floor = if role == ROLE_OUTPUT {
+                (in_rms, in_absmax)
+            } else {
+                (0.0, 0.0)
+            };
+            let mut tc = self.compare_tensors(ta, tb, role, tolerance, floor);
+            tc.legit = if role != ROLE_OUTPUT {
+                None
+            } else if class == OpClass::Rng {
+                Some(TensorVerdict::Rng)
+            } else if class == OpClass::Discontinuous
+                || (ta.is_some_and(|t| a.dtype(t).is_discrete()) && any_float_input)
+            {
+                // Comparisons, rounding, and integer outputs of float
+                // inputs (argmax, topk indices, casts to int).
+                Some(TensorVerdict::Discontinuous)
+            } else {
+                None
+            };
+            cmp.tensors.push(tc);
+        }
+        cmp.class = Some(class);
+        cmp.compute_dtype = compute.cloned();
+        cmp.k = k;
+        cmp.tolerance = tolerance;
+        cmp.verdict = None;
+        cmp.scratch = pairs;
+    }
+
+    /// Stage 2: verdicts, given how far each input is *tainted*: 0 when no
+    /// divergence lies upstream of it, else the size of the error upstream
+    /// (see `provenance`).
+    ///
+    /// An input is not "diverged" merely because its error exceeds this
+    /// op's tolerance: rounding differences accumulate along a network, and
+    /// an error every op on the way explains is no divergence. Nor is it
+    /// clean merely because its error is small: the statistics only bound
+    /// the error from below, and an error upstream can hide in them and
+    /// show again after a reduction. So:
+    /// - untainted inputs set the *explained* error `e_in`: an output is
+    ///   close while its error is within `tolerance + min_amplification *
+    ///   e_in` (its own rounding plus what its inputs' drift can become),
+    ///   else diverged;
+    /// - tainted inputs set `d_in`, the larger of their measured error and
+    ///   their taint: an op with a diverged output *introduced* the error
+    ///   when its output error exceeds `min_amplification * d_in`, else it
+    ///   *inherited* it.
+    pub fn judge(&self, cmp: &mut OpCmp, input_taint: impl Fn(&TensorCmp) -> f64) {
+        let kappa = self.tol.min_amplification;
+        let (mut e_in, mut d_in) = (0.0f64, 0.0f64);
+        for tc in cmp.tensors.iter_mut().filter(|t| t.role != ROLE_OUTPUT) {
+            tc.taint = 0.0;
+            if tc.verdict == TensorVerdict::Unmeasured {
+                continue;
+            }
+            if tc.verdict.is_structural() {
+                tc.taint = f64::INFINITY;
+                d_in = f64::INFINITY;
+                continue;
+            }
+            let taint = input_taint(tc);
+            if taint > 0.0 {
+                tc.taint = taint;
+                d_in = d_in.max(tc.rel_err.max(taint));
+            } else {
+                if tc.verdict == TensorVerdict::Diverged {
+                    tc.verdict = TensorVerdict::Close;
+                }
+                e_in = e_in.max(tc.rel_err);
+            }
+        }
+        let mut errors = OpErrors {
+            out_err: 0.0,
+            explained_in_err: e_in,
+            diverged_in_err: d_in,
+            out_diverged: false,
+            legit_rng: false,
+            legit_discontinuous: false,
+        };
+        for tc in cmp.tensors.iter_mut().filter(|t| t.role == ROLE_OUTPUT) {
+            tc.allowed = tc.tolerance + kappa * e_in;
+            if matches!(tc.verdict, TensorVerdict::Close | TensorVerdict::Diverged) {
+                tc.verdict = if tc.rel_err <= tc.allowed {
+                    TensorVerdict::Close
+                } else {
+                    TensorVerdict::Diverged
+                };
+            }
+            let err = match tc.verdict {
+                TensorVerdict::Close | TensorVerdict::Diverged => tc.rel_err,
+                v if v.is_structural() => f64::INFINITY,
+                _ => 0.0,
+            };
+            // What consumers inherit: a divergence (or a random /
+            // discontinuous op's difference) here, or the taint of the
+            // inputs unless the output is plainly equal.
+            tc.taint = if tc.verdict.is_divergence() {
+                err.max(d_in)
+            } else if d_in > 0.0
+                && !matches!(
+                    tc.verdict,
+                    TensorVerdict::StatsEqual | TensorVerdict::Identical
+                )
+            {
+                d_in
+            } else {
+                0.0
+            };
+            if tc.verdict.is_divergence() {
+                if let Some(legit) = tc.legit {
+                    tc.verdict = legit;
+                    errors.legit_rng |= legit == TensorVerdict::Rng;
+                    errors.legit_discontinuous |= legit == TensorVerdict::Discontinuous;
+                    continue;
+                }
+            }
+            // Close outputs count too: the plot shows every op's error, and
+            // a diverged output's error is the largest anyway.
+            errors.out_err = errors.out_err.max(err);
+            errors.out_diverged |= tc.verdict.is_divergence();
+        }
+        let floor = cmp
+            .compute_dtype
+            .as_ref()
+            .map_or(f64::EPSILON, |d| d.unit_roundoff);
+        cmp.out_err = errors.out_err;
+        cmp.explained_in_err = e_in;
+        cmp.diverged_in_err = d_in;
+        cmp.in_err = e_in.max(d_in);
+        cmp.amplification = if errors.out_err > 0.0 {
+            amplification(errors.out_err, cmp.in_err, floor)
+        } else {
+            0.0
+        };
+        cmp.verdict = Some(op_verdict(&errors, kappa));
+    }
+
+    fn compare_tensors(
+        &self,
+        ta: Option<u32>,
+        tb: Option<u32>,
+        role: u8,
+        op_tolerance: f64,
+        (in_rms, in_absmax): (f64, f64),
+    ) -> TensorCmp {
+        let (a, b) = (self.a, self.b);
+        let mut tc = TensorCmp {
+            ta,
+            tb,
+            role,
+            verdict: TensorVerdict::Unpaired,
+            measure: Measure::default(),
+            rel_l2: 0.0,
+            rel_linf: 0.0,
+            rel_err: 0.0,
+            scale_l2: 0.0,
+            scale_linf: 0.0,
+            tolerance: op_tolerance,
+            allowed: op_tolerance,
+            legit: None,
+            key: (0, 0),
+            taint: 0.0,
+            dtype_differs: false,
+            evidence: "stats",
+        };
+        let (Some(ta), Some(tb)) = (ta, tb) else {
+            return tc;
+        };
+        let i = ta as usize;
+        tc.dtype_differs = a.dtype(ta).canonical() != b.dtype(tb).canonical();
+        if a.shape(ta) != b.shape(tb) || a.tensors.numel(ta) != b.tensors.numel(tb) {
+            // An output holding no values on either side (a scratch buffer
+            // from `empty` or `resize_`) differs in nothing that matters; an
+            // input's shape, measured or not, shapes what the op computes.
+            tc.verdict =
+                if role == ROLE_OUTPUT && !a.tensors.has_values(ta) && !b.tensors.has_values(tb) {
+                    TensorVerdict::Unmeasured
+                } else {
+                    TensorVerdict::ShapeMismatch
+                };
+            return tc;
+        }
+        if !a.tensors.has_values(ta) || !b.tensors.has_values(tb) {
+            tc.verdict = TensorVerdict::Unmeasured;
+            return tc;
+        }
+        tc.key = crate::provenance::key(a, ta, b, tb);
+        let mut m = Measure::default();
+        for e in &self.evidence {
+            e.measure(a, ta, b, tb, &mut m);
+        }
+        tc.measure = m;
+        let (x, y) = (&a.tensors, &b.tensors);
+        if x.nonfinite_counts(ta) != y.nonfinite_counts(tb) {
+            tc.verdict = TensorVerdict::NanMismatch;
+            return tc;
+        }
+        let l2a = if x.l2[i].is_finite() { x.l2[i] } else { 0.0 };
+        let absa = if x.absmax[i].is_finite() {
+            x.absmax[i]
+        } else {
+            0.0
+        };
+        let n = x.numel(ta).max(0) as f64;
+        // ||a||_2 >= ||a||_inf: absmax guards an l2 that underflowed.
+        tc.scale_l2 = l2a
+            .max(absa)
+            .max(CANCELLATION_FLOOR * n.sqrt() * in_rms)
+            .max(TINY);
+        tc.scale_linf = absa.max(CANCELLATION_FLOOR * in_absmax).max(TINY);
+        tc.rel_l2 = m.l2_bound / tc.scale_l2;
+        tc.rel_linf = m.linf_bound / tc.scale_linf;
+        tc.rel_err = tc.rel_l2.max(tc.rel_linf);
+        if let Some(est) = m.l2_estimate {
+            tc.rel_err = tc.rel_err.max(est / tc.scale_l2);
+        }
+        tc.tolerance = op_tolerance.max(Tolerances::stats_noise(self.stats_f32, x.numel(ta)));
+        tc.verdict = if m.identical == Some(true) {
+            tc.evidence = "fingerprint";
+            TensorVerdict::Identical
+        } else if m.stats_equal {
+            TensorVerdict::StatsEqual
+        } else if tc.rel_err <= tc.tolerance {
+            TensorVerdict::Close
+        } else {
+            TensorVerdict::Diverged
+        };
+        tc
+    }
+}
+
+/// The number of elements each output element is reduced from, which sets
+/// how far two correct summation orders may drift apart.
+/// - in general, the largest float input's numel over the output's
+///   (a `sum` over a dimension, a `mean`);
+/// - contractions: the inner dimension, taken as the largest last dimension
+///   of an input (or a convolution weight's numel per output channel);
+/// - normalizations (softmax, layer_norm, ...): the last dimension.
+pub fn reduction_length(d: &Dump, i: u32, class: OpClass) -> f64 {
+    let mut max_in: i64 = 0;
+    let mut out: i64 = 0;
+    let mut last_dim: i64 = 1;
+    let mut first_last_dim: Option<i64> = None;
+    let mut conv_k: i64 = 1;
+    let conv = d.op_name(i).contains("conv");
+    for t in d.tensors_of(i) {
+        let ti = t as usize;
+        let numel = d.tensors.numel(t);
+        if d.tensors.role[ti] == ROLE_OUTPUT {
+            if out == 0 {
+                out = numel;
+            }
+            continue;
+        }
+        if !d.dtype(t).is_float() {
+            continue;
+        }
+        max_in = max_in.max(numel);
+        let shape = d.shape(t);
+        if let Some(&l) = shape.last() {
+            last_dim = last_dim.max(l);
+            first_last_dim.get_or_insert(l);
+        }
+        if conv && shape.len() >= 3 && shape[0] > 0 {
+            conv_k = conv_k.max(numel / shape[0]);
+        }
+    }
+    let ratio = if out > 0 {
+        max_in as f64 / out as f64
+    } else {
+        1.0
+    };
+    let by_class = match class {
+        OpClass::Contraction => last_dim.max(conv_k) as f64,
+        OpClass::Normalization => first_last_dim.unwrap_or(1) as f64,
+        _ => 1.0,
+    };
+    ratio.max(by_class).max(1.0)
+}

@@ -1,0 +1,86 @@
+//! Progress on stderr, only when stderr is a terminal: a long compare shows
+//! where it is, and a piped or captured run stays quiet.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub struct Progress {
+    enabled: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    last: Option<Instant>,
+    shown: bool,
+}
+
+impl Progress {
+    /// Shows progress when stderr is a terminal.
+    pub fn auto() -> Self {
+        Self::new(std::io::stderr().is_terminal())
+    }
+
+    pub fn new(enabled: bool) -> Self {
+        Progress {
+            enabled,
+            state: Mutex::new(State {
+                last: None,
+                shown: false,
+            }),
+        }
+    }
+
+    pub fn hidden() -> Self {
+        Self::new(false)
+    }
+
+    /// Shows `msg`, at most ten times a second.
+    pub fn update(&self, msg: impl FnOnce() -> String) {
+        if !self.enabled {
+            return;
+        }
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if st
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+        {
+            return;
+        }
+        st.last = Some(now);
+        st.shown = true;
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{}", msg());
+        let _ = err.flush();
+    }
+
+    /// Shows a step at once (a phase change).
+    pub fn phase(&self, msg: &str) {
+        if let Ok(mut st) = self.state.lock() {
+            st.last = None;
+        }
+        self.update(|| msg.to_string());
+    }
+
+    /// Clears the line before the report is printed.
+    pub fn finish(&self) {
+        if !self.enabled {
+            return;
+        }
+        if let Ok(mut st) = self.state.lock() {
+            if st.shown {
+                let _ = write!(std::io::stderr(), "\r\x1b[2K");
+                st.shown = false;
+            }
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

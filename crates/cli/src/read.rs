@@ -1,0 +1,843 @@
+//! Reading one rank of a dump into a [`Dump`].
+//!
+//! Only the columns comparison needs are decoded (Parquet projection), batch
+//! by batch, straight into the flat columns of [`Dump`]; a batch is dropped as
+//! soon as it is copied. Vectors are reserved from the file footers' row
+//! counts, so they do not overshoot by the doubling of `Vec` growth.
+//!
+//! Every file goes through `opdump_format::reader::open_batches`, which checks
+//! the schema version and says clearly when a dump is too old or too new.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, Int64Type, UInt64Type};
+use std::fs::File;
+use std::sync::Arc;
+
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray, RecordBatch, StringArray,
+};
+use arrow_schema::{DataType, Field, Schema};
+use opdump_format::reader::{list_files, open_batches, DumpFile};
+use opdump_format::schema::{col, meta};
+use opdump_format::{Phase, StatsStatus};
+use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+
+use crate::dtype::DType;
+use crate::dump::{
+    phase_code, status_code, Dump, Tensors, NONE, ROLE_INPUT, ROLE_OUTPUT, STATUS_NULL,
+};
+use crate::error::{CliError, Result};
+use crate::intern::{hash_bytes, mix, Interner, ShapeInterner, NO_ID};
+use crate::panic_guard;
+use crate::progress::Progress;
+
+/// Columns read for every op call / tensor. Others (pid, thread, times,
+/// stride, tensor_device) are never decoded.
+const REQUIRED: [&str; 25] = [
+    col::SEQ,
+    col::PARENT_SEQ,
+    col::DEPTH,
+    col::STEP,
+    col::PHASE,
+    col::OP,
+    col::OVERLOAD,
+    col::ARGS,
+    col::ROLE,
+    col::ARG,
+    col::LIST_INDEX,
+    col::DTYPE,
+    col::SHAPE,
+    col::NUMEL,
+    col::STATS_STATUS,
+    col::MIN,
+    col::MAX,
+    col::MEAN,
+    col::STD,
+    col::L2,
+    col::ABSMAX,
+    col::NAN_COUNT,
+    col::POSINF_COUNT,
+    col::NEGINF_COUNT,
+    col::ZERO_COUNT,
+];
+
+/// Read when present: `error` (schema 1 has it), and evidence columns that
+/// later schema versions add.
+const OPTIONAL: [&str; 2] = [col::ERROR, FINGERPRINT];
+
+/// A bitwise fingerprint of the tensor's values, when the dump has one (a
+/// later issue adds it). Any integer, binary or string type is accepted: only
+/// equality is used.
+pub const FINGERPRINT: &str = "fingerprint";
+
+const BATCH_ROWS: usize = 64 * 1024;
+
+/// One file of a dump with what its footer says.
+#[derive(Clone, Debug)]
+pub struct FileInfo {
+    pub path: PathBuf,
+    pub rank: u32,
+    pub pid: i64,
+    pub rows: u64,
+    pub op_calls: u64,
+    pub stats_accumulate: Option<String>,
+}
+
+/// The files of a dump directory, their footers read and versions checked.
+pub struct DumpIndex {
+    pub dir: PathBuf,
+    pub files: Vec<FileInfo>,
+}
+
+impl DumpIndex {
+    pub fn ranks(&self) -> BTreeSet<u32> {
+        self.files.iter().map(|f| f.rank).collect()
+    }
+}
+
+/// Lists a dump's files and reads their footers (cheap: no data pages).
+pub fn scan(dir: &Path) -> Result<DumpIndex> {
+    let listed = list_files(dir)?;
+    let mut files = Vec::with_capacity(listed.len());
+    for DumpFile { path, rank, .. } in listed {
+        let info = panic_guard::run(&path, || -> Result<FileInfo> {
+            let b = open_batches(&path)?;
+            let md = b.metadata().file_metadata();
+            let kv = |k: &str| -> Option<String> {
+                md.key_value_metadata()?
+                    .iter()
+                    .find(|kv| kv.key == k)?
+                    .value
+                    .clone()
+            };
+            let rows = md.num_rows().max(0) as u64;
+            Ok(FileInfo {
+                rank: rank.unwrap_or(0),
+                pid: kv(meta::PID)
+                    .and_then(|p| p.parse().ok())
+                    .or_else(|| pid_from_name(&path))
+                    .unwrap_or(0),
+                rows,
+                op_calls: kv(meta::OP_CALLS)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(rows),
+                stats_accumulate: kv(meta::STATS_ACCUMULATE),
+                path: path.clone(),
+            })
+        })?;
+        files.push(info);
+    }
+    Ok(DumpIndex {
+        dir: dir.to_path_buf(),
+        files,
+    })
+}
+
+/// `part-<pid>-<NNNNN>.parquet` -> pid.
+fn pid_from_name(path: &Path) -> Option<i64> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix("part-")?.split('-').next()?.parse().ok()
+}
+
+/// Loads one rank. When several processes wrote into the rank (DataLoader
+/// workers under `LD_PRELOAD`, or two runs into one directory), their `seq`s
+/// are unrelated, so only the process with the most op calls is kept and the
+/// others are counted in `skipped_other_pids`.
+pub fn load(index: &DumpIndex, rank: u32, progress: &Progress, label: &str) -> Result<Dump> {
+    let mut by_pid: BTreeMap<i64, Vec<&FileInfo>> = BTreeMap::new();
+    for f in index.files.iter().filter(|f| f.rank == rank) {
+        by_pid.entry(f.pid).or_default().push(f);
+    }
+    let calls = |fs: &Vec<&FileInfo>| fs.iter().map(|f| f.op_calls).sum::<u64>();
+    let Some((&pid, files)) = by_pid
+        .iter()
+        .max_by_key(|(pid, fs)| (calls(fs), std::cmp::Reverse(**pid)))
+    else {
+        return Err(CliError::new(format!(
+            "{}: no files of rank {rank}",
+            index.dir.display()
+        )));
+    };
+    let skipped: u64 = by_pid
+        .iter()
+        .filter(|(p, _)| **p != pid)
+        .map(|(_, fs)| calls(fs))
+        .sum();
+    let rows: u64 = files.iter().map(|f| f.rows).sum();
+    let ops: u64 = calls(files).min(rows);
+
+    let mut b = Builder::new(rows as usize, ops as usize);
+    for (n, f) in files.iter().enumerate() {
+        progress.update(|| {
+            format!(
+                "reading {label}: file {}/{} ({} op calls)",
+                n + 1,
+                files.len(),
+                b.seq.len()
+            )
+        });
+        panic_guard::run(&f.path, || b.read_file(&f.path))?;
+    }
+    let accumulate = if files
+        .iter()
+        .any(|f| f.stats_accumulate.as_deref() == Some("float32"))
+    {
+        "float32"
+    } else {
+        "float64"
+    };
+    b.finish(
+        index.dir.clone(),
+        rank,
+        Some(pid),
+        files.len(),
+        accumulate.to_string(),
+        skipped,
+    )
+}
+
+/// Accumulates rows of several files.
+struct Builder {
+    names: Interner,
+    texts: Interner,
+    dtypes: Vec<DType>,
+    seq: Vec<i64>,
+    parent_seq: Vec<i64>,
+    depth: Vec<i32>,
+    step: Vec<i64>,
+    phase: Vec<u8>,
+    op: Vec<u32>,
+    overload: Vec<u32>,
+    args: Vec<u32>,
+    error: Vec<u32>,
+    t_start: Vec<u32>,
+    t_len: Vec<u32>,
+    t: Tensors,
+    has_fingerprint: bool,
+}
+
+const NO_PARENT: i64 = i64::MIN;
+
+/// Role code of the row of an op without tensors.
+const ROLE_NONE: u32 = 2;
+
+/// String columns read as dictionaries.
+const DICT_COLUMNS: [&str; 9] = [
+    col::PHASE,
+    col::OP,
+    col::OVERLOAD,
+    col::ARGS,
+    col::ERROR,
+    col::ROLE,
+    col::ARG,
+    col::DTYPE,
+    col::STATS_STATUS,
+];
+
+fn dtype_id(dtypes: &mut Vec<DType>, name: &str) -> Result<u16> {
+    if let Some(i) = dtypes.iter().position(|d| &*d.name == name) {
+        return Ok(i as u16);
+    }
+    if dtypes.len() >= u16::MAX as usize {
+        return Err(CliError::new("too many distinct dtypes"));
+    }
+    dtypes.push(DType::parse(name));
+    Ok((dtypes.len() - 1) as u16)
+}
+
+/// A string column of one batch. The reader asks for dictionary arrays
+/// (the writer dictionary-encodes these columns), so each distinct value is
+/// looked at once per batch, not once per row.
+enum StrCol<'a> {
+    Dict(&'a PrimitiveArray<Int32Type>, &'a StringArray),
+    Plain(&'a StringArray),
+}
+
+impl<'a> StrCol<'a> {
+    fn new(path: &Path, b: &'a RecordBatch, name: &str) -> Result<Self> {
+        let a = get(path, b, name)?;
+        if let Some(d) = a.as_dictionary_opt::<Int32Type>() {
+            if let Some(v) = d.values().as_string_opt::<i32>() {
+                return Ok(StrCol::Dict(d.keys(), v));
+            }
+        }
+        a.as_string_opt::<i32>()
+            .map(StrCol::Plain)
+            .ok_or_else(|| bad_type(path, name, a))
+    }
+
+    /// One code per row, `NO_ID` for null: `f` maps each distinct string.
+    fn codes(&self, mut f: impl FnMut(&str) -> Result<u32>) -> Result<Vec<u32>> {
+        match self {
+            StrCol::Dict(keys, values) => {
+                let mut map = Vec::with_capacity(values.len());
+                for i in 0..values.len() {
+                    map.push(if values.is_null(i) {
+                        NO_ID
+                    } else {
+                        f(values.value(i))?
+                    });
+                }
+                Ok((0..keys.len())
+                    .map(|i| {
+                        if keys.is_null(i) {
+                            NO_ID
+                        } else {
+                            map.get(keys.value(i) as usize).copied().unwrap_or(NO_ID)
+                        }
+                    })
+                    .collect())
+            }
+            StrCol::Plain(a) => (0..a.len())
+                .map(|i| {
+                    if a.is_null(i) {
+                        Ok(NO_ID)
+                    } else {
+                        f(a.value(i))
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Typed columns of one batch.
+struct Cols<'a> {
+    seq: &'a Int64Array,
+    parent: &'a Int64Array,
+    depth: &'a arrow_array::Int32Array,
+    step: &'a Int64Array,
+    phase: StrCol<'a>,
+    op: StrCol<'a>,
+    overload: StrCol<'a>,
+    args: StrCol<'a>,
+    error: Option<StrCol<'a>>,
+    role: StrCol<'a>,
+    arg: StrCol<'a>,
+    list_index: &'a arrow_array::Int32Array,
+    dtype: StrCol<'a>,
+    shape: &'a arrow_array::ListArray,
+    numel: &'a Int64Array,
+    status: StrCol<'a>,
+    f: [&'a Float64Array; 6],
+    c: [&'a Int64Array; 4],
+    fingerprint: Option<&'a ArrayRef>,
+}
+
+fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| CliError::new(format!("{}: column {name:?} is missing", path.display())))
+}
+
+fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> CliError {
+    CliError::new(format!(
+        "{}: column {name:?} has unexpected type {}",
+        path.display(),
+        a.data_type()
+    ))
+}
+
+impl<'a> Cols<'a> {
+    fn new(path: &Path, b: &'a RecordBatch) -> Result<Self> {
+        let i64c = |n: &str| -> Result<&'a Int64Array> {
+            let a = get(path, b, n)?;
+            a.as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| bad_type(path, n, a))
+        };
+        let i32c = |n: &str| -> Result<&'a arrow_array::Int32Array> {
+            let a = get(path, b, n)?;
+            a.as_primitive_opt::<Int32Type>()
+                .ok_or_else(|| bad_type(path, n, a))
+        };
+        let f64c = |n: &str| -> Result<&'a Float64Array> {
+            let a = get(path, b, n)?;
+            a.as_primitive_opt::<Float64Type>()
+                .ok_or_else(|| bad_type(path, n, a))
+        };
+        let strc = |n: &str| StrCol::new(path, b, n);
+        let shape = {
+            let a = get(path, b, col::SHAPE)?;
+            let l = a
+                .as_list_opt::<i32>()
+                .ok_or_else(|| bad_type(path, col::SHAPE, a))?;
+            if l.values().data_type() != &DataType::Int64 {
+                return Err(bad_type(path, col::SHAPE, a));
+            }
+            l
+        };
+        Ok(Cols {
+            seq: i64c(col::SEQ)?,
+            parent: i64c(col::PARENT_SEQ)?,
+            depth: i32c(col::DEPTH)?,
+            step: i64c(col::STEP)?,
+            phase: strc(col::PHASE)?,
+            op: strc(col::OP)?,
+            overload: strc(col::OVERLOAD)?,
+            args: strc(col::ARGS)?,
+            error: match b.column_by_name(col::ERROR) {
+                Some(_) => Some(strc(col::ERROR)?),
+                None => None,
+            },
+            role: strc(col::ROLE)?,
+            arg: strc(col::ARG)?,
+            list_index: i32c(col::LIST_INDEX)?,
+            dtype: strc(col::DTYPE)?,
+            shape,
+            numel: i64c(col::NUMEL)?,
+            status: strc(col::STATS_STATUS)?,
+            f: [
+                f64c(col::MIN)?,
+                f64c(col::MAX)?,
+                f64c(col::MEAN)?,
+                f64c(col::STD)?,
+                f64c(col::L2)?,
+                f64c(col::ABSMAX)?,
+            ],
+            c: [
+                i64c(col::NAN_COUNT)?,
+                i64c(col::POSINF_COUNT)?,
+                i64c(col::NEGINF_COUNT)?,
+                i64c(col::ZERO_COUNT)?,
+            ],
+            fingerprint: b.column_by_name(FINGERPRINT),
+        })
+    }
+}
+
+#[inline]
+fn fval(a: &Float64Array, i: usize) -> f64 {
+    if a.is_null(i) {
+        f64::NAN
+    } else {
+        a.value(i)
+    }
+}
+
+#[inline]
+fn ival(a: &Int64Array, i: usize) -> i64 {
+    if a.is_null(i) {
+        0
+    } else {
+        a.value(i)
+    }
+}
+
+// Column-wise copies of the tensor rows; without nulls, a plain gather.
+
+fn gather_f64(a: &Float64Array, rows: &[u32], out: &mut Vec<f64>) {
+    let v = a.values();
+    if a.null_count() == 0 {
+        out.extend(rows.iter().map(|&i| v[i as usize]));
+    } else {
+        out.extend(rows.iter().map(|&i| fval(a, i as usize)));
+    }
+}
+
+fn gather_i64(a: &Int64Array, rows: &[u32], out: &mut Vec<i64>) {
+    let v = a.values();
+    if a.null_count() == 0 {
+        out.extend(rows.iter().map(|&i| v[i as usize]));
+    } else {
+        out.extend(rows.iter().map(|&i| ival(a, i as usize)));
+    }
+}
+
+fn gather_i32(a: &arrow_array::Int32Array, rows: &[u32], null: i32, out: &mut Vec<i32>) {
+    let v = a.values();
+    if a.null_count() == 0 {
+        out.extend(rows.iter().map(|&i| v[i as usize]));
+    } else {
+        out.extend(rows.iter().map(|&i| {
+            if a.is_null(i as usize) {
+                null
+            } else {
+                v[i as usize]
+            }
+        }));
+    }
+}
+
+/// A fingerprint value as a non-zero u64 (0 is null); only equality matters.
+fn fingerprint_at(path: &Path, a: &ArrayRef, i: usize) -> Result<u64> {
+    if a.is_null(i) {
+        return Ok(0);
+    }
+    let h = if let Some(x) = a.as_primitive_opt::<Int64Type>() {
+        mix(x.value(i) as u64, 1)
+    } else if let Some(x) = a.as_primitive_opt::<UInt64Type>() {
+        mix(x.value(i), 1)
+    } else if let Some(x) = a.as_binary_opt::<i32>() {
+        hash_bytes(x.value(i))
+    } else if let Some(x) = a.as_fixed_size_binary_opt() {
+        hash_bytes(x.value(i))
+    } else if let Some(x) = a.as_string_opt::<i32>() {
+        hash_bytes(x.value(i).as_bytes())
+    } else {
+        return Err(bad_type(path, FINGERPRINT, a));
+    };
+    Ok(h | 1)
+}
+
+impl Builder {
+    fn new(rows: usize, ops: usize) -> Self {
+        let t = Tensors {
+            role: Vec::with_capacity(rows),
+            arg: Vec::with_capacity(rows),
+            list_index: Vec::with_capacity(rows),
+            dtype: Vec::with_capacity(rows),
+            shape: Vec::with_capacity(rows),
+            shapes: ShapeInterner::new(),
+            status: Vec::with_capacity(rows),
+            min: Vec::with_capacity(rows),
+            max: Vec::with_capacity(rows),
+            mean: Vec::with_capacity(rows),
+            std: Vec::with_capacity(rows),
+            l2: Vec::with_capacity(rows),
+            absmax: Vec::with_capacity(rows),
+            nf_index: Vec::new(),
+            nf_counts: Vec::new(),
+            zero: Vec::with_capacity(rows),
+            fingerprint: Vec::new(),
+        };
+        Builder {
+            names: Interner::default(),
+            texts: Interner::default(),
+            dtypes: Vec::new(),
+            seq: Vec::with_capacity(ops),
+            parent_seq: Vec::with_capacity(ops),
+            depth: Vec::with_capacity(ops),
+            step: Vec::with_capacity(ops),
+            phase: Vec::with_capacity(ops),
+            op: Vec::with_capacity(ops),
+            overload: Vec::with_capacity(ops),
+            args: Vec::with_capacity(ops),
+            error: Vec::with_capacity(ops),
+            t_start: Vec::with_capacity(ops),
+            t_len: Vec::with_capacity(ops),
+            t,
+            has_fingerprint: false,
+        }
+    }
+
+    fn read_file(&mut self, path: &Path) -> Result<()> {
+        // The format crate checks the schema version; the file is then
+        // opened again asking for string columns as dictionaries.
+        let checked = open_batches(path)?;
+        let file_schema = checked.schema().clone();
+        drop(checked);
+        let hint = Arc::new(Schema::new(
+            file_schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    if DICT_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8
+                    {
+                        Arc::new(Field::new(
+                            f.name(),
+                            DataType::Dictionary(
+                                Box::new(DataType::Int32),
+                                Box::new(DataType::Utf8),
+                            ),
+                            f.is_nullable(),
+                        ))
+                    } else {
+                        f.clone()
+                    }
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let file =
+            File::open(path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
+            file,
+            ArrowReaderOptions::new().with_schema(hint),
+        )
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        let arrow_schema = file_schema;
+        let mut roots = Vec::new();
+        for name in REQUIRED {
+            match arrow_schema.index_of(name) {
+                Ok(i) => roots.push(i),
+                Err(_) => {
+                    return Err(CliError::new(format!(
+                        "{}: column {name:?} is missing",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        roots.extend(
+            OPTIONAL
+                .iter()
+                .filter_map(|n| arrow_schema.index_of(n).ok()),
+        );
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        // An op's rows never span two files (the writer rotates between
+        // records), so the op boundary restarts with each file.
+        let mut last_seq: Option<i64> = None;
+        for batch in reader {
+            let batch = batch.map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+            self.read_batch(path, &batch, &mut last_seq)?;
+        }
+        Ok(())
+    }
+
+    fn read_batch(
+        &mut self,
+        path: &Path,
+        batch: &RecordBatch,
+        last_seq: &mut Option<i64>,
+    ) -> Result<()> {
+        let c = Cols::new(path, batch)?;
+        if c.fingerprint.is_some() && !self.has_fingerprint {
+            self.has_fingerprint = true;
+            self.t.fingerprint.resize(self.t.role.len(), 0);
+        }
+        let format_err = |m: String| CliError::new(format!("{}: {m}", path.display()));
+        // Per-row codes of the string columns, each distinct string mapped
+        // once per batch.
+        let phase = c.phase.codes(|s| {
+            Phase::parse(s)
+                .map(|p| phase_code(p) as u32)
+                .ok_or_else(|| format_err(format!("bad phase {s:?}")))
+        })?;
+        let role = c.role.codes(|s| match s {
+            "input" => Ok(ROLE_INPUT as u32),
+            "output" => Ok(ROLE_OUTPUT as u32),
+            "none" => Ok(ROLE_NONE),
+            r => Err(format_err(format!("bad role {r:?}"))),
+        })?;
+        // An unknown status (a newer writer) reads as "no values".
+        let status = c
+            .status
+            .codes(|s| Ok(StatsStatus::parse(s).map_or(STATUS_NULL, status_code) as u32))?;
+        let names = &mut self.names;
+        let op = c.op.codes(|s| Ok(names.intern(s)))?;
+        let overload = c.overload.codes(|s| Ok(names.intern(s)))?;
+        let arg = c.arg.codes(|s| Ok(names.intern(s)))?;
+        let texts = &mut self.texts;
+        let args = c.args.codes(|s| Ok(texts.intern(s)))?;
+        let error = match &c.error {
+            Some(e) => e.codes(|s| Ok(texts.intern(s)))?,
+            None => vec![NO_ID; batch.num_rows()],
+        };
+        let dtypes = &mut self.dtypes;
+        let dtype = c.dtype.codes(|s| dtype_id(dtypes, s).map(u32::from))?;
+        // Pass 1, row by row: op boundaries, and which rows are tensors.
+        let mut rows: Vec<u32> = Vec::with_capacity(batch.num_rows());
+        for i in 0..batch.num_rows() {
+            if c.seq.is_null(i) {
+                return Err(format_err("null seq".into()));
+            }
+            let s = c.seq.value(i);
+            if *last_seq != Some(s) {
+                *last_seq = Some(s);
+                if self.seq.len() >= NONE as usize {
+                    return Err(format_err("more than 4 billion op calls".into()));
+                }
+                if phase[i] == NO_ID || op[i] == NO_ID || overload[i] == NO_ID {
+                    return Err(format_err(format!("null phase, op or overload at seq {s}")));
+                }
+                self.seq.push(s);
+                self.parent_seq.push(if c.parent.is_null(i) {
+                    NO_PARENT
+                } else {
+                    c.parent.value(i)
+                });
+                self.depth.push(c.depth.value(i));
+                self.step.push(c.step.value(i));
+                self.phase.push(phase[i] as u8);
+                self.op.push(op[i]);
+                self.overload.push(overload[i]);
+                self.args.push(args[i]);
+                self.error.push(error[i]);
+                self.t_start.push((self.t.role.len() + rows.len()) as u32);
+                self.t_len.push(0);
+            }
+            match role[i] {
+                ROLE_NONE => continue,
+                NO_ID => return Err(format_err(format!("null role at seq {s}"))),
+                _ => {}
+            }
+            if dtype[i] == NO_ID {
+                return Err(format_err(format!("null dtype at seq {s}")));
+            }
+            if self.t.role.len() + rows.len() >= u32::MAX as usize - 1 {
+                return Err(format_err("more than 4 billion tensors".into()));
+            }
+            if let Some(n) = self.t_len.last_mut() {
+                *n += 1;
+            }
+            rows.push(i as u32);
+        }
+        // Pass 2, column by column over the tensor rows.
+        let first = self.t.role.len();
+        let t = &mut self.t;
+        t.role.extend(rows.iter().map(|&i| role[i as usize] as u8));
+        t.arg.extend(rows.iter().map(|&i| arg[i as usize]));
+        t.dtype
+            .extend(rows.iter().map(|&i| dtype[i as usize] as u16));
+        t.status
+            .extend(rows.iter().map(|&i| match status[i as usize] {
+                NO_ID => STATUS_NULL,
+                v => v as u8,
+            }));
+        gather_i32(c.list_index, &rows, -1, &mut t.list_index);
+        let shape_offsets = c.shape.value_offsets();
+        let shape_values = c.shape.values().as_primitive::<Int64Type>().values();
+        for &i in &rows {
+            let i = i as usize;
+            let numel = ival(c.numel, i);
+            let dims: &[i64] = if c.shape.is_null(i) {
+                &[]
+            } else {
+                let (s, e) = (shape_offsets[i] as usize, shape_offsets[i + 1] as usize);
+                shape_values
+                    .get(s..e)
+                    .ok_or_else(|| format_err("shape offsets out of range".into()))?
+            };
+            t.shape.push(t.shapes.intern(dims, numel));
+        }
+        let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
+        gather_f64(fmin, &rows, &mut t.min);
+        gather_f64(fmax, &rows, &mut t.max);
+        gather_f64(fmean, &rows, &mut t.mean);
+        gather_f64(fstd, &rows, &mut t.std);
+        gather_f64(fl2, &rows, &mut t.l2);
+        gather_f64(fabs, &rows, &mut t.absmax);
+        let [cnan, cpos, cneg, czero] = c.c;
+        gather_i64(czero, &rows, &mut t.zero);
+        if cnan.null_count() < cnan.len()
+            || cpos.null_count() < cpos.len()
+            || cneg.null_count() < cneg.len()
+        {
+            for (k, &i) in rows.iter().enumerate() {
+                let i = i as usize;
+                let nf = [ival(cnan, i), ival(cpos, i), ival(cneg, i)];
+                if nf != [0; 3] {
+                    t.nf_index.push((first + k) as u32);
+                    t.nf_counts.push(nf);
+                }
+            }
+        }
+        if self.has_fingerprint {
+            for &i in &rows {
+                let v = match c.fingerprint {
+                    Some(a) => fingerprint_at(path, a, i as usize)?,
+                    None => 0,
+                };
+                self.t.fingerprint.push(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(
+        mut self,
+        path: PathBuf,
+        rank: u32,
+        pid: Option<i64>,
+        files: usize,
+        stats_accumulate: String,
+        skipped_other_pids: u64,
+    ) -> Result<Dump> {
+        let n = self.seq.len();
+        // Files of different partitions (devices) interleave in seq: sort the
+        // op columns; tensors stay where they are, ops point at them.
+        if self.seq.windows(2).any(|w| w[0] >= w[1]) {
+            let mut perm: Vec<u32> = (0..n as u32).collect();
+            perm.sort_unstable_by_key(|&i| self.seq[i as usize]);
+            fn apply<T: Copy>(v: &mut Vec<T>, perm: &[u32]) {
+                let sorted: Vec<T> = perm.iter().map(|&i| v[i as usize]).collect();
+                *v = sorted;
+            }
+            apply(&mut self.seq, &perm);
+            apply(&mut self.parent_seq, &perm);
+            apply(&mut self.depth, &perm);
+            apply(&mut self.step, &perm);
+            apply(&mut self.phase, &perm);
+            apply(&mut self.op, &perm);
+            apply(&mut self.overload, &perm);
+            apply(&mut self.args, &perm);
+            apply(&mut self.error, &perm);
+            apply(&mut self.t_start, &perm);
+            apply(&mut self.t_len, &perm);
+            if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
+                return Err(CliError::new(format!(
+                    "{}: seq {} appears twice in rank {rank} (two runs written into one directory?)",
+                    path.display(),
+                    w[0]
+                )));
+            }
+        }
+        // Parents by seq; a parent missing from the dump (filtered out, or
+        // in a file that was lost) makes its child a root.
+        let mut parent = Vec::with_capacity(n);
+        for &ps in &self.parent_seq {
+            parent.push(if ps == NO_PARENT {
+                NONE
+            } else {
+                self.seq.binary_search(&ps).map_or(NONE, |i| i as u32)
+            });
+        }
+        drop(std::mem::take(&mut self.parent_seq));
+        let mut count = vec![0u32; n + 1];
+        for &p in &parent {
+            if p != NONE {
+                count[p as usize + 1] += 1;
+            }
+        }
+        for i in 0..n {
+            count[i + 1] += count[i];
+        }
+        let child_start = count;
+        let mut fill = child_start.clone();
+        let mut children = vec![0u32; child_start[n] as usize];
+        let mut roots = Vec::new();
+        for (i, &p) in parent.iter().enumerate() {
+            if p == NONE {
+                roots.push(i as u32);
+            } else {
+                let slot = &mut fill[p as usize];
+                children[*slot as usize] = i as u32;
+                *slot += 1;
+            }
+        }
+        Ok(Dump {
+            path,
+            rank,
+            files,
+            pid,
+            stats_accumulate,
+            skipped_other_pids,
+            names: self.names,
+            texts: self.texts,
+            dtypes: self.dtypes,
+            seq: self.seq,
+            parent,
+            depth: self.depth,
+            step: self.step,
+            phase: self.phase,
+            op: self.op,
+            overload: self.overload,
+            args: self.args,
+            error: self.error,
+            t_start: self.t_start,
+            t_len: self.t_len,
+            child_start,
+            children,
+            roots,
+            tensors: self.t,
+        })
+    }
+}

@@ -1,0 +1,449 @@
+//! `--html FILE`: one self-contained page (inline CSS and SVG, no script, no
+//! network): the error of every aligned op along A's call order on a log
+//! scale, introduced ops marked, beside the tables of the text report.
+//!
+//! A million ops do not fit in an SVG; the x axis is cut into at most
+//! `BINS` columns and each column shows its largest error, coloured by the
+//! worst verdict in it.
+
+use std::fmt::Write;
+
+use super::model::{CompareReport, OnlyIn, OpReport, StatsReport};
+use super::terminal::{num, thousands};
+use crate::compare::Compared;
+use crate::dump::NONE;
+use crate::verdict::OpVerdict;
+
+const BINS: usize = 1200;
+const W: f64 = 1200.0;
+const H: f64 = 320.0;
+const LEFT: f64 = 60.0;
+const TOP: f64 = 16.0;
+const BOTTOM: f64 = 36.0;
+
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn full(op: &str, ov: &str) -> String {
+    if ov == "default" || ov.is_empty() {
+        op.to_string()
+    } else {
+        format!("{op}.{ov}")
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Bin {
+    max_err: f64,
+    /// 0 ok, 1 inherited, 2 introduced.
+    worst: u8,
+    first_pair: usize,
+    worst_pair: usize,
+    count: usize,
+}
+
+fn plot(c: &Compared) -> String {
+    let n = c.alignment.pairs.len();
+    let mut s = String::new();
+    let pw = W - LEFT - 10.0;
+    let ph = H - TOP - BOTTOM;
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" class="plot">"#
+    );
+    if n == 0 {
+        s.push_str("<text x=\"60\" y=\"40\">no aligned op calls</text></svg>");
+        return s;
+    }
+    let bins = n.min(BINS);
+    let mut b = vec![Bin::default(); bins];
+    let mut seen = vec![false; bins];
+    for k in 0..n {
+        let bi = k * bins / n;
+        let e = c.out_err[k] as f64;
+        let v = c.op_verdict(k);
+        let rank = match v {
+            OpVerdict::Introduced => 2,
+            OpVerdict::Inherited => 1,
+            _ => 0,
+        };
+        let bin = &mut b[bi];
+        if !seen[bi] {
+            seen[bi] = true;
+            bin.first_pair = k;
+            bin.worst_pair = k;
+        }
+        bin.count += 1;
+        if rank > bin.worst || (rank == bin.worst && e > bin.max_err) {
+            bin.worst_pair = k;
+        }
+        bin.worst = bin.worst.max(rank);
+        if e > bin.max_err {
+            bin.max_err = e;
+        }
+    }
+    // Y range in decades, from the smallest to the largest finite error.
+    let finite: Vec<f64> = b
+        .iter()
+        .map(|x| x.max_err)
+        .filter(|e| e.is_finite() && *e > 0.0)
+        .collect();
+    let lo = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .log10()
+        .floor()
+        .max(-18.0);
+    let hi = finite
+        .iter()
+        .copied()
+        .fold(0.0, f64::max)
+        .log10()
+        .ceil()
+        .min(6.0);
+    let (lo, hi) = if finite.is_empty() {
+        (-8.0, 0.0)
+    } else if hi <= lo {
+        (lo - 1.0, lo + 1.0)
+    } else {
+        (lo, hi)
+    };
+    // The top band holds infinite errors (NaN/Inf counts or shapes differ).
+    let inf_band = 14.0;
+    let y_of = |e: f64| -> f64 {
+        if !e.is_finite() {
+            TOP + inf_band / 2.0
+        } else {
+            let t = ((e.log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
+            TOP + inf_band + (1.0 - t) * (ph - inf_band)
+        }
+    };
+    let x_of = |k: usize| LEFT + (k as f64 + 0.5) / n as f64 * pw;
+    // Grid: one line per decade.
+    let mut d = lo as i32;
+    while d as f64 <= hi {
+        let y = y_of(10f64.powi(d));
+        let _ = write!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{}" y="{:.1}" class="ax" text-anchor="end">1e{d}</text>"##,
+            LEFT + pw,
+            LEFT - 4.0,
+            y + 3.0
+        );
+        d += 1;
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}" class="ax" text-anchor="end">NaN/Inf</text>"#,
+        LEFT - 4.0,
+        TOP + inf_band / 2.0 + 3.0
+    );
+    // Step boundaries.
+    let mut last_step = None;
+    let mut marks = 0;
+    for k in 0..n {
+        let st = c.a.step[c.alignment.pairs[k].a as usize];
+        if last_step != Some(st) && c.a.parent[c.alignment.pairs[k].a as usize] == NONE {
+            if last_step.is_some() && marks < 60 {
+                let x = x_of(k);
+                let _ = write!(
+                    s,
+                    r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{x:.1}" y="{}" class="ax">step {st}</text>"##,
+                    TOP + ph,
+                    TOP + ph + 26.0
+                );
+                marks += 1;
+            }
+            last_step = Some(st);
+        }
+    }
+    // Points.
+    for bin in b.iter().filter(|x| x.count > 0 && x.max_err > 0.0) {
+        let k = bin.worst_pair;
+        let p = c.alignment.pairs[k];
+        let x = x_of(bin.first_pair + bin.count / 2);
+        let y = y_of(bin.max_err);
+        let (color, shape) = match bin.worst {
+            2 => ("#d62728", "tri"),
+            1 => ("#ff9f1c", "dot"),
+            _ => ("#4a78b5", "dot"),
+        };
+        let title = format!(
+            "{} seq A {} / B {}: rel err {}{}",
+            c.a.full_name(p.a),
+            c.a.seq[p.a as usize],
+            c.b.seq[p.b as usize],
+            num(bin.max_err),
+            if bin.count > 1 {
+                format!(" (max of {} ops)", bin.count)
+            } else {
+                String::new()
+            }
+        );
+        if shape == "tri" {
+            let _ = write!(
+                s,
+                r#"<path d="M{:.1},{:.1} l5,9 l-10,0 z" fill="{color}"><title>{}</title></path>"#,
+                x,
+                y - 6.0,
+                esc(&title)
+            );
+        } else {
+            let _ = write!(
+                s,
+                r#"<circle cx="{x:.1}" cy="{y:.1}" r="2" fill="{color}"><title>{}</title></circle>"#,
+                esc(&title)
+            );
+        }
+    }
+    for (k, label, color) in [
+        (c.first_divergence, "first divergence", "#ff9f1c"),
+        (c.first_introduced, "first introduced", "#d62728"),
+    ] {
+        if let Some(k) = k {
+            let x = x_of(k);
+            let _ = write!(
+                s,
+                r#"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="{color}" stroke-width="1.5"/><text x="{:.1}" y="{}" class="ax" fill="{color}">{label}</text>"#,
+                TOP + ph,
+                x + 3.0,
+                TOP + ph + 12.0
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/><text x="{}" y="{}" class="ax" text-anchor="middle">aligned op calls in A's call order ({} ops)</text></svg>"##,
+        LEFT + pw / 2.0,
+        H - 4.0,
+        thousands(n as u64)
+    );
+    s
+}
+
+fn stats_cells(s: &Option<StatsReport>) -> String {
+    match s {
+        None => "<td colspan=\"10\">absent</td>".into(),
+        Some(s) if !matches!(s.status, Some("computed" | "reused" | "view")) => {
+            format!("<td colspan=\"10\">{} (numel {})</td>", esc(s.status.unwrap_or("no stats")), s.numel)
+        }
+        Some(s) => format!(
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+            num(s.min), num(s.max), num(s.mean), num(s.std), num(s.l2), num(s.absmax),
+            s.nan_count, s.posinf_count, s.neginf_count, s.zero_count
+        ),
+    }
+}
+
+fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
+    let _ = write!(out, "<h2>{}</h2>", esc(title));
+    let Some(r) = r else {
+        out.push_str("<p>none</p>");
+        return;
+    };
+    let chain: Vec<String> = r
+        .ancestors
+        .iter()
+        .map(|a| {
+            format!(
+                "{} <span class=\"dim\">(seq {})</span>",
+                esc(&full(&a.op, &a.overload)),
+                a.seq_a
+            )
+        })
+        .chain(std::iter::once(format!(
+            "<b>{}</b>",
+            esc(&full(&r.op, &r.overload))
+        )))
+        .collect();
+    let _ = write!(
+        out,
+        "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
+         <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
+        esc(&full(&r.op, &r.overload)),
+        chain.join(" &rsaquo; "),
+        v = r.verdict.as_str(),
+    );
+    for (side, seq, step, phase, parent, args) in [
+        ("A", r.seq_a, r.step_a, r.phase_a, &r.parent_a, &r.args_a),
+        ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b, &r.args_b),
+    ] {
+        let parent = parent.as_ref().map_or("top-level".into(), |p| {
+            format!("{} (seq {})", full(&p.op, &p.overload), p.seq)
+        });
+        let _ = write!(
+            out,
+            "<tr><th>{side}</th><td>{seq}</td><td>{step}</td><td>{phase}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            r.depth,
+            esc(&parent),
+            esc(args)
+        );
+    }
+    let _ = write!(
+        out,
+        "</table><p>output rel err <b>{}</b>, tolerance {} ({}, reduction length {}), input rel err {}, amplification <b>{}</b></p>",
+        num(r.rel_err),
+        num(r.tolerance),
+        esc(r.compute_dtype.as_deref().unwrap_or("exact")),
+        num(r.reduction_length),
+        num(r.input_rel_err),
+        num(r.amplification)
+    );
+    out.push_str(
+        "<table><tr><th>tensor</th><th>dtype</th><th>shape</th><th>verdict</th><th>rel err</th><th>tol</th><th></th>\
+         <th>min</th><th>max</th><th>mean</th><th>std</th><th>l2</th><th>absmax</th><th>nan</th><th>+inf</th><th>-inf</th><th>zeros</th></tr>",
+    );
+    for t in &r.tensors {
+        let name = match t.list_index {
+            Some(i) => format!("{} {}[{i}]", t.role, t.arg),
+            None => format!("{} {}", t.role, t.arg),
+        };
+        let dtype = match (&t.dtype_a, &t.dtype_b) {
+            (Some(x), Some(y)) if x != y => format!("{x} / {y}"),
+            (Some(x), _) | (None, Some(x)) => x.clone(),
+            _ => "-".into(),
+        };
+        let shape = format!(
+            "{:?}",
+            t.shape_a
+                .as_ref()
+                .or(t.shape_b.as_ref())
+                .cloned()
+                .unwrap_or_default()
+        );
+        let _ = write!(
+            out,
+            "<tr class=\"{v}\"><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{v}</td>\
+             <td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><th>A</th>{}</tr><tr class=\"{v}\"><th>B</th>{}</tr>",
+            esc(&name),
+            esc(&dtype),
+            esc(&shape),
+            num(t.rel_err),
+            num(t.tolerance),
+            stats_cells(&t.a),
+            stats_cells(&t.b),
+            v = t.verdict.as_str()
+        );
+    }
+    out.push_str("</table>");
+}
+
+fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
+    let _ = write!(
+        out,
+        "<h3>Only in {side}: {} op calls in {} subtrees</h3>",
+        thousands(o.op_calls),
+        thousands(o.subtrees)
+    );
+    if o.by_op.is_empty() {
+        return;
+    }
+    out.push_str("<table><tr><th>op</th><th>subtrees</th></tr>");
+    for c in &o.by_op {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td></tr>",
+            esc(&full(&c.op, &c.overload)),
+            c.count
+        );
+    }
+    out.push_str("</table>");
+}
+
+pub fn render(c: &Compared, r: &CompareReport) -> String {
+    let mut o = String::new();
+    o.push_str(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare</title><style>\
+         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
+         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
+         th{background:#f5f5f5}code{font-size:12px}.dim{color:#888}.ax{font-size:11px;fill:#555}\
+         .introduced{color:#b00}.diverged td{background:#fff0ee}.nan_mismatch td{background:#fde}\
+         .close td{background:#f4fbf4}p.introduced{font-size:16px}.plot{border:1px solid #eee}\
+         .legend span{margin-right:16px}</style></head><body>",
+    );
+    let _ = write!(o, "<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
+    for (side, d) in [("A (reference)", &r.dump_a), ("B (under test)", &r.dump_b)] {
+        let _ = write!(
+            o,
+            "<tr><th>{side}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&d.path),
+            d.rank,
+            d.files,
+            thousands(d.op_calls),
+            thousands(d.top_level_calls),
+            match (d.step_first, d.step_last) {
+                (Some(f), Some(l)) => format!("{f}..{l}"),
+                _ => "-".into(),
+            }
+        );
+    }
+    let _ = write!(
+        o,
+        "</table><p>aligned {} op calls ({} top-level), {} tensor pairs. Verdict: <b class=\"{}\">{}</b></p>",
+        thousands(r.aligned.op_calls),
+        thousands(r.aligned.top_level_calls),
+        thousands(r.aligned.tensor_pairs),
+        if r.first_introduced.is_some() { "introduced" } else { "" },
+        match (&r.first_introduced, r.divergence) {
+            (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
+            (None, true) => "diverged, no op introduced it".into(),
+            (None, false) => "no divergence".into(),
+        }
+    );
+    o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics); hover for the op</span></p>");
+    o.push_str(&plot(c));
+    op_section(&mut o, "First introduced divergence", &r.first_introduced);
+    op_section(&mut o, "First divergence", &r.first_divergence);
+    if !r.top_introduced.is_empty() {
+        o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th></tr>");
+        for (k, t) in r.top_introduced.iter().enumerate() {
+            let _ = write!(
+                o,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                k + 1,
+                esc(&full(&t.op, &t.overload)),
+                t.seq_a,
+                t.seq_b,
+                t.step_a,
+                t.depth,
+                num(t.rel_err),
+                num(t.tolerance),
+                num(t.amplification)
+            );
+        }
+        o.push_str("</table>");
+    }
+    o.push_str("<h2>Verdict counts</h2><table><tr><th>tensor pairs</th><th></th></tr>");
+    for (k, v) in &r.tensor_verdicts {
+        let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
+    }
+    o.push_str("</table><table><tr><th>op calls</th><th></th></tr>");
+    for (k, v) in &r.op_verdicts {
+        let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
+    }
+    o.push_str("</table>");
+    only_section(&mut o, "A", &r.only_in_a);
+    only_section(&mut o, "B", &r.only_in_b);
+    if !r.notes.is_empty() {
+        o.push_str("<h2>Notes</h2><ul>");
+        for n in &r.notes {
+            let _ = write!(o, "<li>{}</li>", esc(n));
+        }
+        o.push_str("</ul>");
+    }
+    o.push_str("</body></html>\n");
+    o
+}

@@ -1,0 +1,496 @@
+//! The compare report as data: built once from a [`Compared`], then printed
+//! as text, written as JSON (field names are a stable interface), or laid
+//! out as HTML.
+
+use std::collections::BTreeMap;
+
+use serde::{Serialize, Serializer};
+
+use crate::compare::Compared;
+use crate::dump::{phase_name, role_name, status_of, Dump, NONE};
+use crate::intern::FxMap;
+use crate::metrics::{OpCmp, TensorCmp, CANCELLATION_FLOOR};
+use crate::verdict::{OpVerdict, TensorVerdict};
+
+/// Version of the JSON layout; bumped when a field changes meaning or goes.
+pub const REPORT_VERSION: u32 = 1;
+
+/// Non-finite numbers have no JSON form: they are written as `null`.
+pub fn finite<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if v.is_finite() {
+        s.serialize_f64(*v)
+    } else {
+        s.serialize_none()
+    }
+}
+
+pub fn finite_opt<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) if x.is_finite() => s.serialize_f64(*x),
+        _ => s.serialize_none(),
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct DumpInfo {
+    pub path: String,
+    pub rank: u32,
+    pub pid: Option<i64>,
+    pub files: usize,
+    pub op_calls: u64,
+    pub top_level_calls: u64,
+    pub tensors: u64,
+    pub step_first: Option<i64>,
+    pub step_last: Option<i64>,
+    pub step_count: usize,
+    pub stats_accumulate: String,
+}
+
+impl DumpInfo {
+    pub fn of(d: &Dump) -> Self {
+        let steps = d.steps();
+        DumpInfo {
+            path: d.path.display().to_string(),
+            rank: d.rank,
+            pid: d.pid,
+            files: d.files,
+            op_calls: d.len() as u64,
+            top_level_calls: d.roots.len() as u64,
+            tensors: d.tensors.len() as u64,
+            step_first: steps.first().copied(),
+            step_last: steps.last().copied(),
+            step_count: steps.len(),
+            stats_accumulate: d.stats_accumulate.clone(),
+        }
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct OptionsInfo {
+    pub steps: Option<String>,
+    pub ignore: Option<String>,
+    /// `--rtol` overrides, by dtype.
+    pub rtol: BTreeMap<String, f64>,
+    pub min_amplification: f64,
+    pub cancellation_floor: f64,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct AlignedInfo {
+    pub op_calls: u64,
+    pub top_level_calls: u64,
+    /// Pairs matched by op name only, because some shapes differ.
+    pub shape_differs: u64,
+    pub tensor_pairs: u64,
+    /// Tensor pairs whose dtypes differ (reported, not a divergence).
+    pub dtype_differs: u64,
+    pub ignored_a: u64,
+    pub ignored_b: u64,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct OpCount {
+    pub op: String,
+    pub overload: String,
+    pub count: u64,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct OpBrief {
+    pub op: String,
+    pub overload: String,
+    pub seq: i64,
+    pub step: i64,
+    pub phase: &'static str,
+    pub depth: i32,
+    pub parent_op: Option<String>,
+    pub parent_seq: Option<i64>,
+}
+
+impl OpBrief {
+    pub fn of(d: &Dump, i: u32) -> Self {
+        let p = d.parent_of(i);
+        OpBrief {
+            op: d.op_name(i).to_string(),
+            overload: d.overload_name(i).to_string(),
+            seq: d.seq[i as usize],
+            step: d.step[i as usize],
+            phase: phase_name(d.phase[i as usize]),
+            depth: d.depth[i as usize],
+            parent_op: p.map(|p| d.full_name(p)),
+            parent_seq: p.map(|p| d.seq[p as usize]),
+        }
+    }
+}
+
+/// What exists on one side only.
+#[derive(Serialize, Clone, Debug)]
+pub struct OnlyIn {
+    /// Op calls, subtrees included.
+    pub op_calls: u64,
+    /// Unmatched subtrees (each counted once, by its root).
+    pub subtrees: u64,
+    /// Of those, how many are top-level calls.
+    pub top_level: u64,
+    /// Steps present on this side only.
+    pub steps: Vec<i64>,
+    /// Subtree roots per op, most frequent first (at most 20).
+    pub by_op: Vec<OpCount>,
+    /// The first subtree roots in seq order (at most 20).
+    pub first: Vec<OpBrief>,
+}
+
+pub const LIST_LIMIT: usize = 20;
+
+fn only_in(d: &Dump, roots: &[u32], calls: u64, steps: &[i64]) -> OnlyIn {
+    let mut counts: FxMap<(u32, u32), u64> = FxMap::default();
+    for &r in roots {
+        *counts
+            .entry((d.op[r as usize], d.overload[r as usize]))
+            .or_default() += 1;
+    }
+    let mut by_op: Vec<OpCount> = counts
+        .into_iter()
+        .map(|((o, v), count)| OpCount {
+            op: d.names.get(o).into(),
+            overload: d.names.get(v).into(),
+            count,
+        })
+        .collect();
+    by_op.sort_by(|x, y| {
+        y.count
+            .cmp(&x.count)
+            .then_with(|| (&x.op, &x.overload).cmp(&(&y.op, &y.overload)))
+    });
+    by_op.truncate(LIST_LIMIT);
+    OnlyIn {
+        op_calls: calls,
+        subtrees: roots.len() as u64,
+        top_level: roots
+            .iter()
+            .filter(|&&r| d.parent[r as usize] == NONE)
+            .count() as u64,
+        steps: steps.to_vec(),
+        by_op,
+        first: roots
+            .iter()
+            .take(LIST_LIMIT)
+            .map(|&r| OpBrief::of(d, r))
+            .collect(),
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct OpRef {
+    pub op: String,
+    pub overload: String,
+    pub seq: i64,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct AncestorRef {
+    pub op: String,
+    pub overload: String,
+    pub seq_a: i64,
+    pub seq_b: Option<i64>,
+    pub depth: i32,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct StatsReport {
+    pub status: Option<&'static str>,
+    pub numel: i64,
+    #[serde(serialize_with = "finite")]
+    pub min: f64,
+    #[serde(serialize_with = "finite")]
+    pub max: f64,
+    #[serde(serialize_with = "finite")]
+    pub mean: f64,
+    #[serde(serialize_with = "finite")]
+    pub std: f64,
+    #[serde(serialize_with = "finite")]
+    pub l2: f64,
+    #[serde(serialize_with = "finite")]
+    pub absmax: f64,
+    pub nan_count: i64,
+    pub posinf_count: i64,
+    pub neginf_count: i64,
+    pub zero_count: i64,
+}
+
+impl StatsReport {
+    pub fn of(d: &Dump, t: u32) -> Self {
+        let x = &d.tensors;
+        let i = t as usize;
+        let has = x.has_values(t);
+        let v = |c: &Vec<f64>| if has { c[i] } else { f64::NAN };
+        StatsReport {
+            status: status_of(x.status[i]).map(|s| s.as_str()),
+            numel: x.numel(t),
+            min: v(&x.min),
+            max: v(&x.max),
+            mean: v(&x.mean),
+            std: v(&x.std),
+            l2: v(&x.l2),
+            absmax: v(&x.absmax),
+            nan_count: x.nonfinite_counts(t)[0],
+            posinf_count: x.nonfinite_counts(t)[1],
+            neginf_count: x.nonfinite_counts(t)[2],
+            zero_count: x.zero[i],
+        }
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct TensorReport {
+    pub role: &'static str,
+    pub arg: String,
+    pub list_index: Option<i32>,
+    pub verdict: TensorVerdict,
+    pub evidence: &'static str,
+    pub dtype_a: Option<String>,
+    pub dtype_b: Option<String>,
+    pub shape_a: Option<Vec<i64>>,
+    pub shape_b: Option<Vec<i64>>,
+    pub a: Option<StatsReport>,
+    pub b: Option<StatsReport>,
+    /// Lower bound on ||a-b||_2 from the statistics.
+    #[serde(serialize_with = "finite")]
+    pub abs_bound: f64,
+    /// Lower bound on ||a-b||_inf.
+    #[serde(serialize_with = "finite")]
+    pub linf_bound: f64,
+    /// abs_bound / max(||a||_2, floor).
+    #[serde(serialize_with = "finite")]
+    pub rel_l2: f64,
+    /// linf_bound / max(||a||_inf, floor).
+    #[serde(serialize_with = "finite")]
+    pub rel_linf: f64,
+    /// max(rel_l2, rel_linf): compared with `allowed`.
+    #[serde(serialize_with = "finite")]
+    pub rel_err: f64,
+    /// What rounding in this op explains (dtype, reduction length).
+    pub tolerance: f64,
+    /// Outputs: `tolerance` + min_amplification x the error of inputs that
+    /// had not diverged (accumulated rounding); inputs: `tolerance`.
+    #[serde(serialize_with = "finite")]
+    pub allowed: f64,
+}
+
+impl TensorReport {
+    pub fn of(c: &Compared, t: &TensorCmp) -> Self {
+        let (a, b) = (&c.a, &c.b);
+        let name = |d: &Dump, t: u32| d.arg_name(t).to_string();
+        TensorReport {
+            role: role_name(t.role),
+            arg: t
+                .ta
+                .map(|x| name(a, x))
+                .or_else(|| t.tb.map(|x| name(b, x)))
+                .unwrap_or_default(),
+            list_index: t
+                .ta
+                .and_then(|x| a.list_index(x))
+                .or_else(|| t.tb.and_then(|x| b.list_index(x))),
+            verdict: t.verdict,
+            evidence: t.evidence,
+            dtype_a: t.ta.map(|x| a.dtype(x).name.to_string()),
+            dtype_b: t.tb.map(|x| b.dtype(x).name.to_string()),
+            shape_a: t.ta.map(|x| a.shape(x).to_vec()),
+            shape_b: t.tb.map(|x| b.shape(x).to_vec()),
+            a: t.ta.map(|x| StatsReport::of(a, x)),
+            b: t.tb.map(|x| StatsReport::of(b, x)),
+            abs_bound: t.measure.l2_bound,
+            linf_bound: t.measure.linf_bound,
+            rel_l2: t.rel_l2,
+            rel_linf: t.rel_linf,
+            rel_err: t.rel_err,
+            tolerance: t.tolerance,
+            allowed: t.allowed,
+        }
+    }
+}
+
+/// One aligned op pair in full.
+#[derive(Serialize, Clone, Debug)]
+pub struct OpReport {
+    pub op: String,
+    pub overload: String,
+    pub seq_a: i64,
+    pub seq_b: i64,
+    pub step_a: i64,
+    pub step_b: i64,
+    pub phase_a: &'static str,
+    pub phase_b: &'static str,
+    pub depth: i32,
+    pub parent_a: Option<OpRef>,
+    pub parent_b: Option<OpRef>,
+    pub args_a: String,
+    pub args_b: String,
+    /// Outermost first; the op itself is not included.
+    pub ancestors: Vec<AncestorRef>,
+    pub verdict: OpVerdict,
+    pub op_class: &'static str,
+    pub compute_dtype: Option<String>,
+    /// Estimated number of elements each output element is reduced from.
+    pub reduction_length: f64,
+    /// Largest relative error of an output (null when infinite: NaN/Inf
+    /// counts or shapes differ).
+    #[serde(serialize_with = "finite")]
+    pub rel_err: f64,
+    pub tolerance: f64,
+    /// Largest relative error of an input.
+    #[serde(serialize_with = "finite")]
+    pub input_rel_err: f64,
+    /// Largest relative error of an input whose producer had not diverged
+    /// (accumulated rounding), and of one whose producer had.
+    #[serde(serialize_with = "finite")]
+    pub explained_input_err: f64,
+    #[serde(serialize_with = "finite")]
+    pub diverged_input_err: f64,
+    /// rel_err / max(input_rel_err, unit roundoff of the compute dtype).
+    #[serde(serialize_with = "finite")]
+    pub amplification: f64,
+    /// Paired by op name while some shapes differ.
+    pub shapes_differ: bool,
+    pub tensors: Vec<TensorReport>,
+}
+
+impl OpReport {
+    pub fn of(c: &Compared, pair: usize) -> Self {
+        let p = c.alignment.pairs[pair];
+        let cmp: OpCmp = c.detail(pair);
+        let (a, b) = (&c.a, &c.b);
+        let (ia, ib) = (p.a, p.b);
+        let op_ref = |d: &Dump, i: Option<u32>| {
+            i.map(|i| OpRef {
+                op: d.op_name(i).into(),
+                overload: d.overload_name(i).into(),
+                seq: d.seq[i as usize],
+            })
+        };
+        let ancestors = a
+            .ancestors(ia)
+            .into_iter()
+            .map(|x| {
+                let m = c.alignment.a_match[x as usize];
+                AncestorRef {
+                    op: a.op_name(x).into(),
+                    overload: a.overload_name(x).into(),
+                    seq_a: a.seq[x as usize],
+                    seq_b: (m != NONE).then(|| b.seq[m as usize]),
+                    depth: a.depth[x as usize],
+                }
+            })
+            .collect();
+        OpReport {
+            op: a.op_name(ia).into(),
+            overload: a.overload_name(ia).into(),
+            seq_a: a.seq[ia as usize],
+            seq_b: b.seq[ib as usize],
+            step_a: a.step[ia as usize],
+            step_b: b.step[ib as usize],
+            phase_a: phase_name(a.phase[ia as usize]),
+            phase_b: phase_name(b.phase[ib as usize]),
+            depth: a.depth[ia as usize],
+            parent_a: op_ref(a, a.parent_of(ia)),
+            parent_b: op_ref(b, b.parent_of(ib)),
+            args_a: a.args_text(ia).into(),
+            args_b: b.args_text(ib).into(),
+            ancestors,
+            // The final verdict (a nested divergence may have been found
+            // absorbed by its parent after the pass).
+            verdict: c.op_verdict(pair),
+            op_class: cmp.class.map_or("plain", |k| k.as_str()),
+            compute_dtype: cmp.compute_dtype.as_ref().map(|d| d.name.to_string()),
+            reduction_length: cmp.k,
+            rel_err: cmp.out_err,
+            tolerance: cmp.tolerance,
+            input_rel_err: cmp.in_err,
+            explained_input_err: cmp.explained_in_err,
+            diverged_input_err: cmp.diverged_in_err,
+            amplification: cmp.amplification,
+            shapes_differ: p.loose,
+            tensors: cmp.tensors.iter().map(|t| TensorReport::of(c, t)).collect(),
+        }
+    }
+}
+
+/// The whole compare report.
+#[derive(Serialize, Clone, Debug)]
+pub struct CompareReport {
+    pub format: &'static str,
+    pub version: u32,
+    pub dump_a: DumpInfo,
+    pub dump_b: DumpInfo,
+    pub options: OptionsInfo,
+    pub aligned: AlignedInfo,
+    pub only_in_a: OnlyIn,
+    pub only_in_b: OnlyIn,
+    /// Tensor pairs per verdict.
+    pub tensor_verdicts: BTreeMap<&'static str, u64>,
+    /// Aligned op calls per verdict.
+    pub op_verdicts: BTreeMap<&'static str, u64>,
+    /// Some aligned op's outputs diverged (exit status 1).
+    pub divergence: bool,
+    /// The first op call, in A's call order, whose outputs diverge.
+    pub first_divergence: Option<OpReport>,
+    /// The deepest op that introduced an error, inside the first introduced
+    /// subtree: the headline answer.
+    pub first_introduced: Option<OpReport>,
+    /// Introduced ops without an introduced descendant, by amplification.
+    pub top_introduced: Vec<OpReport>,
+    pub notes: Vec<String>,
+}
+
+impl CompareReport {
+    pub fn build(c: &Compared, steps: Option<String>, ignore: Option<String>) -> Self {
+        let al = &c.alignment;
+        let aligned_roots = al
+            .pairs
+            .iter()
+            .filter(|p| c.a.parent[p.a as usize] == NONE)
+            .count() as u64;
+        CompareReport {
+            format: "opdump-compare",
+            version: REPORT_VERSION,
+            dump_a: DumpInfo::of(&c.a),
+            dump_b: DumpInfo::of(&c.b),
+            options: OptionsInfo {
+                steps,
+                ignore,
+                rtol: c.tol.overrides.iter().cloned().collect(),
+                min_amplification: c.tol.min_amplification,
+                cancellation_floor: CANCELLATION_FLOOR,
+            },
+            aligned: AlignedInfo {
+                op_calls: al.pairs.len() as u64,
+                top_level_calls: aligned_roots,
+                shape_differs: al.pairs.iter().filter(|p| p.loose).count() as u64,
+                tensor_pairs: c.tensor_pairs,
+                dtype_differs: c.dtype_differs,
+                ignored_a: al.ignored_a,
+                ignored_b: al.ignored_b,
+            },
+            only_in_a: only_in(&c.a, &al.only_a, al.only_a_calls, &al.steps_only_a),
+            only_in_b: only_in(&c.b, &al.only_b, al.only_b_calls, &al.steps_only_b),
+            tensor_verdicts: TensorVerdict::ALL
+                .iter()
+                .map(|v| (v.as_str(), c.tensor_counts[*v as usize]))
+                .collect(),
+            op_verdicts: OpVerdict::ALL
+                .iter()
+                .map(|v| (v.as_str(), c.op_counts[*v as usize]))
+                .collect(),
+            divergence: c.divergence_found(),
+            first_divergence: c.first_divergence.map(|k| OpReport::of(c, k)),
+            first_introduced: c.first_introduced.map(|k| OpReport::of(c, k)),
+            top_introduced: c
+                .top_introduced
+                .iter()
+                .map(|&k| OpReport::of(c, k))
+                .collect(),
+            notes: c.notes.clone(),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The summary report as text.
+
+use std::fmt::Write;
+
+use super::terminal::{num, thousands};
+use crate::summary::{OpSite, RankSummary, SummaryReport};
+
+const TOP_OPS: usize = 30;
+
+fn full(op: &str, ov: &str) -> String {
+    if ov == "default" || ov.is_empty() {
+        op.to_string()
+    } else {
+        format!("{op}.{ov}")
+    }
+}
+
+fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
+    let Some(s) = s else {
+        let _ = writeln!(out, "  {title}: none");
+        return;
+    };
+    let o = &s.op;
+    let _ = writeln!(
+        out,
+        "  {title}: {}  (seq {}, step {}, {}, depth {})",
+        full(&o.op, &o.overload),
+        o.seq,
+        o.step,
+        o.phase,
+        o.depth
+    );
+    if !s.ancestors.is_empty() {
+        let chain: Vec<String> = s
+            .ancestors
+            .iter()
+            .map(|a| format!("{} (seq {})", full(&a.op, &a.overload), a.seq))
+            .collect();
+        let _ = writeln!(out, "    inside  {}", chain.join(" > "));
+    }
+    if !s.args.is_empty() {
+        let _ = writeln!(out, "    args  {}", s.args);
+    }
+    for t in &s.tensors {
+        let name = match t.list_index {
+            Some(i) => format!("{}[{i}]", t.arg),
+            None => t.arg.clone(),
+        };
+        let st = &t.stats;
+        let _ = writeln!(
+            out,
+            "    {:<6} {:<10} {} {:?}  min {} max {} mean {} absmax {}  nan {} +inf {} -inf {}",
+            t.role,
+            name,
+            t.dtype,
+            t.shape,
+            num(st.min),
+            num(st.max),
+            num(st.mean),
+            num(st.absmax),
+            st.nan_count,
+            st.posinf_count,
+            st.neginf_count
+        );
+    }
+}
+
+fn rank(out: &mut String, r: &RankSummary) {
+    let d = &r.dump;
+    let _ = writeln!(
+        out,
+        "rank {}: {} op calls ({} top-level), {} tensors, {} file{}",
+        d.rank,
+        thousands(d.op_calls),
+        thousands(d.top_level_calls),
+        thousands(d.tensors),
+        d.files,
+        if d.files == 1 { "" } else { "s" }
+    );
+    let phases: Vec<String> = r
+        .per_phase
+        .iter()
+        .map(|(k, v)| format!("{k} {}", thousands(*v)))
+        .collect();
+    let _ = writeln!(out, "  per phase: {}", phases.join(", "));
+    let steps: Vec<String> = r
+        .per_step
+        .iter()
+        .take(20)
+        .map(|(k, v)| format!("{k}: {}", thousands(*v)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  per step: {}{}",
+        steps.join(", "),
+        if r.per_step.len() > 20 {
+            format!(", ... ({} steps)", r.per_step.len())
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(out, "  op calls per op ({} distinct):", r.per_op.len());
+    for o in r.per_op.iter().take(TOP_OPS) {
+        let _ = writeln!(
+            out,
+            "    {:>12}  {}",
+            thousands(o.calls),
+            full(&o.op, &o.overload)
+        );
+    }
+    if r.per_op.len() > TOP_OPS {
+        let _ = writeln!(
+            out,
+            "    ... {} more (see --json)",
+            r.per_op.len() - TOP_OPS
+        );
+    }
+    if r.ops_raised > 0 {
+        let _ = writeln!(out, "  op calls that raised: {}", thousands(r.ops_raised));
+        site(out, "first that raised", &r.first_raised);
+    }
+    if r.nonfinite_ops.is_empty() {
+        out.push_str("  NaN/Inf: none\n");
+    } else {
+        out.push_str("  ops with NaN/Inf (first seen first):\n");
+        let _ = writeln!(
+            out,
+            "    {:<40} {:>10} {:>10} {:>10} {:>10}",
+            "op", "NaN out", "Inf out", "NaN/Inf in", "first seq"
+        );
+        for o in r.nonfinite_ops.iter().take(TOP_OPS) {
+            let _ = writeln!(
+                out,
+                "    {:<40} {:>10} {:>10} {:>10} {:>10}",
+                full(&o.op, &o.overload),
+                o.calls_nan_out,
+                o.calls_inf_out,
+                o.calls_nonfinite_in,
+                o.first_seq
+            );
+        }
+    }
+    site(
+        out,
+        "first NaN from inputs without NaN",
+        &r.first_nan_from_finite,
+    );
+    site(
+        out,
+        "first NaN/Inf from finite inputs",
+        &r.first_nonfinite_from_finite,
+    );
+}
+
+pub fn render(s: &SummaryReport) -> String {
+    let mut out = format!("opdump summary {}\n", s.path);
+    for r in &s.ranks {
+        rank(&mut out, r);
+    }
+    for n in &s.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}

@@ -1,0 +1,414 @@
+//! The compare report as text for a terminal.
+
+use std::fmt::Write;
+
+use super::model::{CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport};
+
+/// `1234567` -> `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A number in 3 significant digits, `-` when missing.
+pub fn num(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
+    } else if v == 0.0 {
+        "0".into()
+    } else if (1e-3..1e5).contains(&v.abs()) {
+        // Four significant digits.
+        let decimals = (3 - v.abs().log10().floor() as i32).max(0) as usize;
+        let s = format!("{v:.decimals$}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_string()
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+/// A statistic with 7 significant digits, so that A and B side by side show
+/// where they differ.
+pub fn sig(v: f64) -> String {
+    if v.is_finite() && v != 0.0 {
+        format!("{v:.6e}")
+    } else {
+        num(v)
+    }
+}
+
+fn shape(s: &Option<Vec<i64>>) -> String {
+    match s {
+        Some(s) => format!(
+            "[{}]",
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => "-".into(),
+    }
+}
+
+fn dump_line(out: &mut String, side: &str, d: &DumpInfo) {
+    let steps = match (d.step_first, d.step_last) {
+        (Some(f), Some(l)) if f == l => format!("step {f}"),
+        (Some(f), Some(l)) => format!("steps {f}..{l}"),
+        _ => "no steps".into(),
+    };
+    let _ = writeln!(
+        out,
+        "  {side}  {}  (rank {}, {} file{}, {} op calls, {} top-level, {steps})",
+        d.path,
+        d.rank,
+        d.files,
+        if d.files == 1 { "" } else { "s" },
+        thousands(d.op_calls),
+        thousands(d.top_level_calls),
+    );
+}
+
+fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
+    if o.op_calls == 0 {
+        let _ = writeln!(out, "  only in {side}: nothing");
+        return;
+    }
+    let ops: Vec<String> = o
+        .by_op
+        .iter()
+        .take(6)
+        .map(|c| {
+            let name = if c.overload == "default" {
+                c.op.clone()
+            } else {
+                format!("{}.{}", c.op, c.overload)
+            };
+            format!("{name} x{}", thousands(c.count))
+        })
+        .collect();
+    let _ = write!(
+        out,
+        "  only in {side}: {} op calls in {} subtrees ({} top-level): {}",
+        thousands(o.op_calls),
+        thousands(o.subtrees),
+        thousands(o.top_level),
+        ops.join(", ")
+    );
+    if o.by_op.len() > 6 {
+        out.push_str(", ...");
+    }
+    out.push('\n');
+    if !o.steps.is_empty() {
+        let _ = writeln!(out, "    steps only in {side}: {:?}", o.steps);
+    }
+}
+
+fn full_name(op: &str, overload: &str) -> String {
+    if overload == "default" || overload.is_empty() {
+        op.to_string()
+    } else {
+        format!("{op}.{overload}")
+    }
+}
+
+fn stats_row(out: &mut String, side: &str, s: &Option<StatsReport>) {
+    match s {
+        None => {
+            let _ = writeln!(out, "        {side}  (absent)");
+        }
+        Some(s)
+            if s.status
+                .is_some_and(|st| !matches!(st, "computed" | "reused" | "view"))
+                || s.status.is_none() =>
+        {
+            let _ = writeln!(
+                out,
+                "        {side}  ({}, numel {})",
+                s.status.unwrap_or("no stats"),
+                s.numel
+            );
+        }
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "        {side} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>6} {:>6} {:>6} {:>8}",
+                sig(s.min),
+                sig(s.max),
+                sig(s.mean),
+                sig(s.std),
+                sig(s.l2),
+                sig(s.absmax),
+                s.nan_count,
+                s.posinf_count,
+                s.neginf_count,
+                s.zero_count
+            );
+        }
+    }
+}
+
+fn tensor_block(out: &mut String, t: &TensorReport) {
+    let name = match t.list_index {
+        Some(i) => format!("{}[{i}]", t.arg),
+        None => t.arg.clone(),
+    };
+    let dtype = match (&t.dtype_a, &t.dtype_b) {
+        (Some(x), Some(y)) if x != y => format!("{x} vs {y}"),
+        (Some(x), _) | (None, Some(x)) => x.clone(),
+        _ => "-".into(),
+    };
+    let shp = if t.shape_a == t.shape_b {
+        shape(&t.shape_a)
+    } else {
+        format!("{} vs {}", shape(&t.shape_a), shape(&t.shape_b))
+    };
+    let _ = write!(
+        out,
+        "    {:<6} {:<12} {dtype} {shp}  {}",
+        t.role,
+        name,
+        t.verdict.as_str()
+    );
+    if matches!(
+        t.verdict.as_str(),
+        "close" | "diverged" | "rng" | "discontinuous"
+    ) {
+        let cmp = if t.rel_err > t.allowed { ">" } else { "<=" };
+        let _ = write!(
+            out,
+            "  rel err {} (l2 {}, inf {}) {cmp} {} {}",
+            num(t.rel_err),
+            num(t.rel_l2),
+            num(t.rel_linf),
+            if t.role == "output" && t.allowed > t.tolerance {
+                "allowed"
+            } else {
+                "tol"
+            },
+            num(t.allowed)
+        );
+    }
+    out.push('\n');
+    stats_row(out, "A", &t.a);
+    stats_row(out, "B", &t.b);
+}
+
+fn op_block(out: &mut String, title: &str, r: &OpReport) {
+    let _ = writeln!(
+        out,
+        "{title}: {}  [{}]",
+        full_name(&r.op, &r.overload),
+        r.verdict.as_str()
+    );
+    for (side, seq, step, phase, parent) in [
+        ("A", r.seq_a, r.step_a, r.phase_a, &r.parent_a),
+        ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b),
+    ] {
+        let parent = match parent {
+            Some(p) => format!("parent {} (seq {})", full_name(&p.op, &p.overload), p.seq),
+            None => "top-level".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {side}  seq {seq}  step {step}  {phase}  depth {}  {parent}",
+            r.depth
+        );
+    }
+    if !r.ancestors.is_empty() {
+        let chain: Vec<String> = r
+            .ancestors
+            .iter()
+            .map(|x| {
+                let b = x.seq_b.map_or("-".into(), |s| s.to_string());
+                format!("{} (seq {}/{b})", full_name(&x.op, &x.overload), x.seq_a)
+            })
+            .chain(std::iter::once(format!(
+                "{} (seq {}/{})",
+                full_name(&r.op, &r.overload),
+                r.seq_a,
+                r.seq_b
+            )))
+            .collect();
+        let _ = writeln!(out, "  chain  {}", chain.join(" > "));
+    }
+    if r.args_a == r.args_b {
+        let _ = writeln!(
+            out,
+            "  args  {}",
+            if r.args_a.is_empty() { "-" } else { &r.args_a }
+        );
+    } else {
+        let _ = writeln!(out, "  args A  {}", r.args_a);
+        let _ = writeln!(out, "  args B  {}", r.args_b);
+    }
+    let _ = writeln!(
+        out,
+        "  error  output rel err {}  tolerance {} ({}, reduction length {})  input rel err {} ({})  amplification {}",
+        num(r.rel_err),
+        num(r.tolerance),
+        r.compute_dtype.as_deref().unwrap_or("exact"),
+        num(r.reduction_length),
+        num(r.input_rel_err),
+        if r.diverged_input_err > 0.0 {
+            format!("diverged inputs {}", num(r.diverged_input_err))
+        } else {
+            "no input had diverged".to_string()
+        },
+        num(r.amplification),
+    );
+    if r.shapes_differ {
+        out.push_str("  note  paired by op name: some shapes differ\n");
+    }
+    let _ = writeln!(
+        out,
+        "  tensors {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>6} {:>6} {:>6} {:>8}",
+        "min", "max", "mean", "std", "l2", "absmax", "nan", "+inf", "-inf", "zeros"
+    );
+    for t in &r.tensors {
+        tensor_block(out, t);
+    }
+}
+
+pub fn render(r: &CompareReport) -> String {
+    let mut out = String::new();
+    out.push_str("opdump compare\n");
+    dump_line(&mut out, "A", &r.dump_a);
+    dump_line(&mut out, "B", &r.dump_b);
+    let _ = writeln!(
+        out,
+        "  aligned: {} op calls ({} top-level), {} tensor pairs{}",
+        thousands(r.aligned.op_calls),
+        thousands(r.aligned.top_level_calls),
+        thousands(r.aligned.tensor_pairs),
+        if r.aligned.shape_differs > 0 {
+            format!(
+                ", {} paired with different shapes",
+                thousands(r.aligned.shape_differs)
+            )
+        } else {
+            String::new()
+        }
+    );
+    only_line(&mut out, "A", &r.only_in_a);
+    only_line(&mut out, "B", &r.only_in_b);
+    if r.aligned.ignored_a + r.aligned.ignored_b > 0 {
+        let _ = writeln!(
+            out,
+            "  ignored: {} op calls in A, {} in B",
+            thousands(r.aligned.ignored_a),
+            thousands(r.aligned.ignored_b)
+        );
+    }
+    let counts = |m: &std::collections::BTreeMap<&'static str, u64>| {
+        m.iter()
+            .filter(|(_, &n)| n > 0)
+            .map(|(k, n)| format!("{k} {}", thousands(*n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "  tensor pairs: {}", counts(&r.tensor_verdicts));
+    if r.aligned.dtype_differs > 0 {
+        let _ = writeln!(
+            out,
+            "    dtypes differ in {} pairs (not a divergence by itself)",
+            thousands(r.aligned.dtype_differs)
+        );
+    }
+    let _ = writeln!(out, "  op calls: {}", counts(&r.op_verdicts));
+    for n in &r.notes {
+        let _ = writeln!(out, "  note: {n}");
+    }
+    out.push('\n');
+
+    match &r.first_divergence {
+        Some(d) => op_block(&mut out, "First divergence", d),
+        None => out.push_str("First divergence: none\n"),
+    }
+    out.push('\n');
+    match (&r.first_introduced, &r.first_divergence) {
+        (Some(i), Some(d)) if i.seq_a == d.seq_a => {
+            let _ = writeln!(
+                out,
+                "First introduced: {} (seq A {}, seq B {}), the first divergence above",
+                full_name(&i.op, &i.overload),
+                i.seq_a,
+                i.seq_b
+            );
+        }
+        (Some(i), _) => op_block(&mut out, "First introduced", i),
+        (None, _) => out.push_str("First introduced: none\n"),
+    }
+    if !r.top_introduced.is_empty() {
+        out.push_str("\nIntroduced divergences by amplification:\n");
+        let _ = writeln!(
+            out,
+            "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}",
+            "#", "op", "seq A", "seq B", "step", "depth", "rel err", "tolerance", "amplif."
+        );
+        for (k, t) in r.top_introduced.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}",
+                k + 1,
+                full_name(&t.op, &t.overload),
+                t.seq_a,
+                t.seq_b,
+                t.step_a,
+                t.depth,
+                num(t.rel_err),
+                num(t.tolerance),
+                num(t.amplification)
+            );
+        }
+    }
+    out.push('\n');
+    match (&r.first_introduced, r.divergence) {
+        (Some(i), _) => {
+            let _ = writeln!(
+                out,
+                "Verdict: DIVERGED. First introduced at {} (seq A {}, seq B {}, step {}).",
+                full_name(&i.op, &i.overload),
+                i.seq_a,
+                i.seq_b,
+                i.step_a
+            );
+        }
+        (None, true) => {
+            out.push_str("Verdict: DIVERGED, but no op introduced it (inherited from random, discontinuous or unmatched ops).\n");
+        }
+        (None, false) => {
+            out.push_str("Verdict: no divergence: every aligned op agrees within tolerance.\n")
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(thousands(12), "12");
+        assert_eq!(num(0.5), "0.5");
+        assert_eq!(num(129.1027), "129.1");
+        assert_eq!(num(0.0123456), "0.01235");
+        assert_eq!(num(6.0), "6");
+        assert_eq!(num(1e-7), "1.000e-7");
+        assert_eq!(num(f64::NAN), "-");
+    }
+}

@@ -1,0 +1,175 @@
+//! How large a relative difference rounding explains, per dtype and per
+//! reduction length.
+//!
+//! Two correct kernels differ by rounding: about one unit roundoff `u` per
+//! element for elementwise ops, growing like `sqrt(K) * u` for a reduction
+//! over K elements summed in a different order (a random walk of rounding
+//! errors). The default tolerance is `c * u * sqrt(K)`, capped so that a
+//! 1e-3 relative fault in float32 is always caught:
+//!
+//! | dtype     | u        | c  | tol at K=1 | cap   |
+//! |-----------|----------|----|------------|-------|
+//! | float64   | 1.1e-16  | 16 | 1.8e-15    | 1e-9  |
+//! | float32   | 6.0e-8   | 16 | 9.5e-7     | 2e-4  |
+//! | float16   | 4.9e-4   | 4  | 2.0e-3     | 2e-2  |
+//! | bfloat16  | 3.9e-3   | 4  | 1.6e-2     | 6e-2  |
+//! | float8    | 6e-2+    | 2  | 1.3e-1     | 5e-1  |
+//! | int/bool  | 0        |    | 0 (exact)  |       |
+//!
+//! The dtype is the least precise float dtype among all tensors of the op on
+//! both sides (a bf16 run against an fp32 run is judged at bf16).
+//! `--rtol DTYPE=VALUE` replaces the formula for that dtype by a constant.
+//!
+//! Two more questions use `min_amplification` (see `Ctx::judge`): rounding
+//! drift of an op's inputs may grow that many times through the op before
+//! an output counts as diverged, and an op *introduced* an error only when
+//! its output error exceeds that many times the error that reached it from
+//! upstream divergences.
+
+use crate::dtype::{canonical, DType};
+use crate::error::{CliError, Result};
+
+/// How much one op may amplify an error. Well-conditioned ops amplify
+/// relative errors by a small factor (softmax by about the logits'
+/// magnitude); a fault of 1e-3 on inputs that differ by rounding (1e-7)
+/// amplifies 10^4 times.
+pub const DEFAULT_MIN_AMPLIFICATION: f64 = 32.0;
+
+/// Unit roundoff of float32, for statistics accumulated in float32.
+const U32: f64 = (f32::EPSILON / 2.0) as f64;
+
+#[derive(Clone, Debug)]
+pub struct Tolerances {
+    /// `--rtol` overrides, by canonical dtype name.
+    pub overrides: Vec<(String, f64)>,
+    pub min_amplification: f64,
+}
+
+impl Default for Tolerances {
+    fn default() -> Self {
+        Tolerances {
+            overrides: Vec::new(),
+            min_amplification: DEFAULT_MIN_AMPLIFICATION,
+        }
+    }
+}
+
+/// The default (factor, cap) for a unit roundoff.
+fn defaults(u: f64) -> (f64, f64) {
+    if u <= 2e-16 {
+        (16.0, 1e-9)
+    } else if u <= 1e-7 {
+        (16.0, 2e-4)
+    } else if u <= 1e-3 {
+        (4.0, 2e-2)
+    } else if u <= 4e-3 {
+        (4.0, 6e-2)
+    } else {
+        (2.0, 0.5)
+    }
+}
+
+impl Tolerances {
+    /// Parses `--rtol DTYPE=VALUE` arguments.
+    pub fn with_overrides(specs: &[String], min_amplification: f64) -> Result<Self> {
+        let mut overrides = Vec::new();
+        for s in specs {
+            let Some((dt, v)) = s.split_once('=') else {
+                return Err(CliError::new(format!(
+                    "--rtol {s:?}: expected DTYPE=VALUE, e.g. bfloat16=0.05"
+                )));
+            };
+            let v: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| CliError::new(format!("--rtol {s:?}: {v:?} is not a number")))?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(CliError::new(format!(
+                    "--rtol {s:?}: the tolerance must be a finite number >= 0"
+                )));
+            }
+            let dt = canonical(dt.trim());
+            if !DType::is_known(dt) {
+                return Err(CliError::new(format!(
+                    "--rtol {s:?}: unknown dtype {dt:?} (use torch's names: float32, bfloat16, float16, float64, int64, ...)"
+                )));
+            }
+            overrides.retain(|(d, _)| d != dt);
+            overrides.push((dt.to_string(), v));
+        }
+        if !(min_amplification.is_finite() && min_amplification >= 1.0) {
+            return Err(CliError::new("--min-amplification must be a number >= 1"));
+        }
+        Ok(Tolerances {
+            overrides,
+            min_amplification,
+        })
+    }
+
+    /// Relative tolerance for an op computing in `dtype` (None: only exact
+    /// types) and reducing over `k` elements.
+    pub fn rtol(&self, dtype: Option<&DType>, k: f64) -> f64 {
+        let Some(dt) = dtype else {
+            return self.override_for("int64").unwrap_or(0.0);
+        };
+        if let Some(v) = self.override_for(dt.canonical()) {
+            return v;
+        }
+        let u = dt.unit_roundoff;
+        if u == 0.0 {
+            return 0.0;
+        }
+        let (c, cap) = defaults(u);
+        (c * u * k.max(1.0).sqrt()).min(cap).max(c * u)
+    }
+
+    fn override_for(&self, dtype: &str) -> Option<f64> {
+        self.overrides
+            .iter()
+            .find(|(d, _)| d == dtype)
+            .map(|&(_, v)| v)
+    }
+
+    /// The own rounding of the statistics themselves, relative to the
+    /// tensor's norm: two devices sum in different orders, and pairwise sums
+    /// err by about `u * log2(n)` in the accumulation type (float64, or
+    /// float32 where a device has no float64).
+    pub fn stats_noise(f32_accumulate: bool, numel: i64) -> f64 {
+        let u = if f32_accumulate {
+            U32
+        } else {
+            f64::EPSILON / 2.0
+        };
+        8.0 * u * (numel.max(2) as f64).log2()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_ordered_and_catch_1e3_in_f32() {
+        let t = Tolerances::default();
+        let r = |n: &str, k: f64| t.rtol(Some(&DType::parse(n)), k);
+        for k in [1.0, 64.0, 4096.0, 1e9] {
+            assert!(r("bfloat16", k) > r("float16", k));
+            assert!(r("float16", k) > r("float32", k));
+            assert!(r("float32", k) > r("float64", k));
+            assert!(r("float32", k) < 1e-3);
+        }
+        assert!(r("float32", 4096.0) > r("float32", 1.0));
+        assert_eq!(t.rtol(None, 10.0), 0.0);
+    }
+
+    #[test]
+    fn overrides() {
+        let t =
+            Tolerances::with_overrides(&["bf16=0.1".into(), "float32=1e-3".into()], 32.0).unwrap();
+        assert_eq!(t.rtol(Some(&DType::parse("bfloat16")), 1e6), 0.1);
+        assert_eq!(t.rtol(Some(&DType::parse("float32")), 1.0), 1e-3);
+        assert!(Tolerances::with_overrides(&["float32".into()], 32.0).is_err());
+        assert!(Tolerances::with_overrides(&["float33=1".into()], 32.0).is_err());
+        assert!(Tolerances::with_overrides(&["float32=x".into()], 32.0).is_err());
+    }
+}

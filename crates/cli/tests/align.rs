@@ -1,0 +1,286 @@
+//! Alignment on synthetic dumps: insertions, deletions, extra copies, a
+//! different decomposition at depth 1, a reordered tail, steps, dtypes, and
+//! a long repetitive run. Each test names the exact calls it expects to be
+//! unmatched, by seq.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use opdump_cli::synth::{input, output, DumpWriter};
+
+/// A call to write: name, tensor size, children.
+#[derive(Clone)]
+struct N {
+    name: &'static str,
+    size: i64,
+    kids: Vec<N>,
+}
+
+fn op(name: &'static str, size: i64) -> N {
+    N {
+        name,
+        size,
+        kids: vec![],
+    }
+}
+
+fn tree(name: &'static str, size: i64, kids: Vec<N>) -> N {
+    N { name, size, kids }
+}
+
+/// Writes steps of calls; returns (name, seq) of every call in preorder.
+fn write(dir: &Path, steps: &[Vec<N>], dtype: &str) -> Vec<(&'static str, i64)> {
+    fn one(w: &mut DumpWriter, n: &N, dtype: &str, out: &mut Vec<(&'static str, i64)>) {
+        let o = w.begin(
+            n.name,
+            "default",
+            "",
+            vec![input("self", dtype, &[n.size], 1.0)],
+        );
+        out.push((n.name, w.next_seq() - 1));
+        for k in &n.kids {
+            one(w, k, dtype, out);
+        }
+        w.end(o, vec![output(0, dtype, &[n.size], 1.0)])
+            .expect("write");
+    }
+    let mut w = DumpWriter::new(dir, 0, "cpu");
+    let mut out = Vec::new();
+    for (s, calls) in steps.iter().enumerate() {
+        w.step = s as i64;
+        for n in calls {
+            one(&mut w, n, dtype, &mut out);
+        }
+    }
+    w.close().expect("close");
+    out
+}
+
+fn seq_of(calls: &[(&str, i64)], name: &str, nth: usize) -> i64 {
+    calls
+        .iter()
+        .filter(|c| c.0 == name)
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no {name} #{nth}"))
+        .1
+}
+
+fn abcde() -> Vec<N> {
+    ["aten::a", "aten::b", "aten::c", "aten::d", "aten::e"]
+        .iter()
+        .map(|n| op(n, 4))
+        .collect()
+}
+
+#[test]
+fn insertion_is_only_in_b() {
+    let t = tmp();
+    let a = write(&t.path().join("a"), &[abcde()], "float32");
+    let mut bl = abcde();
+    bl.insert(2, op("aten::extra", 4));
+    let b = write(&t.path().join("b"), &[bl], "float32");
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(seqs(&db, &al.only_b), vec![seq_of(&b, "aten::extra", 0)]);
+    assert!(al.only_a.is_empty());
+    let pairs = seq_pairs(&da, &db, &al);
+    for name in ["aten::a", "aten::b", "aten::c", "aten::d", "aten::e"] {
+        assert!(
+            pairs.contains(&(seq_of(&a, name, 0), seq_of(&b, name, 0))),
+            "{name} not paired"
+        );
+    }
+    assert_eq!(pairs.len(), 5);
+}
+
+#[test]
+fn deletion_is_only_in_a() {
+    let t = tmp();
+    let a = write(&t.path().join("a"), &[abcde()], "float32");
+    let mut bl = abcde();
+    bl.remove(2);
+    write(&t.path().join("b"), &[bl], "float32");
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::c", 0)]);
+    assert!(al.only_b.is_empty());
+    assert_eq!(al.pairs.len(), 4);
+    let _ = db;
+}
+
+fn copy() -> N {
+    tree(
+        "aten::_to_copy",
+        4,
+        vec![op("aten::empty_strided", 4), op("aten::copy_", 4)],
+    )
+}
+
+#[test]
+fn extra_copies_are_only_in_b_with_their_children() {
+    let t = tmp();
+    write(&t.path().join("a"), &[abcde()], "float32");
+    let mut bl = abcde();
+    bl.insert(3, copy());
+    bl.insert(1, copy());
+    let b = write(&t.path().join("b"), &[bl], "float32");
+    let (_, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(
+        seqs(&db, &al.only_b),
+        vec![
+            seq_of(&b, "aten::_to_copy", 0),
+            seq_of(&b, "aten::_to_copy", 1)
+        ]
+    );
+    assert_eq!(al.only_b_calls, 6);
+    assert_eq!(al.pairs.len(), 5);
+}
+
+#[test]
+fn different_decomposition_at_depth_1() {
+    let t = tmp();
+    let lin_a = tree(
+        "aten::linear",
+        4,
+        vec![op("aten::t", 4), op("aten::addmm", 4)],
+    );
+    let lin_b = tree(
+        "aten::linear",
+        4,
+        vec![op("aten::t", 4), op("aten::mm", 4), op("aten::add", 4)],
+    );
+    let a = write(
+        &t.path().join("a"),
+        &[vec![op("aten::x", 4), lin_a, op("aten::y", 4)]],
+        "float32",
+    );
+    let b = write(
+        &t.path().join("b"),
+        &[vec![op("aten::x", 4), lin_b, op("aten::y", 4)]],
+        "float32",
+    );
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let pairs = seq_pairs(&da, &db, &al);
+    assert!(pairs.contains(&(seq_of(&a, "aten::linear", 0), seq_of(&b, "aten::linear", 0))));
+    assert!(pairs.contains(&(seq_of(&a, "aten::t", 0), seq_of(&b, "aten::t", 0))));
+    assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::addmm", 0)]);
+    assert_eq!(
+        seqs(&db, &al.only_b),
+        vec![seq_of(&b, "aten::mm", 0), seq_of(&b, "aten::add", 0)]
+    );
+    assert_eq!(pairs.len(), 4);
+}
+
+#[test]
+fn reordered_tail() {
+    let t = tmp();
+    let names = [
+        "aten::a", "aten::b", "aten::c", "aten::d", "aten::e", "aten::f",
+    ];
+    let a = write(
+        &t.path().join("a"),
+        &[names.iter().map(|n| op(n, 4)).collect()],
+        "float32",
+    );
+    let order = [
+        "aten::a", "aten::b", "aten::c", "aten::f", "aten::d", "aten::e",
+    ];
+    let b = write(
+        &t.path().join("b"),
+        &[order.iter().map(|n| op(n, 4)).collect()],
+        "float32",
+    );
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    // The longest common order keeps d, e; the moved f is unmatched on both
+    // sides.
+    assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::f", 0)]);
+    assert_eq!(seqs(&db, &al.only_b), vec![seq_of(&b, "aten::f", 0)]);
+    let pairs = seq_pairs(&da, &db, &al);
+    for n in ["aten::a", "aten::b", "aten::c", "aten::d", "aten::e"] {
+        assert!(pairs.contains(&(seq_of(&a, n, 0), seq_of(&b, n, 0))), "{n}");
+    }
+}
+
+#[test]
+fn an_extra_op_in_one_step_does_not_shift_the_next() {
+    let t = tmp();
+    let a = write(&t.path().join("a"), &[abcde(), abcde()], "float32");
+    let mut s0 = abcde();
+    s0.push(op("aten::a", 4)); // looks like the start of step 1
+    let b = write(&t.path().join("b"), &[s0, abcde()], "float32");
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(seqs(&db, &al.only_b), vec![seq_of(&b, "aten::a", 1)]);
+    let pairs = seq_pairs(&da, &db, &al);
+    assert!(pairs.contains(&(seq_of(&a, "aten::a", 1), seq_of(&b, "aten::a", 2))));
+    assert_eq!(pairs.len(), 10);
+}
+
+#[test]
+fn dtypes_do_not_matter_shapes_do() {
+    let t = tmp();
+    write(&t.path().join("a"), &[abcde()], "float32");
+    write(&t.path().join("b"), &[abcde()], "bfloat16");
+    let (_, _, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(al.pairs.len(), 5);
+    assert!(al.pairs.iter().all(|p| !p.loose));
+
+    // Same op names with other shapes pair only loosely (shape mismatch).
+    let t = tmp();
+    write(&t.path().join("a"), &[abcde()], "float32");
+    let mut bl = abcde();
+    bl[2].size = 5;
+    write(&t.path().join("b"), &[bl], "float32");
+    let (_, _, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert_eq!(al.pairs.len(), 5);
+    assert_eq!(al.pairs.iter().filter(|p| p.loose).count(), 1);
+}
+
+#[test]
+fn long_repetitive_run_aligns_layer_by_layer() {
+    let layers = 3000;
+    let layer = |copy_first: bool, gelu: bool| {
+        let mut v = Vec::new();
+        v.push(tree(
+            "aten::layer_norm",
+            8,
+            vec![op("aten::native_layer_norm", 8)],
+        ));
+        if copy_first {
+            v.push(copy());
+        }
+        v.push(tree(
+            "aten::linear",
+            8,
+            vec![op("aten::t", 8), op("aten::addmm", 8)],
+        ));
+        if gelu {
+            v.push(op("aten::gelu", 8));
+        }
+        v
+    };
+    let t = tmp();
+    let a_calls: Vec<N> = (0..layers).flat_map(|_| layer(false, true)).collect();
+    let b_calls: Vec<N> = (0..layers)
+        .flat_map(|l| layer(l % 7 == 3, l != 1500))
+        .collect();
+    let a = write(&t.path().join("a"), &[a_calls], "float32");
+    let b = write(&t.path().join("b"), &[b_calls], "float32");
+    let start = std::time::Instant::now();
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert!(start.elapsed().as_secs() < 20);
+    // Only layer 1500's gelu is missing; only the copies are extra.
+    assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::gelu", 1500)]);
+    let copies: Vec<i64> = b
+        .iter()
+        .filter(|c| c.0 == "aten::_to_copy")
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(seqs(&db, &al.only_b), copies);
+    // Layer i of A pairs with layer i of B.
+    let pairs = seq_pairs(&da, &db, &al);
+    for l in [0, 1499, 1500, 1501, layers - 1] {
+        let p = (seq_of(&a, "aten::addmm", l), seq_of(&b, "aten::addmm", l));
+        assert!(pairs.contains(&p), "addmm of layer {l}");
+    }
+    assert_eq!(pairs.len(), layers * 6 - 1);
+}
