@@ -15,6 +15,7 @@ fn main() {
             "cpp/uninitialized.cpp",
             "cpp/provenance.cpp",
             "cpp/reuse.cpp",
+            "cpp/rank.cpp",
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")

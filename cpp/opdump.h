@@ -2,6 +2,8 @@
 // statistics, the thread hook). Everything else is in Rust (src/).
 #pragma once
 
+#include <cstdint>
+
 #include "rust/cxx.h"
 
 namespace opdump {
@@ -10,5 +12,6 @@ namespace opdump {
 bool install();
 void set_active(bool on);
 rust::String torch_version();
+int64_t distributed_rank();
 
 }  // namespace opdump

@@ -107,5 +107,8 @@ pub mod ffi {
         fn set_active(on: bool);
         /// The version of the torch this process runs.
         fn torch_version() -> String;
+        /// The rank in torch.distributed's default group, or -1 before
+        /// `init_process_group`.
+        fn distributed_rank() -> i64;
     }
 }

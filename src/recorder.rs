@@ -43,12 +43,26 @@ thread_local! {
 }
 
 /// The rank of this process: from `RANK`, `OMPI_COMM_WORLD_RANK` or
-/// `SLURM_PROCID`, else 0. Resolved at the first record, not at load, since
-/// launchers may set it late.
+/// `SLURM_PROCID`, else from an initialised torch.distributed, else 0.
+/// Resolved at the first record, not at load, since launchers and jobs set
+/// it late.
 pub fn rank() -> u32 {
     static RANK: OnceLock<u32> = OnceLock::new();
     *RANK.get_or_init(|| {
         ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+            .or_else(|| u32::try_from(crate::bridge::ffi::distributed_rank()).ok())
+            .unwrap_or(0)
+    })
+}
+
+/// The local rank, likewise: `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or
+/// `SLURM_LOCALID`, else 0. Written into each file's metadata.
+pub fn local_rank() -> u32 {
+    static LOCAL: OnceLock<u32> = OnceLock::new();
+    *LOCAL.get_or_init(|| {
+        ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]
             .iter()
             .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
             .unwrap_or(0)

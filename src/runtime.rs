@@ -127,7 +127,8 @@ pub fn init() {
 fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
     SinkSetup {
         dir: rt.dir.clone(),
-        rank: recorder::rank(),
+        rank: recorder::rank,
+        local_rank: recorder::local_rank,
         pid: pid(),
         torch_version: rt.torch_version.clone(),
         terminate: &TERMINATE,

@@ -46,7 +46,10 @@ enum Msg {
 /// What the writer needs to name and describe its files.
 pub struct SinkSetup {
     pub dir: PathBuf,
-    pub rank: u32,
+    /// Resolved at the first record (the job may initialise torch.distributed
+    /// after switching opdump on).
+    pub rank: fn() -> u32,
+    pub local_rank: fn() -> u32,
     pub pid: i32,
     pub torch_version: String,
     /// Set from a SIGTERM handler: drain, complete the files, then call
@@ -230,13 +233,15 @@ impl Worker {
         let s = &self.setup;
         let opts = &self.opts;
         self.writers.entry(key.clone()).or_insert_with(|| {
-            let dir = s.dir.join(format!("rank={}", s.rank)).join(format!("device={key}"));
+            let rank = (s.rank)();
+            let dir = s.dir.join(format!("rank={rank}")).join(format!("device={key}"));
             let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
             let metadata = vec![
                 (meta::OPDUMP_VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
                 (meta::TORCH_VERSION.to_string(), s.torch_version.clone()),
                 (meta::PID.to_string(), s.pid.to_string()),
-                (meta::RANK.to_string(), s.rank.to_string()),
+                (meta::RANK.to_string(), rank.to_string()),
+                (meta::LOCAL_RANK.to_string(), (s.local_rank)().to_string()),
                 (meta::DEVICE.to_string(), device.to_string()),
                 (meta::STATS_ACCUMULATE.to_string(), accumulate.to_string()),
             ];

@@ -238,9 +238,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 def worker(rank, lib, dump, init):
-    os.environ["RANK"] = str(rank)
+    # mp.spawn sets no RANK: opdump takes it from torch.distributed.
     torch.ops.load_library(lib)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    assert "RANK" not in os.environ
     torch.ops.opdump.enable()
     torch.manual_seed(rank)
     x = torch.randn(16)

@@ -27,6 +27,7 @@ pub mod meta {
     pub const TORCH_VERSION: &str = "opdump.torch_version";
     pub const PID: &str = "opdump.pid";
     pub const RANK: &str = "opdump.rank";
+    pub const LOCAL_RANK: &str = "opdump.local_rank";
     pub const DEVICE: &str = "opdump.device";
     /// The float type statistics were accumulated in on this device.
     pub const STATS_ACCUMULATE: &str = "opdump.stats_accumulate";
