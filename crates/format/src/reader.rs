@@ -70,16 +70,16 @@ pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
 
 /// A file's key-value metadata, after checking that this build can read it.
 pub fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
-    let kv: HashMap<String, String> = builder
+    Ok(key_values(&open_batches(path)?))
+}
+
+fn key_values(builder: &ParquetRecordBatchReaderBuilder<File>) -> HashMap<String, String> {
+    builder
         .metadata()
         .file_metadata()
         .key_value_metadata()
         .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
-        .unwrap_or_default();
-    check_version(path, &kv)?;
-    Ok(kv)
+        .unwrap_or_default()
 }
 
 fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
@@ -107,13 +107,7 @@ fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
 pub fn open_batches(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
-    let kv: HashMap<String, String> = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
-        .unwrap_or_default();
-    check_version(path, &kv)?;
+    check_version(path, &key_values(&builder))?;
     Ok(builder)
 }
 
