@@ -67,11 +67,11 @@ pub struct Alignment {
     /// Roots taken part (after filters), on each side.
     pub roots_a: u64,
     pub roots_b: u64,
-    /// Roots in groups present on both sides, on each side.
-    pub common_roots_a: u64,
-    pub common_roots_b: u64,
-    /// Roots matched with equal signatures.
-    pub roots_matched_exact: u64,
+    /// Per phase (forward, backward, optimizer): roots in groups present on
+    /// both sides, on each side, and those matched with equal signatures.
+    pub common_roots_a: [u64; 3],
+    pub common_roots_b: [u64; 3],
+    pub roots_matched_exact: [u64; 3],
     /// Op calls left out by `--ignore`, on each side (subtrees included).
     pub ignored_a: u64,
     pub ignored_b: u64,
@@ -254,7 +254,7 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignm
     let mut only_b = Vec::new();
     let mut steps_only_a = Vec::new();
     let mut steps_only_b = Vec::new();
-    let (mut common_a, mut common_b, mut exact) = (0u64, 0u64, 0u64);
+    let (mut common_a, mut common_b, mut exact) = ([0u64; 3], [0u64; 3], [0u64; 3]);
 
     if !steps_ignored {
         let steps_a: std::collections::BTreeSet<i64> = ga.keys().map(|k| k.0).collect();
@@ -271,9 +271,10 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignm
                     key.0,
                     crate::dump::phase_name(key.1)
                 ));
-                common_a += ra.len() as u64;
-                common_b += rb.len() as u64;
-                exact += align_lists(&sides, ra, rb, &mut stats, &mut pairs);
+                let ph = (key.1 as usize).min(2);
+                common_a[ph] += ra.len() as u64;
+                common_b[ph] += rb.len() as u64;
+                exact[ph] += align_lists(&sides, ra, rb, &mut stats, &mut pairs);
             }
             None => only_a.extend_from_slice(ra),
         }

@@ -16,10 +16,10 @@ use crate::verdict::OpVerdict;
 
 const BINS: usize = 1200;
 const W: f64 = 1200.0;
-const H: f64 = 320.0;
+const H: f64 = 336.0;
 const LEFT: f64 = 60.0;
 const TOP: f64 = 16.0;
-const BOTTOM: f64 = 36.0;
+const BOTTOM: f64 = 52.0;
 
 pub fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -163,7 +163,7 @@ fn plot(c: &Compared) -> String {
                     s,
                     r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{x:.1}" y="{}" class="ax">step {st}</text>"##,
                     TOP + ph,
-                    TOP + ph + 26.0
+                    TOP + ph + 36.0
                 );
                 marks += 1;
             }
@@ -209,10 +209,15 @@ fn plot(c: &Compared) -> String {
             );
         }
     }
-    for (k, label, color) in [
-        (c.first_divergence, "first divergence", "#ff9f1c"),
+    // Labels on two rows below the plot, so that they never overlap when
+    // the first divergence is the first introduced one.
+    for (row, (k, label, color)) in [
         (c.first_introduced, "first introduced", "#d62728"),
-    ] {
+        (c.first_divergence, "first divergence", "#ff9f1c"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         if let Some(k) = k {
             let x = x_of(k);
             let _ = write!(
@@ -220,7 +225,7 @@ fn plot(c: &Compared) -> String {
                 r#"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="{color}" stroke-width="1.5"/><text x="{:.1}" y="{}" class="ax" fill="{color}">{label}</text>"#,
                 TOP + ph,
                 x + 3.0,
-                TOP + ph + 12.0
+                TOP + ph + 12.0 + 12.0 * row as f64
             );
         }
     }
