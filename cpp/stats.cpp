@@ -76,33 +76,58 @@ struct Acc {
     finite += o.finite;
   }
 
-  // Adds `m` finite values.
+  // Adds `m` finite values. Eight independent lanes per sum: a single
+  // floating-point accumulator is one long dependency chain that the
+  // compiler may not reorder, so it neither pipelines nor vectorises.
   void add_finite(const double* x, int64_t m) {
     if (m == 0) return;
-    double s = 0, s2 = 0, mn = x[0], mx = x[0];
-    int64_t z = 0;
-    for (int64_t i = 0; i < m; ++i) {
+    constexpr int L = 8;
+    double s[L] = {}, s2[L] = {}, mn[L], mx[L];
+    int64_t z[L] = {};
+    for (int l = 0; l < L; ++l) mn[l] = mx[l] = x[0];
+    int64_t i = 0;
+    for (; i + L <= m; i += L) {
+      for (int l = 0; l < L; ++l) {
+        const double v = x[i + l];
+        s[l] += v;
+        s2[l] += v * v;
+        mn[l] = v < mn[l] ? v : mn[l];
+        mx[l] = v > mx[l] ? v : mx[l];
+        z[l] += v == 0.0;
+      }
+    }
+    for (; i < m; ++i) {
       const double v = x[i];
-      s += v;
-      s2 += v * v;
-      mn = v < mn ? v : mn;
-      mx = v > mx ? v : mx;
-      z += v == 0.0;
+      s[0] += v;
+      s2[0] += v * v;
+      mn[0] = v < mn[0] ? v : mn[0];
+      mx[0] = v > mx[0] ? v : mx[0];
+      z[0] += v == 0.0;
     }
     Acc b;
     b.finite = m;
-    b.zero = z;
-    b.min = mn;
-    b.max = mx;
-    b.sum = s;
-    b.sumsq = s2;
-    b.mean = s / static_cast<double>(m);
-    double d2 = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      const double d = x[i] - b.mean;
-      d2 += d * d;
+    b.min = mn[0];
+    b.max = mx[0];
+    for (int l = 0; l < L; ++l) {
+      b.sum += s[l];
+      b.sumsq += s2[l];
+      b.zero += z[l];
+      b.min = mn[l] < b.min ? mn[l] : b.min;
+      b.max = mx[l] > b.max ? mx[l] : b.max;
     }
-    b.m2 = d2;
+    b.mean = b.sum / static_cast<double>(m);
+    double d2[L] = {};
+    i = 0;
+    for (; i + L <= m; i += L)
+      for (int l = 0; l < L; ++l) {
+        const double d = x[i + l] - b.mean;
+        d2[l] += d * d;
+      }
+    for (; i < m; ++i) {
+      const double d = x[i] - b.mean;
+      d2[0] += d * d;
+    }
+    for (int l = 0; l < L; ++l) b.m2 += d2[l];
     merge(b);
   }
 
@@ -140,12 +165,14 @@ constexpr int64_t kBlock = 1024;
 template <typename T>
 void add_block(const T* p, int64_t m, Acc& acc) {
   double buf[kBlock];
-  double check = 0;
+  double check[8] = {};  // NaN if any element is NaN or infinite
   for (int64_t i = 0; i < m; ++i) {
     buf[i] = to_double(p[i]);
-    check += buf[i] * 0.0;  // NaN if any element is NaN or infinite
+    check[i & 7] += buf[i] * 0.0;
   }
-  if (check == 0.0) {
+  double any = 0;
+  for (double c : check) any += c;
+  if (any == 0.0) {
     acc.add_finite(buf, m);
     return;
   }
