@@ -13,8 +13,9 @@ columns repeated on each row, in opdump's column names:
 How it keeps Python's cost down:
 
 - per op overload, the schema's argument names are parsed once and cached;
-- per tensor, the statistics take four reductions on the tensor's own dtype
-  (``aminmax``, ``sum``, ``linalg.vector_norm``, ``count_nonzero``), one
+- per tensor, the statistics take three or four reductions on the tensor's
+  own dtype (``aminmax``, ``sum``, ``linalg.vector_norm``, and
+  ``count_nonzero`` only when 0 lies between min and max), one
   ``torch.stack`` and one ``.tolist()``; ``std`` and ``absmax`` are derived
   from those (``var = l2^2/n - mean^2``; ``absmax = max(|min|, |max|)``).
   ``aminmax`` propagates NaN and +-inf, so the common all-finite case needs
@@ -117,10 +118,13 @@ def _device_name(dev, _cache={}):
 
 
 def _reduce(x):
-    """(min, max, sum, l2, nonzero) of a float tensor with finite elements."""
+    """(min, max, sum, l2), nonzero of a float tensor; nonzero is counted
+    only when 0 lies in [min, max] (else every element is nonzero)."""
     mn, mx = torch.aminmax(x)
     vals = torch.stack((mn, mx, torch.sum(x), torch.linalg.vector_norm(x))).tolist()
-    return vals, int(torch.count_nonzero(x))
+    if vals[0] <= 0.0 <= vals[1] or vals[0] != vals[0]:
+        return vals, int(torch.count_nonzero(x))
+    return vals, x.numel()
 
 
 def tensor_stats(t: torch.Tensor):
@@ -153,7 +157,7 @@ def tensor_stats(t: torch.Tensor):
     mean = sm / n
     var = l2 * l2 / n - mean * mean
     std = math.sqrt(var) if var > 0.0 else 0.0
-    return ("computed", mn, mx, mean, std, l2, max(-mn, mx), nan, pinf, ninf, t.numel() - nonzero)
+    return ("computed", mn, mx, mean, std, l2, max(abs(mn), abs(mx)), nan, pinf, ninf, t.numel() - nonzero)
 
 
 class PeerDumper(TorchDispatchMode):
