@@ -82,7 +82,7 @@ def child(spec: dict) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
 
     if cfg in ("off", "on", "on-noreuse"):
-        torch.ops.load_library(str(LIB))
+        torch.ops.load_library(spec.get("lib", str(LIB)))
     peer = debugger = None
     if cfg == "peer":
         from peer_dumper import PeerDumper
@@ -314,7 +314,7 @@ def bench_threads(threads: int, workloads: list[str], configs: list[str], args, 
         k = rep % len(configs)
         order = configs[k:] + configs[:k]
         for c in order:
-            spec = dict(config=c, threads=threads, repeat=rep, workloads=workloads, plan=plan)
+            spec = dict(config=c, threads=threads, repeat=rep, workloads=workloads, plan=plan, lib=args.lib)
             t0 = time.time()
             reps = run_child(py_for[c], spec, tmp, args.child_timeout)
             msgs = []
@@ -576,7 +576,7 @@ def main() -> int:
     if args.repeats < 5:
         print(f"bench: note: {args.repeats} repeats (the protocol asks for at least 5)", file=sys.stderr)
     if args.quick:
-        args.workloads, args.threads, args.steps, args.no_parts = "tiny", "1", 6, True
+        args.workloads, args.threads, args.no_parts = "tiny", "1", True
     if not LIB.exists():
         print(f"bench: {LIB} is missing; run scripts/setup.sh", file=sys.stderr)
         return 2
@@ -598,7 +598,9 @@ def main() -> int:
 
     torch_ver = subprocess.run([str(VENV_PY), "-c", "import torch; print(torch.__version__)"],
                                capture_output=True, text=True).stdout.strip()
-    lib_time = time.strftime("%Y-%m-%d %H:%M", time.localtime(LIB.stat().st_mtime))
+    core = LIB.with_name("libopdump_core.so")
+    newest = max(p.stat().st_mtime for p in (LIB, core) if p.exists())
+    lib_time = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest))
     shown, skip = [], False
     for a in sys.argv[1:]:
         if skip or a.startswith("--out="):
@@ -613,11 +615,19 @@ def main() -> int:
         f"## opdump benchmark, {time.strftime('%Y-%m-%d %H:%M')}",
         "",
         f"command: `{cmd.strip()}`; torch {torch_ver}; {os.cpu_count()} CPUs; "
-        f"load average at start {os.getloadavg()[0]:.1f}; libopdump.so built {lib_time}",
+        f"load average at start {os.getloadavg()[0]:.1f}; libopdump.so/libopdump_core.so built {lib_time}",
         "",
     ] + [f"- {n}" for n in header_notes] + [""]
 
     tmp = Path(tempfile.mkdtemp(prefix="opdump-bench-", dir="/tmp"))
+    # Every process loads a private copy of the library taken now, so a
+    # rebuild of target/ during the run (other work on this tree) cannot put
+    # two builds into one table.
+    libdir = tmp / "lib"
+    libdir.mkdir()
+    for p in (LIB, core):
+        shutil.copy2(p, libdir / p.name)
+    args.lib = str(libdir / LIB.name)
     t_all = time.time()
     try:
         for tsetting in [t for t in args.threads.split(",") if t and configs]:
