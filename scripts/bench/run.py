@@ -30,6 +30,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -573,6 +574,8 @@ def main() -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
+    # SIGTERM: unwind (the running child is killed, temporary files removed).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.repeats < 5:
         print(f"bench: note: {args.repeats} repeats (the protocol asks for at least 5)", file=sys.stderr)
     if args.quick:
