@@ -28,7 +28,24 @@ fn main() {
         // -isystem keeps torch's own warnings out of our build log.
         build.flag(format!("-isystem{}", dir.display()));
     }
+    // The vector statistics kernel: x86-64 only, compiled with AVX2, FMA and
+    // F16C on their own (the rest of the library keeps the baseline ISA) and
+    // called only where the CPU reports them at run time.
+    let avx2 = std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64");
+    build.define("OPDUMP_HAVE_AVX2", if avx2 { "1" } else { "0" });
     build.compile("opdump_cpp");
+    if avx2 {
+        cc::Build::new()
+            .cpp(true)
+            .file("cpp/stats_avx2.cpp")
+            .flag("-std=c++17")
+            .flag("-mavx2")
+            .flag("-mfma")
+            .flag("-mf16c")
+            .flag_if_supported("-fvisibility=hidden")
+            .warnings(false)
+            .compile("opdump_stats_avx2");
+    }
 
     let lib = torch.lib_dir.display();
     println!("cargo:rustc-link-search=native={lib}");

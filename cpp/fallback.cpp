@@ -4,6 +4,7 @@
 // (ConjugateFallback.cpp): the redispatch uses the keys after ours, and
 // arguments and returns are read off the stack.
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include "opdump/cpp/internal.h"
@@ -96,6 +98,16 @@ void copy_stats(const TensorRow& from, TensorRow& to) {
   to.zero_count = from.zero_count;
 }
 
+// Every element repeated `k` times: the same extremes, mean and spread,
+// `k` times the counts, and the norm sqrt(k) times.
+void scale_repeated(TensorRow& row, int64_t k) {
+  row.nan_count *= k;
+  row.posinf_count *= k;
+  row.neginf_count *= k;
+  row.zero_count *= k;
+  row.l2 *= std::sqrt(static_cast<double>(k));
+}
+
 // Ops whose outputs are memory without values yet.
 bool output_uninitialized(std::string_view op) {
   return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
@@ -148,12 +160,70 @@ struct Recorder {
   // output the op computed (not a view of an input), whose memory holds
   // values from now on.
   bool nested = false;
+  // The call is made from code above autograd: the user's program, or a
+  // composite op that only calls other ops (see from_above_autograd). Its
+  // tensors go into the cache of measured tensors.
+  bool above_autograd = true;
   Status no_values = kUninitialized;
   // Reuse and view shortcuts (OPDUMP_REUSE).
   bool shortcuts = true;
   // For a value-preserving view: the row of its `self` input, whose
   // statistics its output takes.
   int64_t view_source = -1;
+  // Whether the return being read is a view of an input (the schema's
+  // alias annotation, not written).
+  bool alias_return = false;
+  // Whether it is an argument the op wrote (in place, out=): always measured,
+  // since a custom op without an ADInplaceOrView kernel writes without
+  // moving the version.
+  bool write_return = false;
+  // The measured inputs with their rows, for outputs that are views over
+  // exactly the same memory (same_elements).
+  std::vector<std::pair<size_t, at::Tensor>> measured_inputs;
+
+  static bool measured(const TensorRow& r) {
+    return r.status == kComputed || r.status == kReused || r.status == kView;
+  }
+
+  // The row of a measured input whose every element `out` shows the same
+  // number of times, and that number. `out` must be a view of the input's
+  // memory (same storage, start, dtype and conj/neg bits, the input without
+  // gaps or overlaps) whose dimensions, once those of stride 0 (broadcast)
+  // are set aside, cover that memory exactly. Such a view (as_strided,
+  // reshape without a copy, resolve_conj of a plain tensor, expand) holds
+  // the input's values in another order, each repeated `repeat` times.
+  int64_t same_elements_source(const at::Tensor& out, int64_t& repeat) const {
+    if (!out.has_storage() || out.numel() == 0) return -1;
+    // The dimensions that are not broadcast, from the innermost out.
+    int64_t dims[2][16];
+    int n = 0;
+    for (int64_t d = 0; d < out.dim(); ++d) {
+      if (out.size(d) == 1 || out.stride(d) == 0) continue;
+      if (n == 16) return -1;
+      dims[0][n] = out.stride(d);
+      dims[1][n++] = out.size(d);
+    }
+    for (int i = 1; i < n; ++i)  // insertion sort by stride: at most 16
+      for (int j = i; j > 0 && dims[0][j] < dims[0][j - 1]; --j) {
+        std::swap(dims[0][j], dims[0][j - 1]);
+        std::swap(dims[1][j], dims[1][j - 1]);
+      }
+    int64_t covered = 1;
+    for (int i = 0; i < n; ++i) {
+      if (dims[0][i] != covered) return -1;
+      covered *= dims[1][i];
+    }
+    for (const auto& [idx, in] : measured_inputs) {
+      if (in.has_storage() && in.storage().unsafeGetStorageImpl() == out.storage().unsafeGetStorageImpl() &&
+          in.storage_offset() == out.storage_offset() && in.numel() == covered &&
+          in.scalar_type() == out.scalar_type() && in.is_conj() == out.is_conj() &&
+          in.is_neg() == out.is_neg() && in.is_non_overlapping_and_dense()) {
+        repeat = out.numel() / covered;
+        return static_cast<int64_t>(idx);
+      }
+    }
+    return -1;
+  }
 
   void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
               bool values_defined, bool produced) {
@@ -174,26 +244,39 @@ struct Recorder {
         no_values = kNotMeasured;
       }
     }
-    if (values_defined && role == 1 && view_source >= 0) {
-      const TensorRow& src = call.tensors[view_source];
-      if ((src.status == kComputed || src.status == kReused || src.status == kView) &&
-          src.numel == t.numel()) {
+    int64_t source = view_source, repeat = 1;
+    if (values_defined && role == 1 && alias_return && source < 0 && shortcuts) {
+      try {
+        source = same_elements_source(t, repeat);
+      } catch (const std::exception&) {
+        source = -1;  // symbolic or unusual tensors: measured below
+      }
+    }
+    if (values_defined && role == 1 && source >= 0) {
+      const TensorRow& src = call.tensors[source];
+      if (measured(src) && src.numel * repeat == t.numel()) {
         measure(t, false, row, kView);  // metadata only
         if (row.status == kView) {
           copy_stats(src, row);
-          if (!nested) reuse_remember(t, row);
+          if (repeat > 1) scale_repeated(row, repeat);
+          if (above_autograd) reuse_remember(t, row);
         }
         call.tensors.push_back(std::move(row));
         return;
       }
     }
-    // The cache holds top-level measurements only: inside a call, a kernel may
-    // still write a tensor without moving its version (addmm copies the bias
-    // into its result with copy_, then runs the GEMM into it). Outputs are
-    // always measured.
-    const bool cache = shortcuts && !nested;
-    measure(t, values_defined, row, no_values, cache && role == 0, cache);
+    // Only calls from above autograd fill the cache: inside a kernel, the
+    // kernel may still write a tensor without moving its version (addmm
+    // copies the bias into its result with copy_, then runs the GEMM into
+    // it). Calls inside a kernel read the cache, except for the memory that
+    // kernel's call writes (reuse.cpp). An output found in the cache with its
+    // version unchanged (a composite op returning what a call inside it
+    // computed, an op returning its input untouched) is not read again.
+    const bool lookup = shortcuts && !(role == 1 && write_return) &&
+                        (above_autograd || !reuse_written_by_current_call(t));
+    measure(t, values_defined, row, no_values, lookup, shortcuts && above_autograd);
     if (role == 1 && !values_defined && no_values == kUninitialized) remember_uninitialized(t);
+    if (role == 0 && shortcuts && measured(row)) measured_inputs.emplace_back(call.tensors.size(), t);
     call.tensors.push_back(std::move(row));
   }
 
@@ -217,6 +300,18 @@ struct Recorder {
     }
   }
 };
+
+// Whether this call goes through autograd and ADInplaceOrView, as the
+// user's own calls do. Kernels below autograd run with both keys excluded
+// (VariableType's AutoDispatchBelowADInplaceOrView), so a nested call that
+// still has them comes from a composite op (linear, matmul, reshape), whose
+// code only calls ops: every write it makes is dispatched and moves the
+// version. Under inference_mode the keys are excluded everywhere and this is
+// false below the top level.
+bool from_above_autograd() {
+  const auto excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+  return !excluded.has(c10::DispatchKey::ADInplaceOrView) && !excluded.has(c10::DispatchKey::AutogradCPU);
+}
 
 bool holds_tensors(const c10::IValue& v) {
   if (v.isTensor() || v.isTensorList()) return true;
@@ -265,10 +360,16 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
   ExitGuard exit_guard{&rec.call};
   const auto& schema = op.schema();
   // What a top-level call reads is known memory; see provenance.cpp.
-  if (ticket.depth == 0) {
-    provenance_begin_top_level();
-    for (size_t i = stack->size() - schema.arguments().size(); i < stack->size(); ++i)
-      provenance_note_all((*stack)[i]);
+  const bool above_autograd = ticket.depth == 0 || from_above_autograd();
+  if (above_autograd) {
+    if (ticket.depth == 0) provenance_begin_top_level();
+    reuse_begin_call();
+    const auto& args = schema.arguments();
+    const size_t first = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (ticket.depth == 0) provenance_note_all((*stack)[first + i]);
+      if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) reuse_note_written((*stack)[first + i]);
+    }
   }
   if (!ticket.record) {
     op.redispatchBoxed(next, stack);
@@ -278,6 +379,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
     return;
   }
   rec.nested = ticket.depth > 0;
+  rec.above_autograd = above_autograd;
   rec.shortcuts = ticket.shortcuts;
 
   const auto& name = op.operator_name();
@@ -340,11 +442,15 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
         // A view of an input holds no new values; anything else the op computed.
         const auto* alias = returns[r].alias_info();
         const bool produced = alias == nullptr || alias->isWrite();
+        rec.alias_return = !produced;
+        rec.write_return = alias != nullptr && alias->isWrite();
         rec.value((*stack)[first + r], 1, std::to_string(r), fresh, produced, no_values);
       }
     } else {
       // In-place ops that return nothing (_foreach_add_): their results are
       // the arguments the schema marks as written.
+      rec.alias_return = false;
+      rec.write_return = true;
       for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh, true, no_values);
     }
   } catch (const std::exception& e) {

@@ -55,6 +55,11 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
 // The cache of measured tensors (reuse.cpp).
 void reuse_remember(const at::Tensor& t, const TensorRow& row);
 bool reuse_lookup(const at::Tensor& t, TensorRow& row);
+// The written arguments of the innermost call from above autograd (see
+// reuse.cpp).
+void reuse_begin_call();
+void reuse_note_written(const c10::IValue& v);
+bool reuse_written_by_current_call(const at::Tensor& t);
 void reuse_atfork_prepare();
 void reuse_atfork_release();
 

@@ -1,17 +1,26 @@
 // Statistics already measured, reused instead of reading the data again.
 //
 // An op's input is very often the unmodified output of an op just recorded
-// (a layer's activation, a weight read by forward and backward). Only
-// top-level calls use the cache (see fallback.cpp). The cache
+// (a layer's activation, a weight read by forward and backward). The cache
 // keys each measured tensor on a weak reference to its TensorImpl and its
 // version counter, not on an address, since freed addresses are reused; any
-// in-place write through the dispatcher moves the version and invalidates the
-// entry. Inference tensors have no version counter and are never cached.
-// Writes that bypass the dispatcher (a NumPy view, a data_ptr kernel) do not
-// move the version: OPDUMP_REUSE=0 switches the shortcuts off.
+// in-place write through the dispatcher above ADInplaceOrView moves the
+// version and invalidates the entry. Inference tensors have no version
+// counter and are never cached.
+//
+// Only calls made from above autograd (the user's program, composite ops)
+// fill the cache: below it, a kernel writes without moving versions, through
+// nested calls or directly. Calls inside a kernel still read the cache, for
+// memory other than what the kernel's own call writes (its in-place and out=
+// arguments), since a kernel only writes those and memory it allocated.
+// Writes that break these rules (a NumPy view, a data_ptr kernel, a kernel
+// writing an argument its schema marks read-only) do not move the version:
+// OPDUMP_REUSE=0 switches the shortcuts off.
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"
@@ -36,7 +45,37 @@ bool cacheable(const at::Tensor& t) {
   return t.defined() && !t.is_inference() && t.layout() == at::kStrided;
 }
 
+// The storages the innermost call from above autograd on this thread may
+// write: its arguments marked as written (in-place and out=). Its kernel
+// writes them with nested calls that do not move the version (the version
+// moves when the call returns), so a call inside it must not take their
+// statistics from the cache.
+thread_local std::vector<const c10::StorageImpl*> tl_written;
+
+void note_written(const at::Tensor& t) {
+  if (t.defined() && t.has_storage()) tl_written.push_back(t.storage().unsafeGetStorageImpl());
+}
+
 }  // namespace
+
+void reuse_begin_call() { tl_written.clear(); }
+
+void reuse_note_written(const c10::IValue& v) {
+  if (v.isTensor()) {
+    note_written(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const auto& t : v.toTensorList()) note_written(t);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef())
+      if (e.isTensor()) note_written(e.toTensor());
+  }
+}
+
+bool reuse_written_by_current_call(const at::Tensor& t) {
+  if (tl_written.empty()) return false;
+  if (!t.has_storage()) return true;
+  return std::find(tl_written.begin(), tl_written.end(), t.storage().unsafeGetStorageImpl()) != tl_written.end();
+}
 
 void reuse_remember(const at::Tensor& t, const TensorRow& row) {
   if (!cacheable(t)) return;

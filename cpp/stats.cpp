@@ -23,6 +23,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "opdump/cpp/internal.h"
+#include "opdump/cpp/stats_acc.h"
 #include "opdump/src/bridge.rs.h"
 
 namespace opdump {
@@ -43,111 +44,80 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Statistics over finite values, built from blocks. Each block is read once
-// into an L1-sized buffer: a first pass sums and finds the extremes, a second
-// pass over the buffer takes the squared deviations from the block's own
-// mean; blocks merge with Chan's formula. This keeps the variance accurate
-// when the mean is large against the spread, and the passes vectorise.
-struct Acc {
-  int64_t finite = 0, nan = 0, posinf = 0, neginf = 0, zero = 0;
-  double min = std::numeric_limits<double>::infinity();
-  double max = -std::numeric_limits<double>::infinity();
-  double sum = 0, sumsq = 0, mean = 0, m2 = 0;
-
-  void merge(const Acc& o) {
-    nan += o.nan;
-    posinf += o.posinf;
-    neginf += o.neginf;
-    zero += o.zero;
-    min = o.min < min ? o.min : min;
-    max = o.max > max ? o.max : max;
-    sum += o.sum;
-    sumsq += o.sumsq;
-    if (o.finite == 0) return;
-    if (finite == 0) {
-      mean = o.mean;
-      m2 = o.m2;
-    } else {
-      const double n = static_cast<double>(finite + o.finite);
-      const double delta = o.mean - mean;
-      mean += delta * static_cast<double>(o.finite) / n;
-      m2 += o.m2 + delta * delta * static_cast<double>(finite) * static_cast<double>(o.finite) / n;
-    }
-    finite += o.finite;
-  }
-
-  // Adds `m` finite values. Eight independent lanes per sum: a single
-  // floating-point accumulator is one long dependency chain that the
-  // compiler may not reorder, so it neither pipelines nor vectorises.
-  void add_finite(const double* x, int64_t m) {
-    if (m == 0) return;
-    constexpr int L = 8;
-    double s[L] = {}, s2[L] = {}, mn[L], mx[L];
-    int64_t z[L] = {};
-    for (int l = 0; l < L; ++l) mn[l] = mx[l] = x[0];
-    int64_t i = 0;
-    for (; i + L <= m; i += L) {
-      for (int l = 0; l < L; ++l) {
-        const double v = x[i + l];
-        s[l] += v;
-        s2[l] += v * v;
-        mn[l] = v < mn[l] ? v : mn[l];
-        mx[l] = v > mx[l] ? v : mx[l];
-        z[l] += v == 0.0;
-      }
-    }
-    for (; i < m; ++i) {
-      const double v = x[i];
-      s[0] += v;
-      s2[0] += v * v;
-      mn[0] = v < mn[0] ? v : mn[0];
-      mx[0] = v > mx[0] ? v : mx[0];
-      z[0] += v == 0.0;
-    }
-    Acc b;
-    b.finite = m;
-    b.min = mn[0];
-    b.max = mx[0];
+// Adds `m` finite values (the portable path; blocks are converted to float64
+// first). Eight independent lanes per sum: a single floating-point
+// accumulator is one long dependency chain that the compiler may not
+// reorder, so it neither pipelines nor vectorises. A first pass sums and
+// finds the extremes, a second takes the squared deviations from the block's
+// own mean; blocks merge with Chan's formula (Acc::merge).
+void add_finite(Acc& acc, const double* x, int64_t m) {
+  if (m == 0) return;
+  constexpr int L = 8;
+  double s[L] = {}, s2[L] = {}, mn[L], mx[L];
+  int64_t z[L] = {};
+  for (int l = 0; l < L; ++l) mn[l] = mx[l] = x[0];
+  int64_t i = 0;
+  for (; i + L <= m; i += L) {
     for (int l = 0; l < L; ++l) {
-      b.sum += s[l];
-      b.sumsq += s2[l];
-      b.zero += z[l];
-      b.min = mn[l] < b.min ? mn[l] : b.min;
-      b.max = mx[l] > b.max ? mx[l] : b.max;
+      const double v = x[i + l];
+      s[l] += v;
+      s2[l] += v * v;
+      mn[l] = v < mn[l] ? v : mn[l];
+      mx[l] = v > mx[l] ? v : mx[l];
+      z[l] += v == 0.0;
     }
-    b.mean = b.sum / static_cast<double>(m);
-    double d2[L] = {};
-    i = 0;
-    for (; i + L <= m; i += L)
-      for (int l = 0; l < L; ++l) {
-        const double d = x[i + l] - b.mean;
-        d2[l] += d * d;
-      }
-    for (; i < m; ++i) {
-      const double d = x[i] - b.mean;
-      d2[0] += d * d;
-    }
-    for (int l = 0; l < L; ++l) b.m2 += d2[l];
-    merge(b);
   }
+  for (; i < m; ++i) {
+    const double v = x[i];
+    s[0] += v;
+    s2[0] += v * v;
+    mn[0] = v < mn[0] ? v : mn[0];
+    mx[0] = v > mx[0] ? v : mx[0];
+    z[0] += v == 0.0;
+  }
+  Acc b;
+  b.finite = m;
+  b.min = mn[0];
+  b.max = mx[0];
+  for (int l = 0; l < L; ++l) {
+    b.sum += s[l];
+    b.sumsq += s2[l];
+    b.zero += z[l];
+    b.min = mn[l] < b.min ? mn[l] : b.min;
+    b.max = mx[l] > b.max ? mx[l] : b.max;
+  }
+  b.mean = b.sum / static_cast<double>(m);
+  double d2[L] = {};
+  i = 0;
+  for (; i + L <= m; i += L)
+    for (int l = 0; l < L; ++l) {
+      const double d = x[i + l] - b.mean;
+      d2[l] += d * d;
+    }
+  for (; i < m; ++i) {
+    const double d = x[i] - b.mean;
+    d2[0] += d * d;
+  }
+  for (int l = 0; l < L; ++l) b.m2 += d2[l];
+  acc.merge(b);
+}
 
-  void write(TensorRow& row) const {
-    row.nan_count = nan;
-    row.posinf_count = posinf;
-    row.neginf_count = neginf;
-    row.zero_count = zero;
-    row.l2 = std::sqrt(sumsq);
-    if (finite == 0) {
-      row.min = row.max = row.mean = row.std = row.absmax = kNaN;
-      return;
-    }
-    row.min = min;
-    row.max = max;
-    row.absmax = std::max(std::fabs(min), std::fabs(max));
-    row.mean = sum / static_cast<double>(finite);
-    row.std = std::sqrt(m2 / static_cast<double>(finite));
+void write_stats(const Acc& acc, TensorRow& row) {
+  row.nan_count = acc.nan;
+  row.posinf_count = acc.posinf;
+  row.neginf_count = acc.neginf;
+  row.zero_count = acc.zero;
+  row.l2 = std::sqrt(acc.sumsq);
+  if (acc.finite == 0) {
+    row.min = row.max = row.mean = row.std = row.absmax = kNaN;
+    return;
   }
-};
+  row.min = acc.min;
+  row.max = acc.max;
+  row.absmax = std::max(std::fabs(acc.min), std::fabs(acc.max));
+  row.mean = acc.sum / static_cast<double>(acc.finite);
+  row.std = std::sqrt(acc.m2 / static_cast<double>(acc.finite));
+}
 
 template <typename T>
 inline double to_double(T v) {
@@ -173,7 +143,7 @@ void add_block(const T* p, int64_t m, Acc& acc) {
   double any = 0;
   for (double c : check) any += c;
   if (any == 0.0) {
-    acc.add_finite(buf, m);
+    add_finite(acc, buf, m);
     return;
   }
   int64_t k = 0;
@@ -187,7 +157,24 @@ void add_block(const T* p, int64_t m, Acc& acc) {
       buf[k++] = v;
     }
   }
-  acc.add_finite(buf, k);
+  add_finite(acc, buf, k);
+}
+
+// The vector kernel for the floating-point types where the CPU has one;
+// false when it has none or the block holds NaN or infinities.
+template <typename T>
+bool fast_block(const T* p, int64_t m, Acc& acc) {
+#if OPDUMP_HAVE_AVX2
+  if (!avx2::usable()) return false;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return avx2::add_block(p, m, acc);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return avx2::add_block_bf16(reinterpret_cast<const uint16_t*>(p), m, acc);
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    return avx2::add_block_f16(reinterpret_cast<const uint16_t*>(p), m, acc);
+  }
+#endif
+  return false;
 }
 
 // Large tensors are split into fixed chunks measured in parallel and merged
@@ -198,7 +185,10 @@ template <typename T>
 Acc accumulate(const T* p, int64_t n) {
   auto run = [](const T* q, int64_t len) {
     Acc a;
-    for (int64_t s = 0; s < len; s += kBlock) add_block(q + s, std::min(kBlock, len - s), a);
+    for (int64_t s = 0; s < len; s += kBlock) {
+      const int64_t m = std::min(kBlock, len - s);
+      if (!fast_block(q + s, m, a)) add_block(q + s, m, a);
+    }
     return a;
   };
   if (n < 4 * kChunk) return run(p, n);
@@ -225,7 +215,7 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
     acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n);
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
-  acc.write(row);
+  write_stats(acc, row);
 }
 
 void measure_device(const at::Tensor& t, TensorRow& row) {

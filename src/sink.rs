@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError, TrySendError};
 use opdump_format::schema::meta;
 use opdump_format::{OpRecord, Role, RotateOptions, RotatingWriter};
 
@@ -21,6 +21,10 @@ use crate::config::{Config, QueueFull};
 
 /// How often the writer wakes up to rotate files by age.
 const TICK: Duration = Duration::from_millis(200);
+/// How long the writer sleeps when the queue is empty: it starts at
+/// IDLE_MIN and doubles up to IDLE_MAX while the queue stays empty.
+const IDLE_MIN: Duration = Duration::from_millis(1);
+const IDLE_MAX: Duration = Duration::from_millis(16);
 
 /// Counts of what happened to records, for `torch.ops.opdump.stats()` and the
 /// exit report.
@@ -193,6 +197,7 @@ fn partition_of(rec: &OpRecord) -> &str {
 impl Worker {
     fn run(mut self, rx: Receiver<Msg>) {
         let mut last_tick = Instant::now();
+        let mut idle = IDLE_MIN;
         loop {
             // Rotation by age must not wait for an idle channel.
             if last_tick.elapsed() >= TICK {
@@ -209,13 +214,21 @@ impl Worker {
                 (self.setup.on_terminated)();
                 return;
             }
-            match rx.recv_timeout(TICK) {
-                Ok(Msg::Record(rec)) => self.write(rec),
+            // The writer polls instead of blocking in recv: a receiver parked
+            // in the channel makes every send a futex wake-up, a system call
+            // per op on the job's thread. Sleeping between polls leaves sends
+            // lock-free; a flush waits at most IDLE_MAX longer.
+            match rx.try_recv() {
+                Ok(Msg::Record(rec)) => {
+                    idle = IDLE_MIN;
+                    self.write(rec);
+                }
                 Ok(Msg::Flush(reply)) => {
+                    idle = IDLE_MIN;
                     self.close_all();
                     let _ = reply.send(());
                 }
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                Ok(Msg::Stop) | Err(TryRecvError::Disconnected) => {
                     // Take what is still queued, then stop.
                     while let Ok(Msg::Record(rec)) = rx.try_recv() {
                         self.write(rec);
@@ -223,7 +236,10 @@ impl Worker {
                     self.close_all();
                     return;
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(TryRecvError::Empty) => {
+                    std::thread::sleep(idle);
+                    idle = (idle * 2).min(IDLE_MAX);
+                }
             }
         }
     }

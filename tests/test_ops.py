@@ -129,3 +129,45 @@ def test_values_nan_inf_empty_int_bool(run, tmp_path):
         assert_stats_match(row, ref_stats(ten), rtol=1e-9, atol=1e-12, what=name)
     f32 = rows.iloc[0]
     assert (f32.nan_count, f32.posinf_count, f32.neginf_count, f32.zero_count) == (1, 1, 1, 1)
+
+
+def test_values_vector_kernel_blocks(run, tmp_path):
+    """Float tensors long enough for the vector kernel (blocks of 1024,
+    vectors of 16 and 8, scalar tails), with NaN and infinities in some
+    blocks only, a large mean against the spread, and a tensor large enough
+    to be split into chunks measured in parallel."""
+    job = run("""
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        name = str(dt).removeprefix("torch.")
+        for n in (7, 16, 23, 1024, 1031, 3000):
+            tensors[f"{name}-{n}"] = (torch.randn(n, generator=g, dtype=torch.float64) * 3 + 1).to(dt)
+        x = torch.randn(5000, generator=g, dtype=torch.float64).to(dt)
+        x[1500] = float("nan"); x[1600] = float("inf"); x[4999] = -float("inf"); x[10:20] = 0
+        tensors[f"{name}-nonfinite"] = x
+        tensors[f"{name}-offset"] = (torch.rand(4096, generator=g, dtype=torch.float64) + 1000).to(dt)
+    big = torch.randn(3_000_001, generator=g)
+    big[2_000_000] = float("nan")
+    tensors["float32-chunks"] = big
+    tensors["float64-huge"] = torch.full((2000,), 1e307, dtype=torch.float64)
+    torch.save(tensors, "t.pt")
+    torch.ops.opdump.enable()
+    for name, t in tensors.items():
+        torch.ops.aten.alias(t)
+    torch.ops.opdump.flush()
+    print(json.dumps(list(tensors)))
+    """)
+    assert job.returncode == 0, job.stderr
+    names = job.result()
+    saved = torch.load(tmp_path / "t.pt")
+    t = job.table()
+    rows = t[(t.op == "aten::alias") & (t.role == "input")].sort_values("seq")
+    assert len(rows) == len(names)
+    for name, (_, row) in zip(names, rows.iterrows()):
+        ten = saved[name]
+        assert row.stats_status == "computed", name
+        ref = ref_stats(ten)
+        if name == "float64-huge":  # the float64 sum overflows, in torch too
+            ref = {k: v for k, v in ref.items() if k not in ("mean", "std", "l2")}
+        assert_stats_match(row, ref, rtol=1e-9, atol=1e-12, what=name)

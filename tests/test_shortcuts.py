@@ -13,7 +13,13 @@ y.add_(1.0)            # in place: y's version moves
 w = y * 3.0            # y: measured again, not reused
 v = y.view(-1).t() if y.dim() == 1 else y.view(-1)   # a view: the input's statistics
 u = v.unsqueeze(0).sum()
-e = y.expand(2, 64, 32).sum()  # expand repeats elements: measured
+e = y.expand(2, 64, 32).sum()  # expand repeats elements: scaled counts and norm
+n = torch.tensor([[1.0, float("nan"), 0.0, -float("inf")]]).expand(5, 4).contiguous()
+s = torch.ops.aten.as_strided(x, (32, 64), (1, 32))   # all of x, transposed: a view
+r = x.t().reshape(-1)  # a copy: measured inside reshape
+acc = torch.randn(64, 64)
+acc.addmm_(x, x.t())   # nested calls inside write acc: nothing stale from the cache
+acc2 = acc * 1.0
 model = torch.nn.Linear(32, 8)
 for _ in range(2):
     model(x).pow(2).mean().backward()
@@ -51,5 +57,17 @@ def test_shortcuts_equal_full_pass(run):
     first, second = muls.iloc[0], muls.iloc[1]
     assert first.stats_status == "reused"
     assert math.isclose(second["max"], first["max"] + 1.0, rel_tol=1e-6)
-    ex = a[(a.op == "aten::expand") & (a.role == "output")]
-    assert (ex.stats_status == "computed").all()
+    # expand repeats elements: the output takes the input's statistics with
+    # counts and norm scaled (checked equal to a full pass above).
+    ex = a[(a.op == "aten::expand") & (a.role == "output") & (a.depth == 0)]
+    assert (ex.stats_status == "view").all() and len(ex) >= 2
+    nan_expand = ex[ex.numel == 20].iloc[0]
+    assert (nan_expand.nan_count, nan_expand.neginf_count, nan_expand.zero_count) == (5, 5, 5)
+    st = a[(a.op == "aten::as_strided") & (a.role == "output") & (a.depth == 0)]
+    assert list(st.stats_status) == ["view"]
+    # A copy is measured where it is made (the clone inside reshape), never
+    # copied from its input; reshape, a composite op, returns that result.
+    rs = a[(a.op == "aten::reshape") & (a.role == "output") & (a.depth == 0)].iloc[0]
+    inner = a[(a.parent_seq == rs.seq) & (a.op == "aten::clone") & (a.role == "output")]
+    assert list(inner.stats_status) == ["computed"]
+    assert rs.stats_status == "reused"

@@ -1,0 +1,226 @@
+// The statistics of one block of floating-point values, with AVX2 vectors.
+// Compiled on its own with -mavx2 -mfma -mf16c (see build.rs) and called only
+// where the CPU has them (avx2::usable).
+//
+// Two passes over a block that stays in L1: the first finds the extremes,
+// counts zeros and sums in float64; the second sums the squared deviations
+// from the block's mean in float64. Extremes and zero counts are exact in the
+// input's own precision; only the sums need float64. The sum doubles as the
+// check for NaN and infinities: it is finite exactly when every value is
+// (float64 sums of finite float32 values cannot overflow; a float64 sum that
+// does is handed to the portable path, which gives the same answer).
+
+#include <cmath>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "stats_acc.h"
+
+namespace opdump::avx2 {
+
+namespace {
+
+double hsum(__m256d v) {
+  __m128d lo = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
+}
+
+template <typename V, int N>
+void lanes(V v, double (&out)[N]) {
+  if constexpr (sizeof(V) == 32 && N == 8) {
+    alignas(32) float f[8];
+    _mm256_store_ps(f, v);
+    for (int l = 0; l < 8; ++l) out[l] = f[l];
+  } else {
+    alignas(32) double d[4];
+    _mm256_store_pd(d, v);
+    for (int l = 0; l < 4; ++l) out[l] = d[l];
+  }
+}
+
+int64_t hsum_epi32(__m256i v) {
+  alignas(32) int32_t x[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(x), v);
+  int64_t s = 0;
+  for (int32_t e : x) s += e;
+  return s;
+}
+
+int64_t hsum_epi64(__m256i v) {
+  alignas(32) int64_t x[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(x), v);
+  return x[0] + x[1] + x[2] + x[3];
+}
+
+// Adds the finished block to `acc`; `sum` already checked finite.
+void finish(int64_t m, int64_t zero, double mn, double mx, double sum, double m2, Acc& acc) {
+  Acc b;
+  b.finite = m;
+  b.zero = zero;
+  b.min = mn;
+  b.max = mx;
+  b.sum = sum;
+  b.mean = sum / static_cast<double>(m);
+  b.m2 = m2;
+  b.sumsq = m2 + sum * b.mean;  // = sum of squares, without cancellation
+  acc.merge(b);
+}
+
+// Blocks of 8 float32 lanes, read through `load` (8 values at offset i) and
+// `scalar` (one value), so float32, bfloat16 and float16 share the code.
+template <typename Load, typename Scalar>
+bool block8(int64_t m, Load load, Scalar scalar, Acc& acc) {
+  if (m <= 0) return true;
+  const __m256 zero_ps = _mm256_setzero_ps();
+  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
+  __m256i z = _mm256_setzero_si256();
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m256 a = load(i), b = load(i + 8);
+    mn = _mm256_min_ps(_mm256_min_ps(a, b), mn);
+    mx = _mm256_max_ps(_mm256_max_ps(a, b), mx);
+    // A true comparison is all ones (-1): subtracting it counts one.
+    z = _mm256_sub_epi32(z, _mm256_castps_si256(_mm256_cmp_ps(a, zero_ps, _CMP_EQ_OQ)));
+    z = _mm256_sub_epi32(z, _mm256_castps_si256(_mm256_cmp_ps(b, zero_ps, _CMP_EQ_OQ)));
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+    s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(b)));
+    s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)));
+  }
+  const int64_t vec_end = i;
+  double lmn[8], lmx[8];
+  lanes(mn, lmn);
+  lanes(mx, lmx);
+  double dmn = lmn[0], dmx = lmx[0];
+  for (int l = 1; l < 8; ++l) {
+    dmn = lmn[l] < dmn ? lmn[l] : dmn;
+    dmx = lmx[l] > dmx ? lmx[l] : dmx;
+  }
+  int64_t zero = hsum_epi32(z);
+  double sum = hsum(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+  for (int64_t k = vec_end; k < m; ++k) {
+    const double v = scalar(k);
+    dmn = v < dmn ? v : dmn;
+    dmx = v > dmx ? v : dmx;
+    zero += v == 0.0;
+    sum += v;
+  }
+  if (!std::isfinite(sum)) return false;
+
+  const double mean = sum / static_cast<double>(m);
+  const __m256d mv = _mm256_set1_pd(mean);
+  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+  for (i = 0; i < vec_end; i += 16) {
+    const __m256 a = load(i), b = load(i + 8);
+    const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), mv);
+    const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), mv);
+    const __m256d d2 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(b)), mv);
+    const __m256d d3 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)), mv);
+    q0 = _mm256_fmadd_pd(d0, d0, q0);
+    q1 = _mm256_fmadd_pd(d1, d1, q1);
+    q2 = _mm256_fmadd_pd(d2, d2, q2);
+    q3 = _mm256_fmadd_pd(d3, d3, q3);
+  }
+  double m2 = hsum(_mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+  for (int64_t k = vec_end; k < m; ++k) {
+    const double d = static_cast<double>(scalar(k)) - mean;
+    m2 += d * d;
+  }
+  finish(m, zero, dmn, dmx, sum, m2, acc);
+  return true;
+}
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+bool usable() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+bool add_block(const float* p, int64_t m, Acc& acc) {
+  return block8(
+      m, [p](int64_t i) { return _mm256_loadu_ps(p + i); }, [p](int64_t i) { return p[i]; }, acc);
+}
+
+bool add_block_bf16(const uint16_t* p, int64_t m, Acc& acc) {
+  return block8(
+      m,
+      [p](int64_t i) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      },
+      [p](int64_t i) { return bf16_to_float(p[i]); }, acc);
+}
+
+bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc) {
+  return block8(
+      m, [p](int64_t i) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))); },
+      [p](int64_t i) { return _cvtsh_ss(p[i]); }, acc);
+}
+
+// float64: four lanes per vector, extremes and sums in float64.
+bool add_block(const double* p, int64_t m, Acc& acc) {
+  if (m <= 0) return true;
+  const __m256d zero_pd = _mm256_setzero_pd();
+  __m256d mn = _mm256_set1_pd(INFINITY), mx = _mm256_set1_pd(-INFINITY);
+  __m256i z = _mm256_setzero_si256();
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256d a = _mm256_loadu_pd(p + i), b = _mm256_loadu_pd(p + i + 4);
+    mn = _mm256_min_pd(_mm256_min_pd(a, b), mn);
+    mx = _mm256_max_pd(_mm256_max_pd(a, b), mx);
+    z = _mm256_sub_epi64(z, _mm256_castpd_si256(_mm256_cmp_pd(a, zero_pd, _CMP_EQ_OQ)));
+    z = _mm256_sub_epi64(z, _mm256_castpd_si256(_mm256_cmp_pd(b, zero_pd, _CMP_EQ_OQ)));
+    s0 = _mm256_add_pd(s0, a);
+    s1 = _mm256_add_pd(s1, b);
+  }
+  const int64_t vec_end = i;
+  double lmn[4], lmx[4];
+  lanes(mn, lmn);
+  lanes(mx, lmx);
+  double dmn = lmn[0], dmx = lmx[0];
+  for (int l = 1; l < 4; ++l) {
+    dmn = lmn[l] < dmn ? lmn[l] : dmn;
+    dmx = lmx[l] > dmx ? lmx[l] : dmx;
+  }
+  int64_t zero = hsum_epi64(z);
+  double sum = hsum(_mm256_add_pd(s0, s1));
+  for (int64_t k = vec_end; k < m; ++k) {
+    const double v = p[k];
+    dmn = v < dmn ? v : dmn;
+    dmx = v > dmx ? v : dmx;
+    zero += v == 0.0;
+    sum += v;
+  }
+  if (!std::isfinite(sum)) return false;
+
+  const double mean = sum / static_cast<double>(m);
+  const __m256d mv = _mm256_set1_pd(mean);
+  __m256d q0 = _mm256_setzero_pd(), q1 = q0;
+  for (i = 0; i < vec_end; i += 8) {
+    const __m256d d0 = _mm256_sub_pd(_mm256_loadu_pd(p + i), mv);
+    const __m256d d1 = _mm256_sub_pd(_mm256_loadu_pd(p + i + 4), mv);
+    q0 = _mm256_fmadd_pd(d0, d0, q0);
+    q1 = _mm256_fmadd_pd(d1, d1, q1);
+  }
+  double m2 = hsum(_mm256_add_pd(q0, q1));
+  for (int64_t k = vec_end; k < m; ++k) {
+    const double d = p[k] - mean;
+    m2 += d * d;
+  }
+  finish(m, zero, dmn, dmx, sum, m2, acc);
+  return true;
+}
+
+}  // namespace opdump::avx2
