@@ -17,6 +17,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"
@@ -123,6 +124,35 @@ void append_double(std::string& out, double d) {
   if (std::isfinite(d) && text.find_first_of(".e") == std::string_view::npos) out += ".0";
 }
 
+// Text of values whose printing through an ostream is the slow path; the
+// output is the same as `operator<<` gives.
+bool append_plain(std::string& out, const c10::IValue& v) {
+  char buf[24];
+  if (v.isInt()) {
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v.toInt());
+    out.append(buf, ec == std::errc() ? end - buf : 0);
+  } else if (v.isBool()) {
+    out += v.toBool() ? "True" : "False";
+  } else if (v.isNone()) {
+    out += "None";
+  } else if (v.isDouble()) {
+    append_double(out, v.toDouble());
+  } else if (v.isIntList()) {
+    out += '[';
+    bool first = true;
+    for (int64_t x : v.toIntList()) {
+      if (!first) out += ", ";
+      first = false;
+      auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
+      out.append(buf, ec == std::errc() ? end - buf : 0);
+    }
+    out += ']';
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IValue& v) {
   if (!out.empty()) out += ", ";
   out += arg.name();
@@ -132,23 +162,27 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
     type = type->expectRef<c10::OptionalType>().getElementType();
   if (v.isInt() && type->kind() == c10::TypeKind::ScalarTypeType) {
     out += c10::getDtypeNames(static_cast<c10::ScalarType>(v.toInt())).first;
-  } else if (v.isInt() && type->kind() == c10::TypeKind::MemoryFormatType) {
-    std::ostringstream s;
-    s << static_cast<c10::MemoryFormat>(v.toInt());
-    out += s.str();
-  } else if (v.isInt() && type->kind() == c10::TypeKind::LayoutType) {
-    std::ostringstream s;
-    s << static_cast<c10::Layout>(v.toInt());
-    out += s.str();
-  } else if (v.isDouble()) {
-    append_double(out, v.toDouble());
-  } else if (v.isGenerator()) {
-    out += "<generator>";
-  } else {
-    std::ostringstream s;
-    s << v;
-    out += s.str();
+    return;
   }
+  if (v.isGenerator()) {
+    out += "<generator>";
+    return;
+  }
+  const bool enum_int = v.isInt() && (type->kind() == c10::TypeKind::MemoryFormatType ||
+                                      type->kind() == c10::TypeKind::LayoutType);
+  if (!enum_int && append_plain(out, v)) return;
+  // Everything else through one stream per thread: constructing an
+  // ostringstream per value costs more than the rest of the record.
+  thread_local std::ostringstream s;
+  s.str(std::string());
+  s.clear();
+  if (v.isInt() && type->kind() == c10::TypeKind::MemoryFormatType)
+    s << static_cast<c10::MemoryFormat>(v.toInt());
+  else if (v.isInt() && type->kind() == c10::TypeKind::LayoutType)
+    s << static_cast<c10::Layout>(v.toInt());
+  else
+    s << v;
+  out += s.view();
 }
 
 // Builds the rows of one call. Failures to measure one tensor never stop the
@@ -179,7 +213,7 @@ struct Recorder {
   bool write_return = false;
   // The measured inputs with their rows, for outputs that are views over
   // exactly the same memory (same_elements).
-  std::vector<std::pair<size_t, at::Tensor>> measured_inputs;
+  c10::SmallVector<std::pair<size_t, at::Tensor>, 4> measured_inputs;
 
   static bool measured(const TensorRow& r) {
     return r.status == kComputed || r.status == kReused || r.status == kView;
@@ -386,9 +420,10 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
   const std::string_view base = base_name(name.name);
   const auto& args = schema.arguments();
   const size_t nargs = args.size();
-  std::vector<std::pair<size_t, c10::IValue>> written;  // for ops that return nothing
+  c10::SmallVector<std::pair<size_t, c10::IValue>, 2> written;  // for ops that return nothing
 
   try {
+    rec.call.tensors.reserve(nargs + schema.returns().size());
     rec.call.op = rust::String(name.name);
     rec.call.overload = rust::String(name.overload_name.empty() ? "default" : name.overload_name);
     const size_t first = stack->size() - nargs;

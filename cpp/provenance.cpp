@@ -8,14 +8,47 @@
 // nested in it) are known; a nested call's tensor on any other storage, and
 // not computed by that call, is recorded as not measured.
 
+#include <algorithm>
 #include <unordered_set>
+#include <vector>
 
 #include "opdump/cpp/internal.h"
 
 namespace opdump {
 
 namespace {
-thread_local std::unordered_set<const c10::StorageImpl*> tl_known;
+// A top-level call sees a handful of storages: a vector searched linearly,
+// cleared without freeing, costs no allocation per call. A call that sees
+// many (a foreach over every parameter) moves to a hash set.
+constexpr size_t kLinear = 64;
+
+struct Known {
+  std::vector<const c10::StorageImpl*> few;
+  std::unordered_set<const c10::StorageImpl*> many;
+  bool large = false;
+
+  void clear() {
+    few.clear();
+    if (large) many.clear();
+    large = false;
+  }
+  void insert(const c10::StorageImpl* s) {
+    if (large) {
+      many.insert(s);
+    } else if (std::find(few.begin(), few.end(), s) == few.end()) {
+      few.push_back(s);
+      if (few.size() > kLinear) {
+        many.insert(few.begin(), few.end());
+        large = true;
+      }
+    }
+  }
+  bool contains(const c10::StorageImpl* s) const {
+    return large ? many.contains(s) : std::find(few.begin(), few.end(), s) != few.end();
+  }
+};
+
+thread_local Known tl_known;
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;

@@ -41,8 +41,12 @@ constexpr size_t kMaxEntries = 1 << 15;
 std::mutex g_mutex;
 std::unordered_map<const c10::TensorImpl*, Cached> g_cache;
 
+// Below this many elements, measuring again costs less than a lookup (a
+// lock, a hash, a weak reference) and a remembered entry.
+constexpr int64_t kMinElements = 1024;
+
 bool cacheable(const at::Tensor& t) {
-  return t.defined() && !t.is_inference() && t.layout() == at::kStrided;
+  return t.defined() && !t.is_inference() && t.layout() == at::kStrided && t.numel() >= kMinElements;
 }
 
 // The storages the innermost call from above autograd on this thread may

@@ -202,13 +202,27 @@ Acc accumulate(const T* p, int64_t n) {
   return total;
 }
 
+// A contiguous copy of `t` in a buffer kept per thread: a fresh allocation
+// of this size is mapped and zeroed by the kernel page by page, every time.
+at::Tensor contiguous_copy(const at::Tensor& t) {
+  constexpr int64_t kMaxKeptBytes = int64_t{64} << 20;
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  if (bytes > kMaxKeptBytes) return t.contiguous();
+  thread_local at::Tensor buffer;
+  if (!buffer.defined() || buffer.nbytes() < static_cast<size_t>(bytes))
+    buffer = at::empty({std::max<int64_t>(bytes, 1 << 16)}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor out = at::from_blob(buffer.data_ptr(), t.sizes(), t.options());
+  out.copy_(t);
+  return out;
+}
+
 void measure_cpu(const at::Tensor& t, TensorRow& row) {
   // Dense tensors (contiguous, transposed, permuted) occupy exactly numel
   // elements of memory: read them in memory order. Others (expanded,
   // sliced) are first made contiguous, in their own dtype.
   at::Tensor src = t;
   if (src.is_neg()) src = src.resolve_neg();
-  if (!src.is_non_overlapping_and_dense()) src = src.contiguous();
+  if (!src.is_non_overlapping_and_dense()) src = contiguous_copy(src);
   const int64_t n = src.numel();
   Acc acc;
   AT_DISPATCH_V2(src.scalar_type(), "opdump_stats", AT_WRAP([&] {
@@ -279,10 +293,15 @@ bool unsupported(const at::Tensor& t) {
 void fill_metadata(const at::Tensor& t, TensorRow& row) {
   // The name Python prints without "torch.": float32, bfloat16, int64.
   row.dtype = rust::String(std::string(c10::getDtypeNames(t.scalar_type()).first));
-  for (auto s : t.sym_sizes()) row.shape.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
-  if (t.layout() == at::kStrided && !t.is_nested())
-    for (auto s : t.sym_strides()) row.stride.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
-  row.device = rust::String(t.device().str());
+  const auto sizes = t.sym_sizes();
+  row.shape.reserve(sizes.size());
+  for (auto s : sizes) row.shape.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
+  if (t.layout() == at::kStrided && !t.is_nested()) {
+    const auto strides = t.sym_strides();
+    row.stride.reserve(strides.size());
+    for (auto s : strides) row.stride.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
+  }
+  row.device = t.device().is_cpu() ? rust::String("cpu") : rust::String(t.device().str());
   row.numel = t.sym_numel().is_symbolic() ? -1 : t.sym_numel().as_int_unchecked();
 }
 

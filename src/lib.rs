@@ -24,3 +24,12 @@ extern "C" fn on_load() {
 #[used]
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
+
+/// Records are built on the job's threads and freed on the writer thread.
+/// With glibc's malloc those frees refill the job's arena under its lock, and
+/// the job's next allocation waits on a futex (measured: most of the per-op
+/// cost on small tensors). mimalloc frees across threads without a lock.
+/// Only Rust's allocations (records, and the strings and vectors C++ fills
+/// through the bridge) use it; torch's own memory is untouched.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
