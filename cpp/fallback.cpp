@@ -293,7 +293,15 @@ struct Recorder {
         if (row.status == kView) {
           copy_stats(src, row);
           if (repeat > 1) scale_repeated(row, repeat);
-          if (above_autograd) reuse_remember(t, row);
+          // Inside a kernel, a view is remembered only when it views memory
+          // that existed before the call (its input came from the cache, or
+          // is a top-level argument) and that the call does not write, so
+          // its values cannot change without its version moving. A view of
+          // the kernel's own fresh memory can (addmm writes its result after
+          // viewing it).
+          if (shortcuts && (above_autograd || ((src.status == kReused || provenance_is_argument(t)) &&
+                                               !reuse_written_by_current_call(t))))
+            reuse_remember(t, row);
         }
         call.tensors.push_back(std::move(row));
         return;
@@ -404,6 +412,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
       if (ticket.depth == 0) provenance_note_all((*stack)[first + i]);
       if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) reuse_note_written((*stack)[first + i]);
     }
+    if (ticket.depth == 0) provenance_arguments_noted();
   }
   if (!ticket.record) {
     op.redispatchBoxed(next, stack);

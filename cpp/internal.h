@@ -76,5 +76,9 @@ void provenance_begin_top_level();
 void provenance_note(const at::Tensor& t);
 void provenance_note_all(const c10::IValue& v);
 bool provenance_known(const at::Tensor& t);
+// After the top-level call's arguments are noted: whether `t` is on the
+// storage of one of them (memory that existed before the call).
+void provenance_arguments_noted();
+bool provenance_is_argument(const at::Tensor& t);
 
 }  // namespace opdump

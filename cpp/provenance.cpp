@@ -26,11 +26,14 @@ struct Known {
   std::vector<const c10::StorageImpl*> few;
   std::unordered_set<const c10::StorageImpl*> many;
   bool large = false;
+  // The first `args` entries of `few` are the top-level call's arguments.
+  size_t args = 0;
 
   void clear() {
     few.clear();
     if (large) many.clear();
     large = false;
+    args = 0;
   }
   void insert(const c10::StorageImpl* s) {
     if (large) {
@@ -60,6 +63,14 @@ void provenance_begin_top_level() { tl_known.clear(); }
 
 void provenance_note(const at::Tensor& t) {
   if (auto* s = storage_of(t)) tl_known.insert(s);
+}
+
+void provenance_arguments_noted() { tl_known.args = tl_known.large ? 0 : tl_known.few.size(); }
+
+bool provenance_is_argument(const at::Tensor& t) {
+  auto* s = storage_of(t);
+  const auto end = tl_known.few.begin() + static_cast<std::ptrdiff_t>(tl_known.args);
+  return s != nullptr && std::find(tl_known.few.begin(), end, s) != end;
 }
 
 bool provenance_known(const at::Tensor& t) {

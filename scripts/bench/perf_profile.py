@@ -122,6 +122,17 @@ def main() -> int:
             print(f"## by {sort}")
             for l in lines[:top]:
                 print(l[:200])
+        # Inclusive time of opdump's own functions on the job's thread: what
+        # the fallback costs in all, and its parts (statistics, metadata, the
+        # hand-off to Rust).
+        rep = subprocess.run(["perf", "report", "-i", data, "--time", window, "--children", "-g", "none",
+                              "--comm", "python", "--dsos", "libopdump_core.so", "--sort", "symbol",
+                              "--stdio", "--percent-limit", "0.3"], capture_output=True, text=True)
+        lines = [l.rstrip() for l in rep.stdout.splitlines() if l.strip() and not l.startswith("#")]
+        print()
+        print("## opdump on the job's thread, inclusive (children, self)")
+        for l in lines[:args.top]:
+            print(l[:200])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

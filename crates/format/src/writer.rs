@@ -17,10 +17,25 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::record::OpRecord;
-use crate::schema::{meta, schema, BatchBuilder, SCHEMA_VERSION};
+use crate::schema::{col, meta, schema, BatchBuilder, SCHEMA_VERSION};
+
+/// Columns written without a dictionary (see `open`).
+const UNIQUE_COLUMNS: &[&str] = &[
+    col::SEQ,
+    col::PARENT_SEQ,
+    col::START_NS,
+    col::DURATION_NS,
+    col::MIN,
+    col::MAX,
+    col::MEAN,
+    col::STD,
+    col::L2,
+    col::ABSMAX,
+];
 
 /// When files rotate, and how they are created.
 #[derive(Clone, Debug)]
@@ -155,10 +170,15 @@ impl RotatingWriter {
                 Err(e) => return Err(Error::io(&tmp, e)),
             }
         };
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
-            .set_max_row_group_row_count(Some(64 * 1024))
-            .build();
+            .set_max_row_group_row_count(Some(64 * 1024));
+        // Columns whose values hardly repeat: a dictionary saves no space and
+        // hashing every value into it was the writer's largest cost.
+        for name in UNIQUE_COLUMNS {
+            props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
+        }
+        let props = props.build();
         let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema(), Some(props))
             .map_err(|e| Error::parquet(&tmp, e))?;
         Ok(self.file.insert(OpenFile {
