@@ -32,7 +32,7 @@ fn main() {
     // F16C on their own (the rest of the library keeps the baseline ISA) and
     // called only where the CPU reports them at run time.
     let avx2 = std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64");
-    build.define("OPDUMP_HAVE_AVX2", if avx2 { "1" } else { "0" });
+    build.define("STATS_HAVE_AVX2", if avx2 { "1" } else { "0" });
     build.compile("opdump_cpp");
     if avx2 {
         cc::Build::new()

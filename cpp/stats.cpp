@@ -1,11 +1,15 @@
 // Statistics of one tensor, computed on the tensor's own device.
 //
-// - CPU: one pass over memory, in L1-sized blocks, accumulating in float64,
-//   with no full-size float copy (dense tensors of any layout are read in
-//   memory order, since every statistic is order-independent).
+// - CPU: L1-sized blocks read twice while in cache (extremes, counts and
+//   sum, then squared deviations), accumulating in float64, with the AVX2
+//   kernel where the CPU has it, and no full-size float copy (dense tensors
+//   of any layout are read in memory order, since every statistic is
+//   order-independent).
 // - Other devices: ATen reductions on the device in float64 (float32 where
-//   the device has no float64), stacked into one small tensor that is copied
-//   to the host once. That copy synchronises the device, so the record is final.
+//   the device has no float64): five when every value is finite, the full
+//   set over the finite values otherwise; stacked into one small tensor that
+//   is copied to the host once. That copy synchronises the device, so the
+//   record is final.
 //
 // The ops run here are invisible to autograd, autocast, user modes and opdump
 // itself (see stats_excluded_keys).
@@ -164,7 +168,7 @@ void add_block(const T* p, int64_t m, Acc& acc) {
 // false when it has none or the block holds NaN or infinities.
 template <typename T>
 bool fast_block(const T* p, int64_t m, Acc& acc) {
-#if OPDUMP_HAVE_AVX2
+#if STATS_HAVE_AVX2
   if (!avx2::usable()) return false;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     return avx2::add_block(p, m, acc);
@@ -232,10 +236,36 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   write_stats(acc, row);
 }
 
+// All finite (the common case): five reductions on the device and one copy
+// of five numbers. var_mean's mean is NaN or infinite exactly when a value
+// is (float32 values summed in float64 cannot overflow), which tells this
+// case from the other. False when it does not apply.
+bool measure_device_finite(const at::Tensor& x, TensorRow& row) {
+  auto [var, mean] = at::var_mean(x, at::OptionalIntArrayRef(), std::optional<at::Scalar>(at::Scalar(0)), false);
+  auto [mn, mx] = at::aminmax(x);
+  auto parts = at::stack({mn, mx, mean, var, (x == 0).sum().to(x.scalar_type())});
+  // One copy to the host; it waits for the device.
+  auto host = parts.to(at::kCPU, at::kDouble).contiguous();
+  const double* v = host.const_data_ptr<double>();
+  if (!std::isfinite(v[2])) return false;
+  const double n = static_cast<double>(x.numel());
+  row.nan_count = row.posinf_count = row.neginf_count = 0;
+  row.zero_count = static_cast<int64_t>(v[4]);
+  row.min = v[0];
+  row.max = v[1];
+  row.absmax = std::max(std::fabs(v[0]), std::fabs(v[1]));
+  row.mean = v[2];
+  row.std = std::sqrt(v[3]);
+  row.l2 = std::sqrt(v[3] * n + v[2] * v[2] * n);  // sum of squares = m2 + n mean^2
+  return true;
+}
+
 void measure_device(const at::Tensor& t, TensorRow& row) {
   at::Tensor x = t.is_complex() ? at::abs(t) : t;
   const bool has_f64 = !t.device().is_mps();
   x = x.to(has_f64 ? at::kDouble : at::kFloat);
+  if (measure_device_finite(x, row)) return;
+  // Some value is NaN or infinite: every statistic over the finite ones.
   const auto inf = std::numeric_limits<double>::infinity();
   auto finite = at::isfinite(x);
   auto fin = at::where(finite, x, at::zeros({}, x.options()));

@@ -26,16 +26,28 @@ double hsum(__m256d v) {
   return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
 }
 
-template <typename V, int N>
-void lanes(V v, double (&out)[N]) {
-  if constexpr (sizeof(V) == 32 && N == 8) {
-    alignas(32) float f[8];
-    _mm256_store_ps(f, v);
-    for (int l = 0; l < 8; ++l) out[l] = f[l];
-  } else {
-    alignas(32) double d[4];
-    _mm256_store_pd(d, v);
-    for (int l = 0; l < 4; ++l) out[l] = d[l];
+// The smallest and largest of the lanes of the running extremes.
+void extremes(__m256 mn, __m256 mx, double& lo, double& hi) {
+  alignas(32) float a[8], b[8];
+  _mm256_store_ps(a, mn);
+  _mm256_store_ps(b, mx);
+  lo = a[0];
+  hi = b[0];
+  for (int l = 1; l < 8; ++l) {
+    lo = a[l] < lo ? a[l] : lo;
+    hi = b[l] > hi ? b[l] : hi;
+  }
+}
+
+void extremes(__m256d mn, __m256d mx, double& lo, double& hi) {
+  alignas(32) double a[4], b[4];
+  _mm256_store_pd(a, mn);
+  _mm256_store_pd(b, mx);
+  lo = a[0];
+  hi = b[0];
+  for (int l = 1; l < 4; ++l) {
+    lo = a[l] < lo ? a[l] : lo;
+    hi = b[l] > hi ? b[l] : hi;
   }
 }
 
@@ -90,14 +102,8 @@ bool block8(int64_t m, Load load, Scalar scalar, Acc& acc) {
     s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)));
   }
   const int64_t vec_end = i;
-  double lmn[8], lmx[8];
-  lanes(mn, lmn);
-  lanes(mx, lmx);
-  double dmn = lmn[0], dmx = lmx[0];
-  for (int l = 1; l < 8; ++l) {
-    dmn = lmn[l] < dmn ? lmn[l] : dmn;
-    dmx = lmx[l] > dmx ? lmx[l] : dmx;
-  }
+  double dmn, dmx;
+  extremes(mn, mx, dmn, dmx);
   int64_t zero = hsum_epi32(z);
   double sum = hsum(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
   for (int64_t k = vec_end; k < m; ++k) {
@@ -186,14 +192,8 @@ bool add_block(const double* p, int64_t m, Acc& acc) {
     s1 = _mm256_add_pd(s1, b);
   }
   const int64_t vec_end = i;
-  double lmn[4], lmx[4];
-  lanes(mn, lmn);
-  lanes(mx, lmx);
-  double dmn = lmn[0], dmx = lmx[0];
-  for (int l = 1; l < 4; ++l) {
-    dmn = lmn[l] < dmn ? lmn[l] : dmn;
-    dmx = lmx[l] > dmx ? lmx[l] : dmx;
-  }
+  double dmn, dmx;
+  extremes(mn, mx, dmn, dmx);
   int64_t zero = hsum_epi64(z);
   double sum = hsum(_mm256_add_pd(s0, s1));
   for (int64_t k = vec_end; k < m; ++k) {

@@ -20,7 +20,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_RANKS", "(all)", "ranks that record: a list of numbers and ranges, e.g. 0,3"),
     ("OPDUMP_MAX_DEPTH", "(none)", "deepest nesting level recorded; 0 records top-level ops only"),
     ("OPDUMP_INPUTS", "1", "0 records outputs only"),
-    ("OPDUMP_REUSE", "1", "reuse the statistics of a tensor measured before and unchanged since (version counter), and copy them through value-preserving views; 0 measures every tensor (for data written outside the dispatcher, e.g. through NumPy)"),
+    ("OPDUMP_REUSE", "1", "reuse the statistics of a tensor measured before and unchanged since (version counter), and copy them through views of the same elements (broadcasts scaled); 0 measures every tensor (for data written outside the dispatcher, e.g. through NumPy, or by a kernel writing an argument its schema marks read-only)"),
     ("OPDUMP_MAX_RECORDS", "0", "stop recording after this many op calls per process; 0 is no limit"),
     ("OPDUMP_ROTATE_ROWS", "500000", "start a new file after this many rows"),
     ("OPDUMP_ROTATE_SECS", "10", "start a new file after this many seconds; bounds what a crash loses"),

@@ -1,7 +1,7 @@
 """Side-by-side benchmark of opdump against no dumper and its peers.
 
-    scripts/bench/run.sh              # the full run (about 10 minutes on 2 cores)
-    scripts/bench/run.sh --quick      # TinyLM, one thread only (about 2 minutes)
+    scripts/bench/run.sh              # the full run (about 12 minutes on 2 cores)
+    scripts/bench/run.sh --quick      # TinyLM, one thread only, no parts (about 4 minutes)
 
 Every configuration runs in its own subprocess (so the library is loaded or
 not), which builds the model, runs warm-up steps, then times each training
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import statistics

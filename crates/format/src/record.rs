@@ -67,7 +67,8 @@ pub enum StatsStatus {
     Unsupported,
     /// Copied from the record of the op that produced this unmodified tensor.
     Reused,
-    /// Copied from the input of a value-preserving view.
+    /// Copied from the input of a view of exactly its elements (in any order,
+    /// or broadcast: counts and l2 scaled by the repeat).
     View,
     /// Not measured on purpose (inputs switched off, asynchronous outputs).
     NotMeasured,
