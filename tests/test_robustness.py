@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import signal
+import shutil
 import subprocess
 import sys
 
@@ -18,8 +19,12 @@ def start(tmp_path, code, **env):
     script = tmp_path / "job.py"
     script.write_text(f"import torch, json, os, sys\ntorch.ops.load_library({str(LIB)!r})\n" + code)
     dump = tmp_path / "dump"
+    # A shell that starts the tests in the background leaves SIGINT ignored,
+    # and an ignored signal stays ignored across exec: give the job the
+    # default action, as a terminal would, so Python installs its handler.
     return subprocess.Popen([sys.executable, str(script)], env=clean_env(OPDUMP=1, OPDUMP_DIR=dump, **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), dump
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)), dump
 
 
 def visible(dump):
@@ -111,8 +116,12 @@ while True:
     try:
         p.wait(timeout=60)
     except subprocess.TimeoutExpired:
+        stacks = subprocess.run(["gdb", "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 30"],
+                                capture_output=True, text=True) if shutil.which("gdb") else None
         p.kill()
-        pytest.fail("the job did not end after the signal")
+        _, err = p.communicate()
+        pytest.fail("the job did not end after the signal\n" + err[-3000:] +
+                    ("\n" + stacks.stdout[-12000:] if stacks else ""))
     assert p.returncode != 0
     t = read_dump(dump)
     adds = t[(t.op == "aten::add_") & (t.role == "output")].sort_values("seq")
