@@ -22,6 +22,20 @@ constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode
 // own, autograd, autocast, user Python modes and functorch.
 c10::DispatchKeySet stats_excluded_keys();
 
+// Calls `f` with each tensor a value holds: a Tensor, or the tensors of a
+// Tensor[] or Tensor?[].
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const auto& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
 // Whether recording is on. Read at every op; written by set_active.
 extern std::atomic<bool> g_active;
 

@@ -78,15 +78,6 @@ bool provenance_known(const at::Tensor& t) {
   return s == nullptr || tl_known.contains(s);
 }
 
-void provenance_note_all(const c10::IValue& v) {
-  if (v.isTensor()) {
-    provenance_note(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const auto& t : v.toTensorList()) provenance_note(t);
-  } else if (v.isList()) {
-    for (const auto& e : v.toListRef())
-      if (e.isTensor()) provenance_note(e.toTensor());
-  }
-}
+void provenance_note_all(const c10::IValue& v) { for_each_tensor(v, provenance_note); }
 
 }  // namespace opdump

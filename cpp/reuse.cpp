@@ -64,16 +64,7 @@ void note_written(const at::Tensor& t) {
 
 void reuse_begin_call() { tl_written.clear(); }
 
-void reuse_note_written(const c10::IValue& v) {
-  if (v.isTensor()) {
-    note_written(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const auto& t : v.toTensorList()) note_written(t);
-  } else if (v.isList()) {
-    for (const auto& e : v.toListRef())
-      if (e.isTensor()) note_written(e.toTensor());
-  }
-}
+void reuse_note_written(const c10::IValue& v) { for_each_tensor(v, note_written); }
 
 bool reuse_written_by_current_call(const at::Tensor& t) {
   if (tl_written.empty()) return false;
