@@ -26,29 +26,30 @@ double hsum(__m256d v) {
   return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
 }
 
-// The smallest and largest of the lanes of the running extremes.
+// The smallest and largest of the lanes of the running extremes, stored to
+// `a` and `b` (N lanes of float or double).
+template <typename T, int N>
+void fold_extremes(const T (&a)[N], const T (&b)[N], double& lo, double& hi) {
+  lo = a[0];
+  hi = b[0];
+  for (int l = 1; l < N; ++l) {
+    lo = a[l] < lo ? a[l] : lo;
+    hi = b[l] > hi ? b[l] : hi;
+  }
+}
+
 void extremes(__m256 mn, __m256 mx, double& lo, double& hi) {
   alignas(32) float a[8], b[8];
   _mm256_store_ps(a, mn);
   _mm256_store_ps(b, mx);
-  lo = a[0];
-  hi = b[0];
-  for (int l = 1; l < 8; ++l) {
-    lo = a[l] < lo ? a[l] : lo;
-    hi = b[l] > hi ? b[l] : hi;
-  }
+  fold_extremes(a, b, lo, hi);
 }
 
 void extremes(__m256d mn, __m256d mx, double& lo, double& hi) {
   alignas(32) double a[4], b[4];
   _mm256_store_pd(a, mn);
   _mm256_store_pd(b, mx);
-  lo = a[0];
-  hi = b[0];
-  for (int l = 1; l < 4; ++l) {
-    lo = a[l] < lo ? a[l] : lo;
-    hi = b[l] > hi ? b[l] : hi;
-  }
+  fold_extremes(a, b, lo, hi);
 }
 
 int64_t hsum_epi32(__m256i v) {
