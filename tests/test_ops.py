@@ -2,6 +2,7 @@
 ops that return nothing, and an op that raises."""
 
 import math
+import textwrap
 
 from conftest import MEASURED, assert_stats_match, ref_stats
 
@@ -91,8 +92,35 @@ def test_user_error_unchanged(run):
     assert on.result() == off.result()
 
 
+# Passes each tensor of a dict through aten::alias under opdump: its input
+# row holds opdump's statistics of that tensor.
+ALIAS_EACH = """
+torch.save(tensors, "t.pt")
+torch.ops.opdump.enable()
+for name, t in tensors.items():
+    torch.ops.aten.alias(t)
+torch.ops.opdump.flush()
+print(json.dumps(list(tensors)))
+"""
+
+
+def alias_rows(run, tmp_path, make_tensors):
+    """Runs `make_tensors` (code that fills the dict `tensors`), then
+    ALIAS_EACH; yields (name, input row, the saved tensor) in order."""
+    job = run(textwrap.dedent(make_tensors) + ALIAS_EACH)
+    assert job.returncode == 0, job.stderr
+    names = job.result()
+    saved = torch.load(tmp_path / "t.pt")
+    t = job.table()
+    rows = t[(t.op == "aten::alias") & (t.role == "input")].sort_values("seq")
+    assert len(rows) == len(names)
+    for name, (_, row) in zip(names, rows.iterrows()):
+        yield name, row, saved[name]
+
+
 def test_values_nan_inf_empty_int_bool(run, tmp_path):
-    job = run("""
+    rows = []
+    for name, row, ten in alias_rows(run, tmp_path, """
     tensors = {
         "f32": torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -3.5]),
         "bf16": torch.tensor([0.1, -2.5, float("nan"), 0.0], dtype=torch.bfloat16),
@@ -108,26 +136,13 @@ def test_values_nan_inf_empty_int_bool(run, tmp_path):
         "transposed": torch.randn(5, 7).t(),
         "expanded": torch.randn(3, 1).expand(3, 4),
     }
-    torch.save(tensors, "t.pt")
-    torch.ops.opdump.enable()
-    for name, t in tensors.items():
-        torch.ops.aten.alias(t)
-    torch.ops.opdump.flush()
-    print(json.dumps(list(tensors)))
-    """)
-    assert job.returncode == 0, job.stderr
-    names = job.result()
-    saved = torch.load(tmp_path / "t.pt")
-    t = job.table()
-    rows = t[(t.op == "aten::alias") & (t.role == "input")].sort_values("seq")
-    assert len(rows) == len(names)
-    for name, (_, row) in zip(names, rows.iterrows()):
-        ten = saved[name]
+    """):
+        rows.append(row)
         assert row.stats_status in MEASURED, name
         assert row["dtype"] == str(ten.dtype).removeprefix("torch."), name
         assert row.numel == ten.numel()
         assert_stats_match(row, ref_stats(ten), rtol=1e-9, atol=1e-12, what=name)
-    f32 = rows.iloc[0]
+    f32 = rows[0]
     assert (f32.nan_count, f32.posinf_count, f32.neginf_count, f32.zero_count) == (1, 1, 1, 1)
 
 
@@ -136,7 +151,7 @@ def test_values_vector_kernel_blocks(run, tmp_path):
     vectors of 16 and 8, scalar tails), with NaN and infinities in some
     blocks only, a large mean against the spread, and a tensor large enough
     to be split into chunks measured in parallel."""
-    job = run("""
+    for name, row, ten in alias_rows(run, tmp_path, """
     g = torch.Generator().manual_seed(3)
     tensors = {}
     for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
@@ -151,21 +166,7 @@ def test_values_vector_kernel_blocks(run, tmp_path):
     big[2_000_000] = float("nan")
     tensors["float32-chunks"] = big
     tensors["float64-huge"] = torch.full((2000,), 1e307, dtype=torch.float64)
-    torch.save(tensors, "t.pt")
-    torch.ops.opdump.enable()
-    for name, t in tensors.items():
-        torch.ops.aten.alias(t)
-    torch.ops.opdump.flush()
-    print(json.dumps(list(tensors)))
-    """)
-    assert job.returncode == 0, job.stderr
-    names = job.result()
-    saved = torch.load(tmp_path / "t.pt")
-    t = job.table()
-    rows = t[(t.op == "aten::alias") & (t.role == "input")].sort_values("seq")
-    assert len(rows) == len(names)
-    for name, (_, row) in zip(names, rows.iterrows()):
-        ten = saved[name]
+    """):
         assert row.stats_status == "computed", name
         ref = ref_stats(ten)
         if name == "float64-huge":  # the float64 sum overflows, in torch too
