@@ -19,11 +19,20 @@ fn main() {
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")
-        .define("_GLIBCXX_USE_CXX11_ABI", if torch.cxx11_abi { "1" } else { "0" })
-        .define("TORCH_VERSION_AT_BUILD", format!("\"{}\"", torch.version).as_str())
+        .define(
+            "_GLIBCXX_USE_CXX11_ABI",
+            if torch.cxx11_abi { "1" } else { "0" },
+        )
+        .define(
+            "TORCH_VERSION_AT_BUILD",
+            format!("\"{}\"", torch.version).as_str(),
+        )
         .flag_if_supported("-fvisibility=hidden")
-        .flag_if_supported("-Wno-unused-parameter")
-        .warnings(false);
+        // The project's own C++ builds clean with -Wall -Wextra; torch's
+        // headers come in as system headers below, so their warnings do not.
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true);
     for dir in &torch.include_dirs {
         // -isystem keeps torch's own warnings out of our build log.
         build.flag(format!("-isystem{}", dir.display()));
@@ -43,7 +52,9 @@ fn main() {
             .flag("-mfma")
             .flag("-mf16c")
             .flag_if_supported("-fvisibility=hidden")
-            .warnings(false)
+            .warnings(true)
+            .extra_warnings(true)
+            .warnings_into_errors(true)
             .compile("opdump_stats_avx2");
     }
 

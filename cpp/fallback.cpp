@@ -86,27 +86,14 @@ bool preserves_values(std::string_view op, std::string_view overload) {
   return false;
 }
 
-void copy_stats(const TensorRow& from, TensorRow& to) {
-  to.min = from.min;
-  to.max = from.max;
-  to.mean = from.mean;
-  to.std = from.std;
-  to.l2 = from.l2;
-  to.absmax = from.absmax;
-  to.nan_count = from.nan_count;
-  to.posinf_count = from.posinf_count;
-  to.neginf_count = from.neginf_count;
-  to.zero_count = from.zero_count;
-}
-
 // Every element repeated `k` times: the same extremes, mean and spread,
 // `k` times the counts, and the norm sqrt(k) times.
 void scale_repeated(TensorRow& row, int64_t k) {
-  row.nan_count *= k;
-  row.posinf_count *= k;
-  row.neginf_count *= k;
-  row.zero_count *= k;
-  row.l2 *= std::sqrt(static_cast<double>(k));
+  row.stats.nan_count *= k;
+  row.stats.posinf_count *= k;
+  row.stats.neginf_count *= k;
+  row.stats.zero_count *= k;
+  row.stats.l2 *= std::sqrt(static_cast<double>(k));
 }
 
 // Ops whose outputs are memory without values yet.
@@ -198,7 +185,7 @@ struct Recorder {
   // composite op that only calls other ops (see from_above_autograd). Its
   // tensors go into the cache of measured tensors.
   bool above_autograd = true;
-  Status no_values = kUninitialized;
+  StatsStatus no_values = StatsStatus::Uninitialized;
   // Reuse and view shortcuts (OPDUMP_REUSE).
   bool shortcuts = true;
   // For a value-preserving view: the row of its `self` input, whose
@@ -216,7 +203,7 @@ struct Recorder {
   c10::SmallVector<std::pair<size_t, at::Tensor>, 4> measured_inputs;
 
   static bool measured(const TensorRow& r) {
-    return r.status == kComputed || r.status == kReused || r.status == kView;
+    return r.status == StatsStatus::Computed || r.status == StatsStatus::Reused || r.status == StatsStatus::View;
   }
 
   // The row of a measured input whose every element `out` shows the same
@@ -259,14 +246,14 @@ struct Recorder {
     return -1;
   }
 
-  void tensor(const at::Tensor& t, uint8_t role, const std::string& arg, int32_t list_index,
+  void tensor(const at::Tensor& t, Role role, const std::string& arg, int32_t list_index,
               bool values_defined, bool produced) {
     if (!t.defined()) return;
     TensorRow row{};
     row.role = role;
     row.arg = rust::String(arg);
     row.list_index = list_index;
-    Status no_values = this->no_values;
+    StatsStatus no_values = this->no_values;
     if (values_defined) {
       if (produced) {
         provenance_note(t);
@@ -275,23 +262,23 @@ struct Recorder {
         values_defined = false;
       } else if (nested && !provenance_known(t)) {
         values_defined = false;
-        no_values = kNotMeasured;
+        no_values = StatsStatus::NotMeasured;
       }
     }
     int64_t source = view_source, repeat = 1;
-    if (values_defined && role == 1 && alias_return && source < 0 && shortcuts) {
+    if (values_defined && role == Role::Output && alias_return && source < 0 && shortcuts) {
       try {
         source = same_elements_source(t, repeat);
       } catch (const std::exception&) {
         source = -1;  // symbolic or unusual tensors: measured below
       }
     }
-    if (values_defined && role == 1 && source >= 0) {
+    if (values_defined && role == Role::Output && source >= 0) {
       const TensorRow& src = call.tensors[source];
       if (measured(src) && src.numel * repeat == t.numel()) {
-        measure(t, false, row, kView);  // metadata only
-        if (row.status == kView) {
-          copy_stats(src, row);
+        measure(t, false, row, StatsStatus::View);  // metadata only
+        if (row.status == StatsStatus::View) {
+          row.stats = src.stats;
           if (repeat > 1) scale_repeated(row, repeat);
           // Inside a kernel, a view is remembered only when it views memory
           // that existed before the call (its input came from the cache, or
@@ -299,7 +286,7 @@ struct Recorder {
           // its values cannot change without its version moving. A view of
           // the kernel's own fresh memory can (addmm writes its result after
           // viewing it).
-          if (shortcuts && (above_autograd || ((src.status == kReused || provenance_is_argument(t)) &&
+          if (shortcuts && (above_autograd || ((src.status == StatsStatus::Reused || provenance_is_argument(t)) &&
                                                !reuse_written_by_current_call(t))))
             reuse_remember(t, row);
         }
@@ -314,19 +301,19 @@ struct Recorder {
     // kernel's call writes (reuse.cpp). An output found in the cache with its
     // version unchanged (a composite op returning what a call inside it
     // computed, an op returning its input untouched) is not read again.
-    const bool lookup = shortcuts && !(role == 1 && write_return) &&
+    const bool lookup = shortcuts && !(role == Role::Output && write_return) &&
                         (above_autograd || !reuse_written_by_current_call(t));
     measure(t, values_defined, row, no_values, lookup, shortcuts && above_autograd);
-    if (role == 1 && !values_defined && no_values == kUninitialized) remember_uninitialized(t);
-    if (role == 0 && shortcuts && measured(row)) measured_inputs.emplace_back(call.tensors.size(), t);
+    if (role == Role::Output && !values_defined && no_values == StatsStatus::Uninitialized) remember_uninitialized(t);
+    if (role == Role::Input && shortcuts && measured(row)) measured_inputs.emplace_back(call.tensors.size(), t);
     call.tensors.push_back(std::move(row));
   }
 
   // One argument or return value: a Tensor, an element of Tensor[] or
   // Tensor?[], or nothing at all.
   // `no_values`: the status when `values_defined` is false.
-  void value(const c10::IValue& v, uint8_t role, const std::string& arg, bool values_defined,
-             bool produced = false, Status no_values = kUninitialized) {
+  void value(const c10::IValue& v, Role role, const std::string& arg, bool values_defined,
+             bool produced = false, StatsStatus no_values = StatsStatus::Uninitialized) {
     this->no_values = no_values;
     if (v.isTensor()) {
       tensor(v.toTensor(), role, arg, -1, values_defined, produced);
@@ -443,7 +430,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
       const bool writes = a.alias_info() != nullptr && a.alias_info()->isWrite();
       if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
         if (writes) written.emplace_back(i, v);
-        if (ticket.inputs) rec.value(v, 0, a.name(), input_values_defined(base, a, writes));
+        if (ticket.inputs) rec.value(v, Role::Input, a.name(), input_values_defined(base, a, writes));
       } else {
         append_arg_text(text, a, v);
       }
@@ -475,11 +462,11 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
     const auto& returns = schema.returns();
     if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
-        if (rec.call.tensors[i].role == 0 && std::string(rec.call.tensors[i].arg) == "self") rec.view_source = i;
+        if (rec.call.tensors[i].role == Role::Input && std::string(rec.call.tensors[i].arg) == "self") rec.view_source = i;
     }
     const bool async_outputs = outputs_asynchronous(name.name);
     const bool fresh = !output_uninitialized(base) && !async_outputs;
-    const Status no_values = async_outputs ? kNotMeasured : kUninitialized;
+    const StatsStatus no_values = async_outputs ? StatsStatus::NotMeasured : StatsStatus::Uninitialized;
     if (!returns.empty()) {
       const size_t first = stack->size() - returns.size();
       for (size_t r = 0; r < returns.size(); ++r) {
@@ -488,14 +475,14 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
         const bool produced = alias == nullptr || alias->isWrite();
         rec.alias_return = !produced;
         rec.write_return = alias != nullptr && alias->isWrite();
-        rec.value((*stack)[first + r], 1, std::to_string(r), fresh, produced, no_values);
+        rec.value((*stack)[first + r], Role::Output, std::to_string(r), fresh, produced, no_values);
       }
     } else {
       // In-place ops that return nothing (_foreach_add_): their results are
       // the arguments the schema marks as written.
       rec.alias_return = false;
       rec.write_return = true;
-      for (auto& [i, v] : written) rec.value(v, 1, args[i].name(), fresh, true, no_values);
+      for (auto& [i, v] : written) rec.value(v, Role::Output, args[i].name(), fresh, true, no_values);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));

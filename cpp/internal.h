@@ -9,9 +9,11 @@
 #include <c10/core/DispatchKey.h>
 #include <c10/core/DispatchKeySet.h>
 
-namespace opdump {
+// The shared structs and enums of the bridge (src/bridge.rs): TensorRow,
+// TensorStats, Role, Phase, StatsStatus.
+#include "opdump/src/bridge.rs.h"
 
-struct TensorRow;
+namespace opdump {
 
 // The one place that names the key opdump's fallback sits on. It is above
 // autograd, autocast, Python and functorch, so every op at every nesting depth
@@ -42,8 +44,8 @@ extern std::atomic<bool> g_active;
 // The boxed fallback (fallback.cpp).
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
-// Per-thread phase (threads.cpp): 0 forward, 1 backward, 2 optimizer.
-uint8_t current_phase();
+// The phase of the calling thread (threads.cpp).
+Phase current_phase();
 // Adds (once) or re-enables the RecordFunction callback; disables it.
 void thread_hook_enable();
 void thread_hook_disable();
@@ -51,19 +53,11 @@ void thread_hook_disable();
 void key_on_for_this_thread();
 
 // Statistics (stats.cpp). Fills the status and statistics fields of `row`.
-enum Status : uint8_t {
-  kComputed = 0,
-  kUninitialized = 1,
-  kUnsupported = 2,
-  kReused = 3,
-  kView = 4,
-  kNotMeasured = 5,
-  kFailed = 6,
-};
 // `no_values` is the status given when `values_defined` is false.
 // `lookup`: take the statistics from the cache of measured tensors when they
 // are there; `remember`: put what is measured into it.
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values = kUninitialized,
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row,
+             StatsStatus no_values = StatsStatus::Uninitialized,
              bool lookup = false, bool remember = false);
 
 // The cache of measured tensors (reuse.cpp).

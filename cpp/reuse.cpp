@@ -31,9 +31,8 @@ namespace {
 
 struct Cached {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
-  uint32_t version;
-  double min, max, mean, std, l2, absmax;
-  int64_t nan, posinf, neginf, zero;
+  int64_t version;  // as TensorBase::_version() returns it
+  TensorStats stats;
 };
 
 constexpr size_t kMaxEntries = 1 << 15;
@@ -74,8 +73,8 @@ bool reuse_written_by_current_call(const at::Tensor& t) {
 
 void reuse_remember(const at::Tensor& t, const TensorRow& row) {
   if (!cacheable(t)) return;
-  Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(), row.min, row.max, row.mean, row.std, row.l2, row.absmax,
-           row.nan_count, row.posinf_count, row.neginf_count, row.zero_count};
+  Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(),
+           row.stats};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_cache.size() >= kMaxEntries) {
     std::erase_if(g_cache, [](const auto& kv) { return kv.second.impl.expired(); });
@@ -95,16 +94,7 @@ bool reuse_lookup(const at::Tensor& t, TensorRow& row) {
     g_cache.erase(it);  // written since, or a new tensor at a reused address
     return false;
   }
-  row.min = c.min;
-  row.max = c.max;
-  row.mean = c.mean;
-  row.std = c.std;
-  row.l2 = c.l2;
-  row.absmax = c.absmax;
-  row.nan_count = c.nan;
-  row.posinf_count = c.posinf;
-  row.neginf_count = c.neginf;
-  row.zero_count = c.zero;
+  row.stats = c.stats;
   return true;
 }
 

@@ -107,20 +107,20 @@ void add_finite(Acc& acc, const double* x, int64_t m) {
 }
 
 void write_stats(const Acc& acc, TensorRow& row) {
-  row.nan_count = acc.nan;
-  row.posinf_count = acc.posinf;
-  row.neginf_count = acc.neginf;
-  row.zero_count = acc.zero;
-  row.l2 = std::sqrt(acc.sumsq);
+  row.stats.nan_count = acc.nan;
+  row.stats.posinf_count = acc.posinf;
+  row.stats.neginf_count = acc.neginf;
+  row.stats.zero_count = acc.zero;
+  row.stats.l2 = std::sqrt(acc.sumsq);
   if (acc.finite == 0) {
-    row.min = row.max = row.mean = row.std = row.absmax = kNaN;
+    row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.absmax = kNaN;
     return;
   }
-  row.min = acc.min;
-  row.max = acc.max;
-  row.absmax = std::max(std::fabs(acc.min), std::fabs(acc.max));
-  row.mean = acc.sum / static_cast<double>(acc.finite);
-  row.std = std::sqrt(acc.m2 / static_cast<double>(acc.finite));
+  row.stats.min = acc.min;
+  row.stats.max = acc.max;
+  row.stats.absmax = std::max(std::fabs(acc.min), std::fabs(acc.max));
+  row.stats.mean = acc.sum / static_cast<double>(acc.finite);
+  row.stats.std = std::sqrt(acc.m2 / static_cast<double>(acc.finite));
 }
 
 template <typename T>
@@ -249,14 +249,14 @@ bool measure_device_finite(const at::Tensor& x, TensorRow& row) {
   const double* v = host.const_data_ptr<double>();
   if (!std::isfinite(v[2])) return false;
   const double n = static_cast<double>(x.numel());
-  row.nan_count = row.posinf_count = row.neginf_count = 0;
-  row.zero_count = static_cast<int64_t>(v[4]);
-  row.min = v[0];
-  row.max = v[1];
-  row.absmax = std::max(std::fabs(v[0]), std::fabs(v[1]));
-  row.mean = v[2];
-  row.std = std::sqrt(v[3]);
-  row.l2 = std::sqrt(v[3] * n + v[2] * v[2] * n);  // sum of squares = m2 + n mean^2
+  row.stats.nan_count = row.stats.posinf_count = row.stats.neginf_count = 0;
+  row.stats.zero_count = static_cast<int64_t>(v[4]);
+  row.stats.min = v[0];
+  row.stats.max = v[1];
+  row.stats.absmax = std::max(std::fabs(v[0]), std::fabs(v[1]));
+  row.stats.mean = v[2];
+  row.stats.std = std::sqrt(v[3]);
+  row.stats.l2 = std::sqrt(v[3] * n + v[2] * v[2] * n);  // sum of squares = m2 + n mean^2
   return true;
 }
 
@@ -289,21 +289,21 @@ void measure_device(const at::Tensor& t, TensorRow& row) {
   // One copy to the host; it waits for the device.
   auto host = parts.to(at::kCPU, at::kDouble).contiguous();
   const double* v = host.const_data_ptr<double>();
-  row.nan_count = static_cast<int64_t>(v[0]);
-  row.posinf_count = static_cast<int64_t>(v[1]);
-  row.neginf_count = static_cast<int64_t>(v[2]);
-  row.zero_count = static_cast<int64_t>(v[3]);
+  row.stats.nan_count = static_cast<int64_t>(v[0]);
+  row.stats.posinf_count = static_cast<int64_t>(v[1]);
+  row.stats.neginf_count = static_cast<int64_t>(v[2]);
+  row.stats.zero_count = static_cast<int64_t>(v[3]);
   const double n = v[4];
-  row.l2 = std::sqrt(v[9]);
+  row.stats.l2 = std::sqrt(v[9]);
   if (n == 0) {
-    row.min = row.max = row.mean = row.std = row.absmax = kNaN;
+    row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.absmax = kNaN;
     return;
   }
-  row.min = v[5];
-  row.max = v[6];
-  row.absmax = v[7];
-  row.mean = v[8] / n;
-  row.std = std::sqrt(v[10] / n);
+  row.stats.min = v[5];
+  row.stats.max = v[6];
+  row.stats.absmax = v[7];
+  row.stats.mean = v[8] / n;
+  row.stats.std = std::sqrt(v[10] / n);
 }
 
 // Tensors whose values opdump cannot or must not read: metadata only.
@@ -336,23 +336,23 @@ void fill_metadata(const at::Tensor& t, TensorRow& row) {
 }
 
 void null_stats(TensorRow& row) {
-  row.min = row.max = row.mean = row.std = row.l2 = row.absmax = kNaN;
-  row.nan_count = row.posinf_count = row.neginf_count = row.zero_count = 0;
+  row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.l2 = row.stats.absmax = kNaN;
+  row.stats.nan_count = row.stats.posinf_count = row.stats.neginf_count = row.stats.zero_count = 0;
 }
 
 }  // namespace
 
-void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no_values, bool lookup,
+void measure(const at::Tensor& t, bool values_defined, TensorRow& row, StatsStatus no_values, bool lookup,
              bool remember) {
   null_stats(row);
   try {
     fill_metadata(t, row);
   } catch (const std::exception&) {
-    row.status = kUnsupported;
+    row.status = StatsStatus::Unsupported;
     return;
   }
   if (unsupported(t)) {
-    row.status = kUnsupported;
+    row.status = StatsStatus::Unsupported;
     return;
   }
   if (!values_defined) {
@@ -361,12 +361,12 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
   }
   if (t.numel() == 0) {  // nothing to reduce: zero counts, no extremes
     null_stats(row);
-    row.l2 = 0;
-    row.status = kComputed;
+    row.stats.l2 = 0;
+    row.status = StatsStatus::Computed;
     return;
   }
   if (lookup && reuse_lookup(t, row)) {
-    row.status = kReused;
+    row.status = StatsStatus::Reused;
     return;
   }
   try {
@@ -375,11 +375,11 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, Status no
       measure_cpu(t, row);
     else
       measure_device(t, row);
-    row.status = kComputed;
+    row.status = StatsStatus::Computed;
     if (remember) reuse_remember(t, row);
   } catch (const std::exception&) {
     null_stats(row);
-    row.status = kFailed;
+    row.status = StatsStatus::Failed;
   }
 }
 

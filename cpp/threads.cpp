@@ -31,8 +31,8 @@ std::optional<at::CallbackHandle> g_cb;
 
 // The observer context tells the end callback which scope it closes.
 struct ScopeContext : at::ObserverContext {
-  explicit ScopeContext(uint8_t k) : kind(k) {}
-  uint8_t kind;  // 1 backward, 2 optimizer
+  explicit ScopeContext(Phase p) : phase(p) {}
+  Phase phase;  // Backward or Optimizer
 };
 
 constexpr std::string_view kOptimizerStep = "Optimizer.step#";
@@ -42,11 +42,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   switch (fn.scope()) {
     case at::RecordScope::BACKWARD_FUNCTION:
       ++tl_backward;
-      return std::make_unique<ScopeContext>(1);
+      return std::make_unique<ScopeContext>(Phase::Backward);
     case at::RecordScope::USER_SCOPE:
       if (std::string_view(fn.name()).starts_with(kOptimizerStep)) {
         ++tl_optimizer;
-        return std::make_unique<ScopeContext>(2);
+        return std::make_unique<ScopeContext>(Phase::Optimizer);
       }
       return nullptr;
     default:
@@ -56,7 +56,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 
 void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
-  if (static_cast<ScopeContext*>(ctx)->kind == 1) {
+  if (static_cast<ScopeContext*>(ctx)->phase == Phase::Backward) {
     if (tl_backward > 0) --tl_backward;
   } else if (tl_optimizer > 0 && --tl_optimizer == 0) {
     optimizer_step_done();
@@ -70,10 +70,10 @@ void key_on_for_this_thread() {
   tl_key_on = true;
 }
 
-uint8_t current_phase() {
-  if (tl_optimizer > 0) return 2;
-  if (tl_backward > 0) return 1;
-  return 0;
+Phase current_phase() {
+  if (tl_optimizer > 0) return Phase::Optimizer;
+  if (tl_backward > 0) return Phase::Backward;
+  return Phase::Forward;
 }
 
 void thread_hook_enable() {

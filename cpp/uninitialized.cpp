@@ -20,7 +20,7 @@ namespace {
 
 struct Entry {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  uint32_t version;
+  int64_t version;  // as TensorBase::_version() returns it
 };
 
 constexpr size_t kMaxEntries = 1 << 16;

@@ -1,18 +1,52 @@
-//! The one bridge between the C++ fallback and Rust.
+//! The one bridge between the C++ fallback and the torch-free engine
+//! (crates/engine).
 //!
 //! Only plain data crosses it: no torch object ever lives in Rust. C++ asks
 //! Rust, at each op's entry, whether to record it (Rust owns configuration,
 //! filtering and sequencing), and hands over the finished record at the op's
-//! exit. Rust switches the C++ hook on and off.
+//! exit. Rust switches the C++ hook on and off. Role, phase and status cross
+//! as shared enums; a value outside them is an internal error, never a
+//! default.
 
-// The extern "Rust" functions below, by the names C++ calls.
-use crate::recorder::{op_enter, op_exit, optimizer_step_done};
-use crate::runtime::{
-    control_disable, control_enable, control_flush, control_stats, control_step, internal_error,
-};
+use opdump_engine::recorder::{self, Call, Ticket};
+use opdump_engine::{host::Host, runtime};
+use opdump_format::{self as format, TensorRecord};
 
 #[cxx::bridge(namespace = "opdump")]
 pub mod ffi {
+    // ----------------------------------------------------------------------
+    // Shared enums: `enum class X : uint8_t` in C++.
+    // ----------------------------------------------------------------------
+
+    /// The tensor's place in the call.
+    #[derive(Debug)]
+    enum Role {
+        Input,
+        Output,
+    }
+
+    /// Where an op call runs: the autograd engine's backward functions,
+    /// inside `Optimizer.step`, or anywhere else.
+    #[derive(Debug)]
+    enum Phase {
+        Forward,
+        Backward,
+        Optimizer,
+    }
+
+    /// Why a tensor's statistics are what they are (`StatsStatus` in
+    /// crates/format, which documents each value).
+    #[derive(Debug)]
+    enum StatsStatus {
+        Computed,
+        Uninitialized,
+        Unsupported,
+        Reused,
+        View,
+        NotMeasured,
+        Failed,
+    }
+
     // ----------------------------------------------------------------------
     // Shared structs: plain data, filled on one side and read on the other.
     // ----------------------------------------------------------------------
@@ -29,10 +63,26 @@ pub mod ffi {
         shortcuts: bool,
     }
 
+    /// Statistics over the finite elements of a tensor, in float64 (`Stats`
+    /// in crates/format). NaN stands for a value that does not exist.
+    #[derive(Clone, Copy)]
+    struct TensorStats {
+        min: f64,
+        max: f64,
+        mean: f64,
+        /// Population standard deviation.
+        std: f64,
+        l2: f64,
+        absmax: f64,
+        nan_count: i64,
+        posinf_count: i64,
+        neginf_count: i64,
+        zero_count: i64,
+    }
+
     /// One tensor of a call, measured by C++.
     struct TensorRow {
-        /// 0 input, 1 output.
-        role: u8,
+        role: Role,
         arg: String,
         /// -1 when the tensor is not an element of a list.
         list_index: i32,
@@ -42,18 +92,9 @@ pub mod ffi {
         /// As torch prints it: `cpu`, `cuda:0`.
         device: String,
         numel: i64,
-        /// See `StatsStatus` in crates/format; same order as `status_from_code`.
-        status: u8,
-        min: f64,
-        max: f64,
-        mean: f64,
-        std: f64,
-        l2: f64,
-        absmax: f64,
-        nan_count: i64,
-        posinf_count: i64,
-        neginf_count: i64,
-        zero_count: i64,
+        status: StatsStatus,
+        /// Meaningful when `status` is Computed, Reused or View.
+        stats: TensorStats,
     }
 
     /// What C++ knows of a call at its exit.
@@ -73,9 +114,8 @@ pub mod ffi {
     // ----------------------------------------------------------------------
     extern "Rust" {
         /// At an op's entry: assigns its seq, pushes the thread's nesting
-        /// stack and decides whether it is recorded. `phase`: 0 forward,
-        /// 1 backward, 2 optimizer.
-        fn op_enter(op: &str, overload: &str, phase: u8) -> OpTicket;
+        /// stack and decides whether it is recorded.
+        fn op_enter(op: &str, overload: &str, phase: Phase) -> OpTicket;
         /// At an op's exit, always paired with `op_enter`: pops the stack and,
         /// when the call was recorded, takes the record (leaving `call` empty).
         fn op_exit(call: &mut OpCall);
@@ -111,4 +151,159 @@ pub mod ffi {
         /// `init_process_group`.
         fn distributed_rank() -> i64;
     }
+}
+
+// ---------------------------------------------------------------------------
+// The torch side, as the engine sees it.
+// ---------------------------------------------------------------------------
+
+/// What the engine may ask of the C++ side.
+pub const HOST: Host = Host {
+    install: ffi::install,
+    set_active: ffi::set_active,
+    torch_version: ffi::torch_version,
+    distributed_rank: ffi::distributed_rank,
+};
+
+// ---------------------------------------------------------------------------
+// Conversions: each shared enum has one exhaustive mapping; anything else is
+// an error that switches opdump off.
+// ---------------------------------------------------------------------------
+
+fn role(r: ffi::Role) -> Result<format::Role, String> {
+    match r {
+        ffi::Role::Input => Ok(format::Role::Input),
+        ffi::Role::Output => Ok(format::Role::Output),
+        other => Err(format!("unknown tensor role {}", other.repr)),
+    }
+}
+
+fn phase(p: ffi::Phase) -> Result<format::Phase, String> {
+    match p {
+        ffi::Phase::Forward => Ok(format::Phase::Forward),
+        ffi::Phase::Backward => Ok(format::Phase::Backward),
+        ffi::Phase::Optimizer => Ok(format::Phase::Optimizer),
+        other => Err(format!("unknown phase {}", other.repr)),
+    }
+}
+
+fn status(s: ffi::StatsStatus) -> Result<format::StatsStatus, String> {
+    use format::StatsStatus as S;
+    Ok(match s {
+        ffi::StatsStatus::Computed => S::Computed,
+        ffi::StatsStatus::Uninitialized => S::Uninitialized,
+        ffi::StatsStatus::Unsupported => S::Unsupported,
+        ffi::StatsStatus::Reused => S::Reused,
+        ffi::StatsStatus::View => S::View,
+        ffi::StatsStatus::NotMeasured => S::NotMeasured,
+        ffi::StatsStatus::Failed => S::Failed,
+        other => return Err(format!("unknown statistics status {}", other.repr)),
+    })
+}
+
+fn stats(s: &ffi::TensorStats) -> format::Stats {
+    format::Stats {
+        min: s.min,
+        max: s.max,
+        mean: s.mean,
+        std: s.std,
+        l2: s.l2,
+        absmax: s.absmax,
+        nan_count: s.nan_count,
+        posinf_count: s.posinf_count,
+        neginf_count: s.neginf_count,
+        zero_count: s.zero_count,
+    }
+}
+
+fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
+    Ok(TensorRecord {
+        role: role(row.role)?,
+        arg: std::mem::take(&mut row.arg),
+        list_index: (row.list_index >= 0).then_some(row.list_index),
+        dtype: std::mem::take(&mut row.dtype),
+        shape: std::mem::take(&mut row.shape),
+        stride: std::mem::take(&mut row.stride),
+        device: std::mem::take(&mut row.device),
+        numel: row.numel,
+        status: status(row.status)?,
+        stats: stats(&row.stats),
+    })
+}
+
+/// Moves the strings and rows out of C++'s record.
+fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
+    Ok(Call {
+        op: std::mem::take(&mut call.op),
+        overload: std::mem::take(&mut call.overload),
+        args: std::mem::take(&mut call.args),
+        start_ns: call.start_ns,
+        duration_ns: call.duration_ns,
+        error: call.has_error.then(|| std::mem::take(&mut call.error)),
+        tensors: call
+            .tensors
+            .iter_mut()
+            .map(tensor)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The extern "Rust" functions: each forwards to the engine, which catches
+// panics.
+// ---------------------------------------------------------------------------
+
+fn op_enter(op: &str, overload: &str, p: ffi::Phase) -> ffi::OpTicket {
+    let t = match phase(p) {
+        Ok(p) => recorder::op_enter(op, overload, p),
+        Err(why) => {
+            runtime::fail(&format!("internal error at an op's entry ({why})"));
+            // Entry and exit stay paired: push a frame that records nothing.
+            recorder::op_enter(op, overload, format::Phase::Forward)
+        }
+    };
+    let Ticket {
+        record,
+        inputs,
+        depth,
+        shortcuts,
+    } = t;
+    ffi::OpTicket {
+        record,
+        inputs,
+        depth,
+        shortcuts,
+    }
+}
+
+fn op_exit(call: &mut ffi::OpCall) {
+    recorder::op_exit(|| take_call(call));
+}
+
+fn optimizer_step_done() {
+    recorder::optimizer_step_done();
+}
+
+fn internal_error(what: &str) {
+    runtime::internal_error(what);
+}
+
+fn control_enable() -> bool {
+    runtime::control_enable()
+}
+
+fn control_disable() {
+    runtime::control_disable();
+}
+
+fn control_flush() -> bool {
+    runtime::control_flush()
+}
+
+fn control_step() -> i64 {
+    runtime::control_step()
+}
+
+fn control_stats() -> Vec<i64> {
+    runtime::control_stats()
 }

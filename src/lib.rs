@@ -1,22 +1,17 @@
-//! The torch-linked core of opdump (`libopdump_core.so`), loaded by the
-//! entry point `libopdump.so` (crates/preload) once torch is in the process.
+//! The torch-linked plugin (`libopdump_core.so`), loaded by the entry point
+//! `libopdump.so` (crates/preload) once torch is in the process.
 //!
-//! - `cpp/`: the dispatcher fallback, statistics and thread hook (torch work);
-//! - [`bridge`]: the one cxx bridge between them and Rust;
-//! - [`config`]: every `OPDUMP_*` variable;
-//! - [`recorder`]: sequencing, nesting and selection of op calls;
-//! - [`sink`]: the channel and the writer thread;
-//! - [`runtime`]: process-wide state and the `torch.ops.opdump.*` switches.
+//! It is thin on purpose: `cpp/` does the torch work (the dispatcher
+//! fallback, statistics, the thread hook), [`bridge`] is the one FFI edge,
+//! and everything else (configuration, selection, sequencing, the channel,
+//! the writer, process state) is the torch-free engine in crates/engine.
+//! The arrows point one way: `cpp → bridge → engine → format`.
 
 mod bridge;
-pub mod config;
-mod recorder;
-mod runtime;
-mod sink;
 
 /// Runs when the dynamic loader loads this library.
 extern "C" fn on_load() {
-    if std::panic::catch_unwind(runtime::init).is_err() {
+    if std::panic::catch_unwind(|| opdump_engine::runtime::init(bridge::HOST)).is_err() {
         eprintln!("opdump: internal error at load; opdump stays off, the job goes on");
     }
 }

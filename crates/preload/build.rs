@@ -3,6 +3,9 @@
 fn main() {
     let torch = opdump_torchfind::find_or_exit();
     println!("cargo:rustc-env=TORCH_VERSION_AT_BUILD={}", torch.version);
-    println!("cargo:rustc-env=TORCH_CXX11_ABI_AT_BUILD={}", u8::from(torch.cxx11_abi));
+    println!(
+        "cargo:rustc-env=TORCH_CXX11_ABI_AT_BUILD={}",
+        u8::from(torch.cxx11_abi)
+    );
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -3,11 +3,13 @@
 //! - [`record`]: one op call and its tensors, as the plugin produces them;
 //! - [`schema`]: the Arrow schema of a dump file (one row per tensor);
 //! - [`writer`]: a rotating Parquet writer that only ever shows complete files;
-//! - [`reader`]: finding the files of a dump and reading them back.
+//! - [`reader`]: finding the files of a dump and reading them back;
+//! - [`ranges`]: the one syntax of step and rank sets (`0-2,10`).
 //!
 //! The plugin (`src/`) writes with it and `opdump compare` (`crates/cli`) reads with it.
 
 pub mod error;
+pub mod ranges;
 pub mod reader;
 pub mod record;
 pub mod schema;

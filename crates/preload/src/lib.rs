@@ -31,7 +31,9 @@ type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 fn real_dlopen() -> Option<DlopenFn> {
     use std::sync::OnceLock;
     static REAL: OnceLock<usize> = OnceLock::new();
-    let addr = *REAL.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize });
+    // SAFETY: dlsym with a valid handle constant and a NUL-terminated name.
+    let addr =
+        *REAL.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize });
     // SAFETY: the address is libc's own `dlopen`, whose signature this is.
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, DlopenFn>(addr) })
 }
@@ -46,7 +48,8 @@ pub unsafe extern "C" fn dlopen(filename: *const c_char, flags: c_int) -> *mut c
     let Some(real) = real_dlopen() else {
         return std::ptr::null_mut();
     };
-    let handle = real(filename, flags);
+    // SAFETY: the caller's arguments, passed on unchanged to libc's dlopen.
+    let handle = unsafe { real(filename, flags) };
     if !handle.is_null() && STATE.load(Ordering::Acquire) == WAITING && torch_loaded(real) {
         load_core_once(real);
     }
@@ -67,7 +70,10 @@ fn torch_loaded(real: DlopenFn) -> bool {
 }
 
 fn load_core_once(real: DlopenFn) {
-    if STATE.compare_exchange(WAITING, DONE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    if STATE
+        .compare_exchange(WAITING, DONE, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
         return;
     }
     let Some(core) = own_dir().map(|d| d.join(CORE_FILE)) else {
@@ -86,14 +92,20 @@ fn load_core_once(real: DlopenFn) {
             return;
         }
     }
-    let Ok(c_core) = CString::new(core.as_os_str().as_encoded_bytes()) else { return };
+    let Ok(c_core) = CString::new(core.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
     // SAFETY: plain dlopen of our own core; its constructor does the rest.
     let h = unsafe { real(c_core.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
         // SAFETY: dlerror returns a thread-local message or null.
         let why = unsafe {
             let e = libc::dlerror();
-            if e.is_null() { "unknown error".into() } else { CStr::from_ptr(e).to_string_lossy().into_owned() }
+            if e.is_null() {
+                "unknown error".into()
+            } else {
+                CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
         };
         eprintln!(
             "opdump: cannot load {}: {why}. The torch in this process (or its C++ ABI) differs from \
@@ -109,13 +121,18 @@ fn base(v: &str) -> &str {
 
 /// The directory this library was loaded from.
 fn own_dir() -> Option<PathBuf> {
+    // SAFETY: Dl_info is plain data (pointers and integers); all-zero is valid.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address of one of our own functions.
     let ok = unsafe { libc::dladdr(own_dir as *const c_void, &mut info) };
     if ok == 0 || info.dli_fname.is_null() {
         return None;
     }
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    // SAFETY: dladdr succeeded and dli_fname is not null: a NUL-terminated
+    // path owned by the loader, valid while this library is loaded.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
     let path = std::fs::canonicalize(&path).unwrap_or_else(|_| PathBuf::from(path));
     path.parent().map(Path::to_path_buf)
 }
@@ -129,7 +146,10 @@ fn loaded_torch_version() -> Option<(String, PathBuf)> {
     if let Ok(text) = std::fs::read_to_string(root.join("version.py")) {
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("__version__") {
-                let v = rest.trim_start_matches([' ', '=']).trim().trim_matches(['\'', '"']);
+                let v = rest
+                    .trim_start_matches([' ', '='])
+                    .trim()
+                    .trim_matches(['\'', '"']);
                 return Some((v.to_string(), root));
             }
         }
@@ -143,14 +163,23 @@ fn loaded_library_path(name: &str) -> Option<PathBuf> {
         name: &'a str,
         found: Option<PathBuf>,
     }
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
-        let search = &mut *(data as *mut Search);
-        let p = (*info).dlpi_name;
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed to dl_iterate_phdr below, and
+        // `info` an entry the loader hands over for the duration of the call.
+        let (search, p) = unsafe { (&mut *(data as *mut Search), (*info).dlpi_name) };
         if p.is_null() {
             return 0;
         }
-        let path = CStr::from_ptr(p).to_string_lossy();
-        if Path::new(path.as_ref()).file_name().is_some_and(|f| f == search.name) {
+        // SAFETY: a non-null dlpi_name is a NUL-terminated path.
+        let path = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+        if Path::new(path.as_ref())
+            .file_name()
+            .is_some_and(|f| f == search.name)
+        {
             search.found = Some(PathBuf::from(path.as_ref()));
             return 1;
         }

@@ -85,9 +85,12 @@ pub fn find() -> Result<Torch, String> {
         }
     }
     match (version, abi, lib) {
-        (Some(version), Some(cxx11_abi), Some(lib_dir)) => {
-            Ok(Torch { version, include_dirs, lib_dir, cxx11_abi })
-        }
+        (Some(version), Some(cxx11_abi), Some(lib_dir)) => Ok(Torch {
+            version,
+            include_dirs,
+            lib_dir,
+            cxx11_abi,
+        }),
         _ => Err(help(&format!("{python} printed no torch paths"))),
     }
 }
@@ -103,10 +106,17 @@ fn from_libtorch(root: &Path) -> Result<Torch, String> {
     }
     let version = std::fs::read_to_string(root.join("build-version"))
         .map(|v| v.trim().to_string())
-        .map_err(|_| help(&format!("LIBTORCH={} has no build-version file", root.display())))?;
+        .map_err(|_| {
+            help(&format!(
+                "LIBTORCH={} has no build-version file",
+                root.display()
+            ))
+        })?;
     // libtorch archives built with the old ABI say so in their name; there is
     // no file inside that records it, so let the user override.
-    let cxx11_abi = env::var("LIBTORCH_CXX11_ABI").map(|v| v != "0").unwrap_or(true);
+    let cxx11_abi = env::var("LIBTORCH_CXX11_ABI")
+        .map(|v| v != "0")
+        .unwrap_or(true);
     Ok(Torch {
         version,
         include_dirs: vec![inc.clone(), inc.join("torch/csrc/api/include")],

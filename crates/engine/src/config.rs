@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use regex::Regex;
 
+pub use opdump_format::ranges::IntSet;
+
 /// Every variable opdump reads: name, default, meaning. The README's table
 /// and the unknown-name check both come from here.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
@@ -16,7 +18,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_DIR", "./opdump", "where the dump goes (rank=<R>/device=<D>/part-*.parquet)"),
     ("OPDUMP_INCLUDE", "(all)", "regex searched in `op.overload`; only matching ops are recorded"),
     ("OPDUMP_EXCLUDE", "(none)", "regex searched in `op.overload`; matching ops are not recorded"),
-    ("OPDUMP_STEPS", "(all)", "steps to record: a list of numbers and ranges, e.g. 0-2,10"),
+    ("OPDUMP_STEPS", "(all)", "steps to record: a list of numbers and inclusive ranges, e.g. 0-2,10 (0..2 is the same as 0-2)"),
     ("OPDUMP_RANKS", "(all)", "ranks that record: a list of numbers and ranges, e.g. 0,3"),
     ("OPDUMP_MAX_DEPTH", "(none)", "deepest nesting level recorded; 0 records top-level ops only"),
     ("OPDUMP_INPUTS", "1", "0 records outputs only"),
@@ -37,35 +39,6 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
 pub enum QueueFull {
     Block,
     Drop,
-}
-
-/// A set of non-negative integers, from `0-2,10`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IntSet(Vec<(i64, i64)>);
-
-impl IntSet {
-    pub fn contains(&self, v: i64) -> bool {
-        self.0.iter().any(|&(lo, hi)| lo <= v && v <= hi)
-    }
-
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let mut out = Vec::new();
-        for part in s.split(',').map(str::trim) {
-            let num = |t: &str| t.trim().parse::<i64>().ok().filter(|v| *v >= 0);
-            let range = match part.split_once('-') {
-                Some((a, b)) => match (num(a), num(b)) {
-                    (Some(a), Some(b)) if a <= b => (a, b),
-                    _ => return Err(format!("bad range {part:?}")),
-                },
-                None => match num(part) {
-                    Some(v) => (v, v),
-                    None => return Err(format!("bad number {part:?}")),
-                },
-            };
-            out.push(range);
-        }
-        Ok(IntSet(out))
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -183,8 +156,18 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                     }
                 }
                 Err(e) => {
-                    let first = e.to_string().lines().last().unwrap_or("").trim().to_string();
-                    bad(&name, v, &format!("a regular expression is expected ({first})"))
+                    let first = e
+                        .to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                        .trim()
+                        .to_string();
+                    bad(
+                        &name,
+                        v,
+                        &format!("a regular expression is expected ({first})"),
+                    )
                 }
             },
             "OPDUMP_STEPS" | "OPDUMP_RANKS" => match IntSet::parse(v) {
@@ -195,7 +178,11 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                         c.ranks = Some(s)
                     }
                 }
-                Err(why) => bad(&name, v, &format!("{why}; use numbers and ranges such as 0-2,10")),
+                Err(why) => bad(
+                    &name,
+                    v,
+                    &format!("{why}; use numbers and ranges such as 0-2,10 or 0..2"),
+                ),
             },
             "OPDUMP_MAX_DEPTH" => match v.trim().parse::<i32>() {
                 Ok(d) if d >= 0 => c.max_depth = Some(d),
@@ -238,11 +225,19 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             "OPDUMP_FORK" => match v.trim() {
                 "off" | "0" => c.fork_record = false,
                 "record" | "1" => c.fork_record = true,
-                _ => bad(&name, v, "use off (a forked child records nothing) or record (its own files)"),
+                _ => bad(
+                    &name,
+                    v,
+                    "use off (a forked child records nothing) or record (its own files)",
+                ),
             },
             "OPDUMP_FILE_MODE" => match u32::from_str_radix(v.trim().trim_start_matches("0o"), 8) {
                 Ok(m) if m <= 0o777 && m & 0o600 == 0o600 => c.file_mode = m,
-                _ => bad(&name, v, "octal permission bits that let the owner read and write, e.g. 600 or 640"),
+                _ => bad(
+                    &name,
+                    v,
+                    "octal permission bits that let the owner read and write, e.g. 600 or 640",
+                ),
             },
             _ => {
                 let nearest = VARIABLES
@@ -257,7 +252,11 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             }
         }
     }
-    Parsed { config: c, errors, warnings }
+    Parsed {
+        config: c,
+        errors,
+        warnings,
+    }
 }
 
 #[cfg(test)]
@@ -270,7 +269,11 @@ mod tests {
 
     #[test]
     fn defaults_and_values() {
-        let r = p(&[("OPDUMP", "1"), ("OPDUMP_STEPS", "0-2,10"), ("OPDUMP_QUEUE_FULL", "drop")]);
+        let r = p(&[
+            ("OPDUMP", "1"),
+            ("OPDUMP_STEPS", "0-2,10"),
+            ("OPDUMP_QUEUE_FULL", "drop"),
+        ]);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert!(r.config.on_at_load);
         let s = r.config.steps.unwrap();
@@ -289,7 +292,11 @@ mod tests {
         ] {
             let r = p(&[(name, value)]);
             assert_eq!(r.errors.len(), 1, "{name}={value}");
-            assert!(r.errors[0].starts_with(&format!("{name}=")), "{}", r.errors[0]);
+            assert!(
+                r.errors[0].starts_with(&format!("{name}=")),
+                "{}",
+                r.errors[0]
+            );
         }
     }
 
@@ -309,6 +316,93 @@ mod tests {
         let typo = ["OPDUMP", "DIRR"].join("_");
         let r = p(&[(typo.as_str(), "/tmp/x")]);
         assert!(r.errors.is_empty());
-        assert!(r.warnings[0].contains("did you mean OPDUMP_DIR?"), "{}", r.warnings[0]);
+        assert!(
+            r.warnings[0].contains("did you mean OPDUMP_DIR?"),
+            "{}",
+            r.warnings[0]
+        );
+    }
+}
+
+/// The README documents exactly the variables of [`VARIABLES`], with their
+/// defaults and meanings, and the code reads no `OPDUMP_*` name the table
+/// does not list.
+#[cfg(test)]
+mod readme {
+    use super::VARIABLES;
+    use std::path::{Path, PathBuf};
+
+    fn root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    #[test]
+    fn readme_table_matches_the_variables() {
+        let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+        let rows: Vec<&str> = readme
+            .lines()
+            .filter(|l| l.starts_with("| `OPDUMP"))
+            .collect();
+        for (name, default, meaning) in VARIABLES {
+            let row = format!("| `{name}` | `{default}` | {meaning} |");
+            assert!(
+                rows.contains(&row.as_str()),
+                "README's row for {name} differs from config.rs; expected\n{row}"
+            );
+        }
+        assert_eq!(
+            rows.len(),
+            VARIABLES.len(),
+            "README lists variables config.rs does not: {rows:#?}"
+        );
+    }
+
+    /// The text of every source file under `dir` with one of `exts`, cut at
+    /// its unit tests (they use made-up names).
+    fn sources(dir: &Path, exts: &[&str], out: &mut String) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                sources(&p, exts, out);
+            } else if p
+                .extension()
+                .and_then(|x| x.to_str())
+                .is_some_and(|x| exts.contains(&x))
+            {
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.push_str(text.split("#[cfg(test)]").next().unwrap_or(""));
+            }
+        }
+    }
+
+    #[test]
+    fn code_reads_no_undocumented_variable() {
+        let r = root();
+        let mut text = std::fs::read_to_string(r.join("build.rs")).unwrap();
+        for dir in [
+            "src",
+            "cpp",
+            "crates/engine/src",
+            "crates/preload/src",
+            "crates/torchfind/src",
+        ] {
+            sources(&r.join(dir), &["rs", "cpp", "h"], &mut text);
+        }
+        let known: Vec<&str> = VARIABLES.iter().map(|v| v.0).collect();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("\"OPDUMP_") {
+            let name: String = rest[i + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                known.contains(&name.as_str()),
+                "{name} is read but not in VARIABLES"
+            );
+            rest = &rest[i + 1..];
+        }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::bridge::ffi;
 use crate::config::{self, Config};
+use crate::host::{self, Host};
 use crate::recorder::{self, RECORDING};
 use crate::sink::{Sink, SinkSetup};
 
@@ -58,8 +58,22 @@ pub fn sink() -> Option<&'static Sink> {
     if let Some(s) = CHILD_SINK.get() {
         return Some(s);
     }
-    let s = Sink::start(&rt.config, setup(rt, Some(PARENT_PID.load(Ordering::Relaxed)))).ok()?;
+    let s = Sink::start(
+        &rt.config,
+        setup(rt, Some(PARENT_PID.load(Ordering::Relaxed))),
+    )
+    .ok()?;
     Some(CHILD_SINK.get_or_init(|| s))
+}
+
+/// The sink this process has started, if any: the parent's, or a forked
+/// child's own. Never starts one. Only atomics: safe in a signal handler.
+fn started_sink() -> Option<&'static Sink> {
+    if FORKED.load(Ordering::SeqCst) {
+        CHILD_SINK.get()
+    } else {
+        SINK.get()
+    }
 }
 
 pub fn pid() -> i32 {
@@ -74,14 +88,16 @@ fn say(line: &str) {
 /// own work is untouched.
 pub fn fail(what: &str) {
     if !BROKEN.swap(true, Ordering::SeqCst) {
-        say(&format!("{what}; opdump switches itself off, the job goes on"));
+        say(&format!(
+            "{what}; opdump switches itself off, the job goes on"
+        ));
     }
     set_recording(false);
 }
 
 fn set_recording(on: bool) {
     RECORDING.store(on, Ordering::SeqCst);
-    ffi::set_active(on);
+    (host::get().set_active)(on);
 }
 
 /// Called by the writer thread when the disk fails.
@@ -89,9 +105,10 @@ fn writer_failed() {
     set_recording(false);
 }
 
-/// At load: read the configuration, register with the dispatcher, and switch
-/// on when OPDUMP=1.
-pub fn init() {
+/// At load: read the configuration, register with the dispatcher through
+/// `host`, and switch on when OPDUMP=1.
+pub fn init(host: Host) {
+    host::set(host);
     PID.store(std::process::id() as i32, Ordering::Relaxed);
     let parsed = config::parse(std::env::vars());
     let config_ok = parsed.errors.is_empty();
@@ -101,10 +118,10 @@ pub fn init() {
         config: parsed.config,
         config_ok,
         dir,
-        torch_version: ffi::torch_version(),
+        torch_version: (host.torch_version)(),
     });
     // A second copy reports itself and nothing else.
-    if !ffi::install() {
+    if !(host.install)() {
         return;
     }
     for line in parsed.warnings.iter().chain(&parsed.errors) {
@@ -159,7 +176,7 @@ extern "C" fn in_forked_child() {
 /// Only atomics are touched here: this runs in a signal handler.
 extern "C" fn on_terminate_signal(sig: libc::c_int) {
     RECORDING.store(false, Ordering::SeqCst);
-    let writer = if FORKED.load(Ordering::SeqCst) { CHILD_SINK.get() } else { SINK.get() };
+    let writer = started_sink();
     if writer.is_none() {
         // Nothing to complete (a forked child that records nothing): end now.
         // SAFETY: signal and raise are async-signal-safe.
@@ -192,7 +209,9 @@ fn install_signal_handlers() {
         // SAFETY: reading and setting dispositions with zeroed sigaction structs.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
                 continue;
             }
             let mut act: libc::sigaction = std::mem::zeroed();
@@ -226,7 +245,9 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
             SINK.get_or_init(|| s).into()
         }
         Err(e) => {
-            say(&format!("cannot start the writer thread ({e}); dumping stays off"));
+            say(&format!(
+                "cannot start the writer thread ({e}); dumping stays off"
+            ));
             None
         }
     }
@@ -258,7 +279,7 @@ pub fn disable() {
 }
 
 pub fn flush() -> bool {
-    match if FORKED.load(Ordering::Relaxed) { CHILD_SINK.get() } else { SINK.get() } {
+    match started_sink() {
         Some(s) => s.flush(FLUSH_WAIT),
         None => true,
     }
@@ -289,7 +310,7 @@ extern "C" fn at_exit() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         RECORDING.store(false, Ordering::SeqCst);
         // A forked child has no writer thread of the parent's to wait for.
-        let s = if FORKED.load(Ordering::SeqCst) { CHILD_SINK.get() } else { SINK.get() };
+        let s = started_sink();
         let Some(s) = s else { return };
         if !s.shutdown(FLUSH_WAIT) {
             say("the writer did not finish within 60 s at exit; the last files may be missing");
@@ -337,7 +358,7 @@ pub fn control_step() -> i64 {
 
 /// [written, dropped, failed] op calls.
 pub fn control_stats() -> Vec<i64> {
-    guarded(vec![0, 0, 0], || match if FORKED.load(Ordering::Relaxed) { CHILD_SINK.get() } else { SINK.get() } {
+    guarded(vec![0, 0, 0], || match started_sink() {
         Some(s) => {
             let c = &s.counters;
             [&c.written, &c.dropped, &c.failed]

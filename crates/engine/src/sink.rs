@@ -250,10 +250,20 @@ impl Worker {
         let opts = &self.opts;
         self.writers.entry(key.clone()).or_insert_with(|| {
             let rank = (s.rank)();
-            let dir = s.dir.join(format!("rank={rank}")).join(format!("device={key}"));
-            let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
+            let dir = s
+                .dir
+                .join(format!("rank={rank}"))
+                .join(format!("device={key}"));
+            let accumulate = if device.starts_with("mps") {
+                "float32"
+            } else {
+                "float64"
+            };
             let metadata = vec![
-                (meta::PLUGIN_VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                (
+                    meta::PLUGIN_VERSION.to_string(),
+                    env!("CARGO_PKG_VERSION").to_string(),
+                ),
                 (meta::TORCH_VERSION.to_string(), s.torch_version.clone()),
                 (meta::PID.to_string(), s.pid.to_string()),
                 (meta::RANK.to_string(), rank.to_string()),
@@ -293,7 +303,9 @@ impl Worker {
             if let Err(e) = w.tick(now) {
                 error = Some(e);
             }
-            self.counters.written.fetch_add(w.ops_written() - before, Ordering::Relaxed);
+            self.counters
+                .written
+                .fetch_add(w.ops_written() - before, Ordering::Relaxed);
         }
         if let Some(e) = error {
             self.fail(&e);
@@ -310,7 +322,9 @@ impl Worker {
             if let Err(e) = w.close_file() {
                 error = Some(e);
             }
-            self.counters.written.fetch_add(w.ops_written() - before, Ordering::Relaxed);
+            self.counters
+                .written
+                .fetch_add(w.ops_written() - before, Ordering::Relaxed);
         }
         if let Some(e) = error {
             self.fail(&e);
@@ -328,5 +342,173 @@ impl Worker {
              {lost} op calls were lost; the job goes on unchanged"
         );
         (self.setup.on_failure)();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opdump_format::reader::{list_files, read_records};
+    use opdump_format::{Phase, Stats, StatsStatus, TensorRecord};
+
+    static NEVER: AtomicBool = AtomicBool::new(false);
+
+    fn setup(dir: &std::path::Path) -> SinkSetup {
+        SinkSetup {
+            dir: dir.to_path_buf(),
+            rank: || 2,
+            local_rank: || 0,
+            pid: 4242,
+            torch_version: "0.0-test".into(),
+            terminate: &NEVER,
+            on_terminated: || {},
+            on_failure: || {},
+            forked_from: None,
+            file_mode: 0o600,
+            dir_mode: 0o700,
+        }
+    }
+
+    fn record(seq: i64, device: &str) -> OpRecord {
+        let t = |role| TensorRecord {
+            role,
+            arg: "self".into(),
+            list_index: None,
+            dtype: "float32".into(),
+            shape: vec![4],
+            stride: vec![1],
+            device: device.into(),
+            numel: 4,
+            status: StatsStatus::Computed,
+            stats: Stats {
+                min: -1.0,
+                max: 1.0,
+                mean: 0.0,
+                std: 1.0,
+                l2: 2.0,
+                absmax: 1.0,
+                ..Stats::NONE
+            },
+        };
+        OpRecord {
+            seq,
+            parent_seq: None,
+            depth: 0,
+            pid: 4242,
+            thread: 1,
+            step: 0,
+            phase: Phase::Forward,
+            op: "aten::relu".into(),
+            overload: "default".into(),
+            args: String::new(),
+            start_ns: 0,
+            duration_ns: 1,
+            error: None,
+            tensors: vec![t(Role::Input), t(Role::Output)],
+        }
+    }
+
+    fn seqs(dir: &std::path::Path) -> Vec<i64> {
+        let mut out: Vec<i64> = list_files(dir)
+            .unwrap()
+            .iter()
+            .flat_map(|f| read_records(&f.path).unwrap())
+            .map(|r| r.seq)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn partitions_by_rank_and_device_and_counts_what_it_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sink = Sink::start(&Config::default(), setup(tmp.path())).unwrap();
+        for s in 0..10 {
+            sink.send(record(s, if s % 2 == 0 { "cpu" } else { "cuda:1" }));
+        }
+        assert!(sink.flush(Duration::from_secs(10)));
+        assert_eq!(sink.counters.written.load(Ordering::Relaxed), 10);
+        let cpu = tmp.path().join("rank=2/device=cpu");
+        let cuda = tmp.path().join("rank=2/device=cuda_1");
+        assert_eq!(seqs(&cpu), [0, 2, 4, 6, 8]);
+        assert_eq!(seqs(&cuda), [1, 3, 5, 7, 9]);
+        assert!(sink.shutdown(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn shutdown_writes_everything_queued() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sink = Sink::start(&Config::default(), setup(tmp.path())).unwrap();
+        for s in 0..2000 {
+            sink.send(record(s, "cpu"));
+        }
+        assert!(sink.shutdown(Duration::from_secs(30)));
+        assert_eq!(
+            seqs(&tmp.path().join("rank=2/device=cpu")),
+            (0..2000).collect::<Vec<_>>()
+        );
+        let c = &sink.counters;
+        assert_eq!(c.written.load(Ordering::Relaxed), 2000);
+        assert_eq!(
+            c.dropped.load(Ordering::Relaxed) + c.failed.load(Ordering::Relaxed),
+            0
+        );
+    }
+
+    #[test]
+    fn drop_policy_counts_every_record_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            queue: 1,
+            queue_full: QueueFull::Drop,
+            ..Config::default()
+        };
+        let sink = Sink::start(&config, setup(tmp.path())).unwrap();
+        for s in 0..5000 {
+            sink.send(record(s, "cpu"));
+        }
+        assert!(sink.shutdown(Duration::from_secs(30)));
+        let c = &sink.counters;
+        let (enqueued, dropped) = (
+            c.enqueued.load(Ordering::Relaxed),
+            c.dropped.load(Ordering::Relaxed),
+        );
+        assert_eq!(enqueued + dropped, 5000);
+        assert!(
+            dropped > 0,
+            "a one-slot channel took 5000 records without a drop"
+        );
+        assert_eq!(c.written.load(Ordering::Relaxed), enqueued);
+        assert_eq!(
+            seqs(&tmp.path().join("rank=2/device=cpu")).len() as u64,
+            enqueued
+        );
+    }
+
+    #[test]
+    fn block_policy_gives_up_after_the_wait_and_stops_waiting() {
+        // With `block` and a zero wait, a send into the full one-slot queue
+        // waits no time: the record is dropped and counted, never lost
+        // silently, and nothing is counted twice.
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            queue: 1,
+            queue_wait: Duration::ZERO,
+            ..Config::default()
+        };
+        let sink = Sink::start(&config, setup(tmp.path())).unwrap();
+        for s in 0..5000 {
+            sink.send(record(s, "cpu"));
+        }
+        assert!(sink.shutdown(Duration::from_secs(30)));
+        let c = &sink.counters;
+        assert_eq!(
+            c.enqueued.load(Ordering::Relaxed) + c.dropped.load(Ordering::Relaxed),
+            5000
+        );
+        assert_eq!(
+            c.written.load(Ordering::Relaxed),
+            c.enqueued.load(Ordering::Relaxed)
+        );
     }
 }

@@ -1,0 +1,22 @@
+//! opdump's core, with no dependency on torch: everything the plugin decides
+//! and does after the C++ hook has measured a call.
+//!
+//! - [`config`]: every `OPDUMP_*` variable;
+//! - [`selection`]: which op calls are recorded (regexes, steps, ranks,
+//!   depth, the record cap);
+//! - [`recorder`]: sequencing and nesting of op calls, per thread;
+//! - [`sink`]: the bounded channel and the writer thread;
+//! - [`runtime`]: process-wide state, signals, fork, exit, and the
+//!   `torch.ops.opdump.*` switches;
+//! - [`host`]: the few things only the torch side can do, handed in by the
+//!   bridge at load.
+//!
+//! The layers: `cpp/` → the bridge (`src/`) → this crate → `opdump-format`.
+//! Unit tests run here in milliseconds, without torch.
+
+pub mod config;
+pub mod host;
+pub mod recorder;
+pub mod runtime;
+pub mod selection;
+pub mod sink;

@@ -1,0 +1,373 @@
+//! Sequencing and nesting: what the hook asks at each op's entry and hands
+//! over at its exit.
+//!
+//! - `seq` is process-wide and taken at entry, so it follows call order;
+//!   only recorded calls take one.
+//! - Each thread keeps a stack of the calls it is inside, for `depth` and
+//!   `parent_seq` (the nearest recorded ancestor).
+//! - `step` advances at the end of each `Optimizer.step`, until the job calls
+//!   `torch.ops.opdump.step()` itself, which then takes over.
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::OnceLock;
+
+use opdump_format::{OpRecord, Phase, TensorRecord};
+
+use crate::host;
+use crate::runtime;
+use crate::selection::{self, CallSite, Cap, OpVerdicts, RecordCap};
+
+/// The engine's answer at an op's entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Whether the hook should measure this call and hand it over at exit.
+    pub record: bool,
+    /// Whether to measure the inputs (they may be switched off).
+    pub inputs: bool,
+    /// Nesting depth of the call on its thread (0: called by the job).
+    pub depth: i32,
+    /// Reuse statistics already measured, and copy them through views.
+    pub shortcuts: bool,
+}
+
+impl Ticket {
+    const SKIP: Ticket = Ticket {
+        record: false,
+        inputs: false,
+        depth: 0,
+        shortcuts: false,
+    };
+}
+
+/// What the hook knows of a recorded call at its exit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Call {
+    pub op: String,
+    pub overload: String,
+    pub args: String,
+    pub start_ns: i64,
+    pub duration_ns: i64,
+    pub error: Option<String>,
+    pub tensors: Vec<TensorRecord>,
+}
+
+/// Process-wide numbering of calls and steps.
+pub struct Sequencer {
+    next_seq: AtomicI64,
+    step: AtomicI64,
+    explicit_steps: AtomicBool,
+}
+
+impl Sequencer {
+    pub const fn new() -> Self {
+        Sequencer {
+            next_seq: AtomicI64::new(0),
+            step: AtomicI64::new(0),
+            explicit_steps: AtomicBool::new(false),
+        }
+    }
+
+    pub fn take_seq(&self) -> i64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn step(&self) -> i64 {
+        self.step.load(Ordering::Relaxed)
+    }
+
+    /// `torch.ops.opdump.step()`: the job numbers its steps itself from now
+    /// on. Returns the new step.
+    pub fn explicit_step(&self) -> i64 {
+        self.explicit_steps.store(true, Ordering::Relaxed);
+        self.step.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The end of an `Optimizer.step`: the next step, unless the job numbers
+    /// its steps itself.
+    pub fn optimizer_step_done(&self) {
+        if !self.explicit_steps.load(Ordering::Relaxed) {
+            self.step.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for Sequencer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One call a thread is inside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub seq: Option<i64>,
+    pub parent: Option<i64>,
+    pub depth: i32,
+    pub step: i64,
+    pub phase: Phase,
+}
+
+/// The calls one thread is inside, innermost last.
+#[derive(Default)]
+pub struct CallStack {
+    frames: Vec<Frame>,
+}
+
+impl CallStack {
+    /// The depth a call entered now gets.
+    pub fn depth(&self) -> i32 {
+        i32::try_from(self.frames.len()).unwrap_or(i32::MAX)
+    }
+
+    /// The nearest recorded ancestor of a call entered now.
+    pub fn parent(&self) -> Option<i64> {
+        self.frames.iter().rev().find_map(|f| f.seq)
+    }
+
+    pub fn push(&mut self, frame: Frame) {
+        self.frames.push(frame);
+    }
+
+    pub fn pop(&mut self) -> Option<Frame> {
+        self.frames.pop()
+    }
+}
+
+static SEQUENCER: Sequencer = Sequencer::new();
+static CAP: RecordCap = RecordCap::new();
+/// Rust's view of whether recording is on; the C++ hook has its own flag so
+/// that it skips the bridge entirely when off.
+pub static RECORDING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static STACK: RefCell<CallStack> = RefCell::new(CallStack::default());
+    // SAFETY: gettid has no preconditions.
+    static TID: i64 = i64::from(unsafe { libc::gettid() });
+    static OPS: RefCell<OpVerdicts> = RefCell::new(OpVerdicts::default());
+}
+
+/// The first of `names` that is set to a number.
+fn rank_from_env(names: &[&str]) -> Option<u32> {
+    names
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
+/// The rank of this process: from `RANK`, `OMPI_COMM_WORLD_RANK` or
+/// `SLURM_PROCID`, else from an initialised torch.distributed, else 0.
+/// Resolved at the first record, not at load, since launchers and jobs set
+/// it late.
+pub fn rank() -> u32 {
+    static RANK: OnceLock<u32> = OnceLock::new();
+    *RANK.get_or_init(|| {
+        rank_from_env(&["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"])
+            .or_else(|| u32::try_from((host::get().distributed_rank)()).ok())
+            .unwrap_or(0)
+    })
+}
+
+/// The local rank, likewise: `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or
+/// `SLURM_LOCALID`, else 0. Written into each file's metadata.
+pub fn local_rank() -> u32 {
+    static LOCAL: OnceLock<u32> = OnceLock::new();
+    *LOCAL.get_or_init(|| {
+        rank_from_env(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]).unwrap_or(0)
+    })
+}
+
+pub fn current_step() -> i64 {
+    SEQUENCER.step()
+}
+
+/// `torch.ops.opdump.step()`.
+pub fn explicit_step() -> i64 {
+    SEQUENCER.explicit_step()
+}
+
+/// Whether a call at this point is recorded, given that recording is on.
+fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64) -> bool {
+    let c = &rt.config;
+    let site = CallSite {
+        op,
+        overload,
+        depth,
+        step,
+        rank: rank(),
+    };
+    if !OPS.with(|cache| selection::selects(c, &mut cache.borrow_mut(), site)) {
+        return false;
+    }
+    match CAP.take(c.max_records) {
+        Cap::Allowed => true,
+        Cap::Reached => {
+            eprintln!(
+                "opdump: OPDUMP_MAX_RECORDS={} reached; recording stops",
+                c.max_records
+            );
+            false
+        }
+        Cap::Refused => false,
+    }
+}
+
+fn enter(op: &str, overload: &str, phase: Phase) -> Ticket {
+    let rt = runtime::get();
+    STACK.with(|cell| {
+        let mut stack = cell.borrow_mut();
+        let (depth, parent, step) = (stack.depth(), stack.parent(), current_step());
+        let record = RECORDING.load(Ordering::Relaxed)
+            && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
+        let seq = record.then(|| SEQUENCER.take_seq());
+        stack.push(Frame {
+            seq,
+            parent,
+            depth,
+            step,
+            phase,
+        });
+        Ticket {
+            record,
+            inputs: rt.is_some_and(|rt| rt.config.inputs),
+            depth,
+            shortcuts: rt.is_some_and(|rt| rt.config.reuse),
+        }
+    })
+}
+
+fn exit(take: impl FnOnce() -> Result<Call, String>) {
+    let Some(frame) = STACK.with(|cell| cell.borrow_mut().pop()) else {
+        return;
+    };
+    let Some(seq) = frame.seq else { return };
+    let Some(sink) = runtime::sink() else { return };
+    let call = match take() {
+        Ok(call) => call,
+        Err(why) => return runtime::fail(&format!("internal error at an op's exit ({why})")),
+    };
+    sink.send(OpRecord {
+        seq,
+        parent_seq: frame.parent,
+        depth: frame.depth,
+        pid: runtime::pid(),
+        thread: TID.with(|t| *t),
+        step: frame.step,
+        phase: frame.phase,
+        op: call.op,
+        overload: call.overload,
+        args: call.args,
+        start_ns: call.start_ns,
+        duration_ns: call.duration_ns,
+        error: call.error,
+        tensors: call.tensors,
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Entry points for the bridge: a panic here would abort the job, so each one
+// is caught, reported once, and switches opdump off.
+// ---------------------------------------------------------------------------
+
+/// At an op's entry: assigns its seq, pushes the thread's nesting stack and
+/// decides whether it is recorded.
+pub fn op_enter(op: &str, overload: &str, phase: Phase) -> Ticket {
+    catch_unwind(AssertUnwindSafe(|| enter(op, overload, phase))).unwrap_or_else(|_| {
+        runtime::fail("internal error at an op's entry");
+        Ticket::SKIP
+    })
+}
+
+/// At an op's exit, always paired with [`op_enter`]: pops the stack and,
+/// when the call was recorded, takes its record from `take` and sends it.
+/// `take` runs only for recorded calls; its error switches opdump off.
+pub fn op_exit(take: impl FnOnce() -> Result<Call, String>) {
+    if catch_unwind(AssertUnwindSafe(|| exit(take))).is_err() {
+        runtime::fail("internal error at an op's exit");
+    }
+}
+
+/// The end of an `Optimizer.step` scope on this thread.
+pub fn optimizer_step_done() {
+    SEQUENCER.optimizer_step_done();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(stack: &CallStack, seq: Option<i64>) -> Frame {
+        Frame {
+            seq,
+            parent: stack.parent(),
+            depth: stack.depth(),
+            step: 0,
+            phase: Phase::Forward,
+        }
+    }
+
+    #[test]
+    fn depth_and_nearest_recorded_parent() {
+        // linear (recorded) > t (not recorded) > as_strided (recorded)
+        let mut s = CallStack::default();
+        let linear = frame(&s, Some(10));
+        assert_eq!((linear.depth, linear.parent), (0, None));
+        s.push(linear);
+        let t = frame(&s, None);
+        assert_eq!((t.depth, t.parent), (1, Some(10)));
+        s.push(t);
+        let strided = frame(&s, Some(11));
+        assert_eq!((strided.depth, strided.parent), (2, Some(10)));
+        s.push(strided);
+        assert_eq!(s.pop(), Some(strided));
+        assert_eq!(s.pop(), Some(t));
+        // A sibling of t after it: depth 1 again, same parent.
+        let addmm = frame(&s, Some(12));
+        assert_eq!((addmm.depth, addmm.parent), (1, Some(10)));
+        assert_eq!(s.pop(), Some(linear));
+        assert_eq!(s.pop(), None);
+    }
+
+    #[test]
+    fn steps_follow_the_optimizer_until_the_job_numbers_them() {
+        let seq = Sequencer::new();
+        assert_eq!((seq.take_seq(), seq.take_seq()), (0, 1));
+        seq.optimizer_step_done();
+        seq.optimizer_step_done();
+        assert_eq!(seq.step(), 2);
+        assert_eq!(seq.explicit_step(), 3);
+        // From now on the job's own calls alone move the step.
+        seq.optimizer_step_done();
+        assert_eq!(seq.step(), 3);
+        assert_eq!(seq.explicit_step(), 4);
+    }
+
+    #[test]
+    fn seq_is_unique_across_threads() {
+        let seq = std::sync::Arc::new(Sequencer::new());
+        let mut all: Vec<i64> = (0..4)
+            .map(|_| {
+                let seq = seq.clone();
+                std::thread::spawn(move || (0..1000).map(|_| seq.take_seq()).collect::<Vec<_>>())
+            })
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..4000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn exit_without_runtime_never_takes_the_record() {
+        // Recording is off and no runtime exists: the record is never built,
+        // and entry and exit stay paired.
+        let t = op_enter("aten::mm", "default", Phase::Forward);
+        assert!(!t.record);
+        let mut taken = false;
+        op_exit(|| {
+            taken = true;
+            Ok(Call::default())
+        });
+        assert!(!taken);
+        assert_eq!(STACK.with(|s| s.borrow().depth()), 0);
+    }
+}
