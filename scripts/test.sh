@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set-up (venv with the pinned torch, release build), then
-# the Rust tests of every crate and the Python tests against the built library.
+# formatting and lints, the Rust tests of every crate, and the Python tests
+# against the built library.
 #
 #   scripts/test.sh               # everything
 #   scripts/test.sh -k seed       # extra arguments go to pytest
@@ -9,7 +10,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export OPDUMP_PYTHON="$PWD/${VENV:-.venv}/bin/python"
 
-echo "== cargo test (format, cli, core config)" >&2
+echo "== cargo fmt --check, cargo clippy -D warnings" >&2
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+
+echo "== cargo test (engine, format, cli, preload)" >&2
 cargo test --release --workspace --quiet
 
 echo "== pytest" >&2

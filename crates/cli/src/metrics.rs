@@ -179,7 +179,7 @@ impl<'a> Ctx<'a> {
         let mut in_absmax: f64 = 0.0;
         let consider = |d: &'a Dump, t: u32, compute: &mut Option<&'a DType>| {
             let dt = d.dtype(t);
-            if dt.is_float() && compute.map_or(true, |c| dt.unit_roundoff > c.unit_roundoff) {
+            if dt.is_float() && compute.is_none_or(|c| dt.unit_roundoff > c.unit_roundoff) {
                 *compute = Some(dt);
             }
         };

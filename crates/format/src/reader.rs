@@ -147,10 +147,10 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
         let shape = column(path, &batch, col::SHAPE)?.as_list::<i32>();
         let stride = column(path, &batch, col::STRIDE)?.as_list::<i32>();
         let f = [col::MIN, col::MAX, col::MEAN, col::STD, col::L2, col::ABSMAX]
-            .map(|n| f64c(n));
+            .map(f64c);
         let [fmin, fmax, fmean, fstd, fl2, fabs] = f;
         let (fmin, fmax, fmean, fstd, fl2, fabs) = (fmin?, fmax?, fmean?, fstd?, fl2?, fabs?);
-        let counts = [col::NAN_COUNT, col::POSINF_COUNT, col::NEGINF_COUNT, col::ZERO_COUNT].map(|n| i64c(n));
+        let counts = [col::NAN_COUNT, col::POSINF_COUNT, col::NEGINF_COUNT, col::ZERO_COUNT].map(i64c);
         let [cnan, cpos, cneg, czero] = counts;
         let (cnan, cpos, cneg, czero) = (cnan?, cpos?, cneg?, czero?);
         let fv = |a: &arrow_array::Float64Array, i| if a.is_null(i) { f64::NAN } else { a.value(i) };
