@@ -383,51 +383,57 @@ struct ExitGuard {
   }
 };
 
-void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
-                    torch::jit::Stack* stack, const OpTicket& ticket) {
-  Recorder rec;
-  ExitGuard exit_guard{&rec.call};
-  const auto& schema = op.schema();
-  // What a top-level call reads is known memory; see provenance.cpp.
-  const bool above_autograd = ticket.depth == 0 || from_above_autograd();
-  if (above_autograd) {
-    if (ticket.depth == 0) provenance_begin_top_level();
-    reuse_begin_call();
-    const auto& args = schema.arguments();
-    const size_t first = stack->size() - args.size();
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (ticket.depth == 0) provenance_note_all((*stack)[first + i]);
-      if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) reuse_note_written((*stack)[first + i]);
-    }
-    if (ticket.depth == 0) provenance_arguments_noted();
-  }
-  if (!ticket.record) {
-    op.redispatchBoxed(next, stack);
-    const auto& returns = schema.returns();
-    for (size_t r = 0; r < returns.size(); ++r)
-      if (returns[r].alias_info() == nullptr) provenance_note_all((*stack)[stack->size() - returns.size() + r]);
-    return;
-  }
-  rec.nested = ticket.depth > 0;
-  rec.above_autograd = above_autograd;
-  rec.shortcuts = ticket.shortcuts;
+bool is_written(const c10::Argument& a) { return a.alias_info() != nullptr && a.alias_info()->isWrite(); }
 
-  const auto& name = op.operator_name();
-  const std::string_view base = base_name(name.name);
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Calls from above autograd note what their kernel may trust and write: a
+// top-level call's arguments are known memory (provenance.cpp), and the
+// arguments it writes are kept out of the reuse cache inside it (reuse.cpp).
+// This runs for unrecorded calls too, so that recorded calls nested in them
+// see the right memory.
+void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, bool top_level) {
+  if (top_level) provenance_begin_top_level();
+  reuse_begin_call();
   const auto& args = schema.arguments();
-  const size_t nargs = args.size();
-  c10::SmallVector<std::pair<size_t, c10::IValue>, 2> written;  // for ops that return nothing
+  const size_t first = stack.size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (top_level) provenance_note_all(stack[first + i]);
+    if (is_written(args[i])) reuse_note_written(stack[first + i]);
+  }
+  if (top_level) provenance_arguments_noted();
+}
 
+// A call that is not recorded still produces memory with values.
+void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
+  op.redispatchBoxed(next, stack);
+  const auto& returns = op.schema().returns();
+  for (size_t r = 0; r < returns.size(); ++r)
+    if (returns[r].alias_info() == nullptr) provenance_note_all((*stack)[stack->size() - returns.size() + r]);
+}
+
+// Arguments written by the call, for ops that return nothing.
+using Written = c10::SmallVector<std::pair<size_t, c10::IValue>, 2>;
+
+// Names the call, measures its tensor arguments and writes the others as
+// text. A failure here is opdump's, never the job's.
+void record_inputs(Recorder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                   const OpTicket& ticket, Written& written) {
+  const auto& name = op.operator_name();
   try {
-    rec.call.tensors.reserve(nargs + schema.returns().size());
+    const auto& args = op.schema().arguments();
+    const std::string_view base = base_name(name.name);
+    rec.call.tensors.reserve(args.size() + op.schema().returns().size());
     rec.call.op = rust::String(name.name);
     rec.call.overload = rust::String(name.overload_name.empty() ? "default" : name.overload_name);
-    const size_t first = stack->size() - nargs;
+    const size_t first = stack.size() - args.size();
     std::string text;
-    for (size_t i = 0; i < nargs; ++i) {
-      const c10::IValue& v = (*stack)[first + i];
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = stack[first + i];
       const auto& a = args[i];
-      const bool writes = a.alias_info() != nullptr && a.alias_info()->isWrite();
+      const bool writes = is_written(a);
       if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
         if (writes) written.emplace_back(i, v);
         if (ticket.inputs) rec.value(v, Role::Input, a.name(), input_values_defined(base, a, writes));
@@ -439,54 +445,81 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next,
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the inputs of ") + name.name + " failed: " + e.what()));
   }
+}
 
+// Runs the op with its wall time. The user's own error goes back to them
+// unchanged, after its message is put into the record.
+void run_timed(Recorder& rec, const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
   rec.call.start_ns = epoch_ns();
   const auto t0 = std::chrono::steady_clock::now();
   try {
     op.redispatchBoxed(next, stack);
   } catch (const std::exception& e) {
-    rec.call.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now() - t0)
-                               .count();
+    rec.call.duration_ns = nanoseconds_since(t0);
     rec.call.has_error = true;
     try {
       rec.call.error = rust::String(error_text(e));
     } catch (...) {
     }
-    throw;  // the user's own error, unchanged; ExitGuard hands over the record
+    throw;  // ExitGuard hands over the record
   }
-  rec.call.duration_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  rec.call.duration_ns = nanoseconds_since(t0);
+}
 
+// Measures the returns, or, for in-place ops that return nothing
+// (_foreach_add_), the arguments the schema marks as written.
+void record_outputs(Recorder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                    const OpTicket& ticket, const Written& written) {
+  const auto& name = op.operator_name();
   try {
-    const auto& returns = schema.returns();
+    const std::string_view base = base_name(name.name);
+    const auto& returns = op.schema().returns();
     if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
-        if (rec.call.tensors[i].role == Role::Input && std::string(rec.call.tensors[i].arg) == "self") rec.view_source = i;
+        if (rec.call.tensors[i].role == Role::Input && std::string(rec.call.tensors[i].arg) == "self")
+          rec.view_source = i;
     }
     const bool async_outputs = outputs_asynchronous(name.name);
     const bool fresh = !output_uninitialized(base) && !async_outputs;
     const StatsStatus no_values = async_outputs ? StatsStatus::NotMeasured : StatsStatus::Uninitialized;
     if (!returns.empty()) {
-      const size_t first = stack->size() - returns.size();
+      const size_t first = stack.size() - returns.size();
       for (size_t r = 0; r < returns.size(); ++r) {
         // A view of an input holds no new values; anything else the op computed.
         const auto* alias = returns[r].alias_info();
         const bool produced = alias == nullptr || alias->isWrite();
         rec.alias_return = !produced;
         rec.write_return = alias != nullptr && alias->isWrite();
-        rec.value((*stack)[first + r], Role::Output, std::to_string(r), fresh, produced, no_values);
+        rec.value(stack[first + r], Role::Output, std::to_string(r), fresh, produced, no_values);
       }
     } else {
-      // In-place ops that return nothing (_foreach_add_): their results are
-      // the arguments the schema marks as written.
       rec.alias_return = false;
       rec.write_return = true;
+      const auto& args = op.schema().arguments();
       for (auto& [i, v] : written) rec.value(v, Role::Output, args[i].name(), fresh, true, no_values);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));
   }
+}
+
+void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
+                    const OpTicket& ticket) {
+  // Every op_enter is paired with op_exit, for unrecorded calls too: the
+  // guard comes first.
+  Recorder rec;
+  ExitGuard exit_guard{&rec.call};
+  const bool above_autograd = ticket.depth == 0 || from_above_autograd();
+  if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+  if (!ticket.record) return run_unrecorded(op, next, stack);
+
+  rec.nested = ticket.depth > 0;
+  rec.above_autograd = above_autograd;
+  rec.shortcuts = ticket.shortcuts;
+  Written written;
+  record_inputs(rec, op, *stack, ticket, written);
+  run_timed(rec, op, next, stack);
+  record_outputs(rec, op, *stack, ticket, written);
 }
 
 }  // namespace
