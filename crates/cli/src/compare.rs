@@ -50,7 +50,27 @@ pub struct Compared {
     pub first_introduced: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<usize>,
+    /// Values changed by calls only in B before an aligned op consumed them,
+    /// when that is the first cause of the divergence (see
+    /// `changed_only_in_b`).
+    pub first_unmatched_change: Option<UnmatchedChange>,
     pub notes: Vec<String>,
+}
+
+/// A tensor that calls only in B changed between its aligned producer and
+/// an aligned consumer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UnmatchedChange {
+    /// The consumer (index into `alignment.pairs`).
+    pub pair: usize,
+    /// The op only in B that made the changed tensor, when found.
+    pub b_op: Option<u32>,
+    /// B's tensor as its aligned producer made it, and as consumed.
+    pub before: u32,
+    pub after: u32,
+    /// Lower bound on the relative change, and the consumer's tolerance.
+    pub rel_change: f64,
+    pub tolerance: f64,
 }
 
 impl Compared {
@@ -277,11 +297,13 @@ pub fn compare_dumps(
     let mut dtype_differs = 0u64;
     let mut input_taint = vec![0f32; a.tensors.len()];
     let mut verified = vec![false; n];
+    let unmatched: std::cell::Cell<Option<UnmatchedChange>> = std::cell::Cell::new(None);
     {
         // Judged in A's call order, so that every input's producer comes
         // first; measuring needs no order and runs ahead on a second thread.
         let ctx = Ctx::new(&a, &b, &tol);
         let mut prov = Provenance::with_capacity(a.tensors.len() / 2);
+        let unmatched_first = &unmatched;
         let pairs = &alignment.pairs;
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
@@ -303,19 +325,29 @@ pub fn compare_dumps(
             let mut k = 0usize;
             for mut batch in rx {
                 for cmp in batch.iter_mut() {
+                    let pair_k = k;
                     ctx.judge(cmp, |tc| {
-                        let known = if tc.key != (0, 0) {
-                            prov.lookup(tc.key)
+                        let found = if tc.key != (0, 0) {
+                            prov.find(tc.key)
                         } else {
                             None
                         };
                         // Unknown producer: tainted by its own error when
                         // that exceeds the tolerance.
-                        let t = known.unwrap_or(if tc.verdict == TensorVerdict::Diverged {
-                            tc.rel_err
-                        } else {
-                            0.0
-                        });
+                        let mut t = found.map_or(
+                            if tc.verdict == TensorVerdict::Diverged {
+                                tc.rel_err
+                            } else {
+                                0.0
+                            },
+                            |f| f.taint,
+                        );
+                        if let Some(ch) = changed_only_in_b(&ctx, found, tc, pair_k) {
+                            t = t.max(ch.rel_change);
+                            if unmatched_first.get().is_none() {
+                                unmatched_first.set(Some(ch));
+                            }
+                        }
                         // As stored for reports (f32), so they recompute
                         // the very same verdicts.
                         if t > 0.0 {
@@ -330,7 +362,7 @@ pub fn compare_dumps(
                         let Some(x) = tc.ta else { continue };
                         if tc.role == ROLE_OUTPUT {
                             if tc.key != (0, 0) {
-                                prov.register(tc.key, tc.taint);
+                                prov.register(tc.key, tc.taint, tc.tb);
                             }
                         } else {
                             input_taint[x as usize] = tc.taint as f32;
@@ -393,6 +425,22 @@ pub fn compare_dumps(
     let first_introduced_outer = (0..n).find(|&k| v(k) == OpVerdict::Introduced);
     let first_introduced =
         first_introduced_outer.map(|k| deepest_introduced(&a, &alignment, &pair_of_a, &verdict, k));
+    // A change made by calls only in B is the headline when it comes first:
+    // no aligned op introduced an error before its consumer, and an aligned
+    // output diverged at or after it.
+    let first_unmatched_change = unmatched.get().filter(|ch| {
+        first_divergence.is_some_and(|d| d >= ch.pair)
+            && first_introduced_outer.map_or(true, |k| ch.pair < k)
+    });
+    let first_unmatched_change = first_unmatched_change.map(|mut ch| {
+        ch.b_op = changer_only_in_b(
+            &b,
+            &alignment,
+            ch.after,
+            b.seq[alignment.pairs[ch.pair].b as usize],
+        );
+        ch
+    });
 
     // Introduced ops with an introduced descendant are the parents of the
     // real culprit (`linear` over `addmm`): leave them out of the top list.
@@ -443,8 +491,66 @@ pub fn compare_dumps(
         first_introduced_outer,
         first_introduced,
         top_introduced,
+        first_unmatched_change,
         notes,
     })
+}
+
+/// B fed an aligned op an input that its aligned producer did not make (A's
+/// side names the producer, the pair does not): calls only in B came
+/// between. When B's tensor as consumed differs from B's tensor as
+/// produced by more than the consumer's tolerance, those calls changed its
+/// values while A passed the tensor on unchanged: a divergence that they
+/// introduced (a copy to another device and back changes nothing).
+fn changed_only_in_b(
+    ctx: &Ctx<'_>,
+    found: Option<crate::provenance::Found>,
+    tc: &crate::metrics::TensorCmp,
+    pair: usize,
+) -> Option<UnmatchedChange> {
+    let f = found?;
+    let after = tc.tb?;
+    if f.by_pair || f.b_produced == NONE || tc.verdict.is_structural() {
+        return None;
+    }
+    let rel_change = ctx.relative_change(ctx.b, f.b_produced, after);
+    (rel_change > tc.tolerance).then_some(UnmatchedChange {
+        pair,
+        b_op: None,
+        before: f.b_produced,
+        after,
+        rel_change,
+        tolerance: tc.tolerance,
+    })
+}
+
+/// The op only in B that made tensor `t` of B: the last unmatched call
+/// before `before_seq` with an output of the same statistics, the outermost
+/// when calls nest (`to` over `_to_copy`).
+fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Option<u32> {
+    let h = crate::provenance::side_hash(b, t);
+    let mut best: Option<u32> = None;
+    for i in 0..b.len() as u32 {
+        if b.seq[i as usize] >= before_seq {
+            break;
+        }
+        if al.b_match[i as usize] != NONE {
+            continue;
+        }
+        let makes_it = b.tensors_of(i).any(|x| {
+            b.tensors.role[x as usize] == ROLE_OUTPUT
+                && b.tensors.has_values(x)
+                && crate::provenance::side_hash(b, x) == h
+        });
+        if makes_it {
+            // A later maker wins, unless it is inside the one found.
+            let inside = best.is_some_and(|o| b.ancestors(i).contains(&o));
+            if !inside {
+                best = Some(i);
+            }
+        }
+    }
+    best
 }
 
 fn step_range(d: &Dump) -> String {

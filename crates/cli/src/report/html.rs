@@ -21,6 +21,9 @@ const LEFT: f64 = 60.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 52.0;
 
+/// Every string from a dump (and every path) goes through here: markup
+/// characters as entities (the page has no script, and embeds no JSON),
+/// control characters as visible escapes, as on a terminal.
 pub fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
@@ -30,6 +33,9 @@ pub fn esc(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
+            c if crate::text::is_unsafe(c) => {
+                let _ = crate::text::escape_char(c, &mut o);
+            }
             c => o.push(c),
         }
     }
@@ -403,6 +409,10 @@ pub fn render(c: &Compared, r: &CompareReport) -> String {
         thousands(r.aligned.tensor_pairs),
         if r.first_introduced.is_some() { "introduced" } else { "" },
         match (&r.first_introduced, r.divergence) {
+            _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
+                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
+                None => "first introduced by calls only in B".into(),
+            },
             (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it".into(),
             (None, false) => "no divergence".into(),

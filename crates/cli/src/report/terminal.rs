@@ -2,7 +2,10 @@
 
 use std::fmt::Write;
 
-use super::model::{CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport};
+use super::model::{
+    CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
+};
+use crate::text::{clean, Clean};
 
 /// `1234567` -> `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -72,7 +75,7 @@ fn dump_line(out: &mut String, side: &str, d: &DumpInfo) {
     let _ = writeln!(
         out,
         "  {side}  {}  (rank {}, {} file{}, {} op calls, {} top-level, {steps})",
-        d.path,
+        Clean(&d.path),
         d.rank,
         d.files,
         if d.files == 1 { "" } else { "s" },
@@ -90,14 +93,7 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
         .by_op
         .iter()
         .take(6)
-        .map(|c| {
-            let name = if c.overload == "default" {
-                c.op.clone()
-            } else {
-                format!("{}.{}", c.op, c.overload)
-            };
-            format!("{name} x{}", thousands(c.count))
-        })
+        .map(|c| format!("{} x{}", full_name(&c.op, &c.overload), thousands(c.count)))
         .collect();
     let _ = write!(
         out,
@@ -116,11 +112,12 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
     }
 }
 
+/// `op.overload` as printed: from the dump, so escaped (see `text`).
 fn full_name(op: &str, overload: &str) -> String {
     if overload == "default" || overload.is_empty() {
-        op.to_string()
+        clean(op).into_owned()
     } else {
-        format!("{op}.{overload}")
+        format!("{}.{}", Clean(op), Clean(overload))
     }
 }
 
@@ -137,7 +134,7 @@ fn stats_row(out: &mut String, side: &str, s: &Option<StatsReport>) {
             let _ = writeln!(
                 out,
                 "        {side}  ({}, numel {})",
-                s.status.unwrap_or("no stats"),
+                Clean(s.status.unwrap_or("no stats")),
                 s.numel
             );
         }
@@ -162,12 +159,12 @@ fn stats_row(out: &mut String, side: &str, s: &Option<StatsReport>) {
 
 fn tensor_block(out: &mut String, t: &TensorReport) {
     let name = match t.list_index {
-        Some(i) => format!("{}[{i}]", t.arg),
-        None => t.arg.clone(),
+        Some(i) => format!("{}[{i}]", Clean(&t.arg)),
+        None => clean(&t.arg).into_owned(),
     };
     let dtype = match (&t.dtype_a, &t.dtype_b) {
-        (Some(x), Some(y)) if x != y => format!("{x} vs {y}"),
-        (Some(x), _) | (None, Some(x)) => x.clone(),
+        (Some(x), Some(y)) if x != y => format!("{} vs {}", Clean(x), Clean(y)),
+        (Some(x), _) | (None, Some(x)) => clean(x).into_owned(),
         _ => "-".into(),
     };
     let shp = if t.shape_a == t.shape_b {
@@ -248,18 +245,18 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
         let _ = writeln!(
             out,
             "  args  {}",
-            if r.args_a.is_empty() { "-" } else { &r.args_a }
+            Clean(if r.args_a.is_empty() { "-" } else { &r.args_a })
         );
     } else {
-        let _ = writeln!(out, "  args A  {}", r.args_a);
-        let _ = writeln!(out, "  args B  {}", r.args_b);
+        let _ = writeln!(out, "  args A  {}", Clean(&r.args_a));
+        let _ = writeln!(out, "  args B  {}", Clean(&r.args_b));
     }
     let _ = writeln!(
         out,
         "  error  output rel err {}  tolerance {} ({}, reduction length {})  input rel err {} ({})  amplification {}",
         num(r.rel_err),
         num(r.tolerance),
-        r.compute_dtype.as_deref().unwrap_or("exact"),
+        Clean(r.compute_dtype.as_deref().unwrap_or("exact")),
         num(r.reduction_length),
         num(r.input_rel_err),
         if r.diverged_input_err > 0.0 {
@@ -280,6 +277,52 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
     for t in &r.tensors {
         tensor_block(out, t);
     }
+}
+
+fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
+    let c = &u.consumer;
+    match &u.op {
+        Some(o) => {
+            let _ = writeln!(
+                out,
+                "First introduced: {}  [introduced, only in B]",
+                full_name(&o.op, &o.overload)
+            );
+            let parent = match (&o.parent_op, o.parent_seq) {
+                (Some(p), Some(s)) => format!("parent {} (seq {s})", Clean(p)),
+                _ => "top-level".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  B  seq {}  step {}  {}  depth {}  {parent}",
+                o.seq, o.step, o.phase, o.depth
+            );
+            let args = u.args.as_deref().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "  args  {}",
+                Clean(if args.is_empty() { "-" } else { args })
+            );
+        }
+        None => out.push_str("First introduced: by calls only in B  [introduced, only in B]\n"),
+    }
+    let _ = writeln!(
+        out,
+        "  changed  input {} of {} (seq A {}, seq B {}) by rel {} > tol {}; A passes it on unchanged",
+        Clean(&c.arg),
+        full_name(&c.op, &c.overload),
+        c.seq_a,
+        c.seq_b,
+        num(u.rel_change),
+        num(u.tolerance)
+    );
+    let _ = writeln!(
+        out,
+        "  B tensor     {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>6} {:>6} {:>6} {:>8}",
+        "min", "max", "mean", "std", "l2", "absmax", "nan", "+inf", "-inf", "zeros"
+    );
+    stats_row(out, "before", &Some(u.before.clone()));
+    stats_row(out, "after ", &Some(u.after.clone()));
 }
 
 pub fn render(r: &CompareReport) -> String {
@@ -329,7 +372,7 @@ pub fn render(r: &CompareReport) -> String {
     }
     let _ = writeln!(out, "  op calls: {}", counts(&r.op_verdicts));
     for n in &r.notes {
-        let _ = writeln!(out, "  note: {n}");
+        let _ = writeln!(out, "  note: {}", Clean(n));
     }
     out.push('\n');
 
@@ -339,6 +382,11 @@ pub fn render(r: &CompareReport) -> String {
     }
     out.push('\n');
     match (&r.first_introduced, &r.first_divergence) {
+        _ if r.first_introduced_unmatched.is_some() => {
+            if let Some(u) = &r.first_introduced_unmatched {
+                unmatched_block(&mut out, u);
+            }
+        }
         (Some(i), Some(d)) if i.seq_a == d.seq_a => {
             let _ = writeln!(
                 out,
@@ -376,6 +424,26 @@ pub fn render(r: &CompareReport) -> String {
     }
     out.push('\n');
     match (&r.first_introduced, r.divergence) {
+        _ if r.first_introduced_unmatched.is_some() => {
+            if let Some(u) = &r.first_introduced_unmatched {
+                let _ = match &u.op {
+                    Some(o) => writeln!(
+                        out,
+                        "Verdict: DIVERGED. First introduced at {} (only in B, seq B {}, step {}).",
+                        full_name(&o.op, &o.overload),
+                        o.seq,
+                        o.step
+                    ),
+                    None => writeln!(
+                        out,
+                        "Verdict: DIVERGED. First introduced by calls only in B before {} (seq A {}, seq B {}).",
+                        full_name(&u.consumer.op, &u.consumer.overload),
+                        u.consumer.seq_a,
+                        u.consumer.seq_b
+                    ),
+                };
+            }
+        }
         (Some(i), _) => {
             let _ = writeln!(
                 out,
