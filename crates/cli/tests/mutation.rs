@@ -14,7 +14,7 @@ use std::path::Path;
 use common::*;
 
 /// Mutants per run of the test, and the seed: fixed, so a failure names a
-/// mutant that can be produced again. `OPDUMP_MUTANTS` and `OPDUMP_SEED`
+/// mutant that can be produced again. `MUTATION_MUTANTS` and `MUTATION_SEED`
 /// override them for a longer hunt by hand.
 const MUTANTS: usize = 300;
 const SEED: u64 = 0x0bd_5eed_2026;
@@ -250,8 +250,8 @@ fn seeded_mutants_of_a_real_dump() {
     let (g, mp) = (path_str(&good), path_str(&m));
 
     let start = std::time::Instant::now();
-    let mutants = env_or("OPDUMP_MUTANTS", MUTANTS);
-    let mut rng = Rng(env_or("OPDUMP_SEED", SEED).max(1));
+    let mutants = env_or("MUTATION_MUTANTS", MUTANTS);
+    let mut rng = Rng(env_or("MUTATION_SEED", SEED).max(1));
     let mut codes = [0usize; 3];
     for k in 0..mutants {
         let (mutant, what) = mutate(&mut rng, &bytes);
