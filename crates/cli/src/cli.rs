@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use opdump_format::ranges::IntSet;
 use regex::Regex;
 
 use crate::align::Filter;
@@ -104,34 +105,16 @@ pub struct SummaryArgs {
     pub json: bool,
 }
 
-/// `3`, `0-2`, `0..2`, `0-2,5` -> inclusive ranges.
+/// `3`, `0-2`, `0..2`, `0-2,5` -> inclusive ranges: the syntax of
+/// `OPDUMP_STEPS` (crates/format/src/ranges.rs).
 pub fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
-    let bad = || {
-        CliError::new(format!(
-            "--steps {s:?}: expected steps like 3, 0-2 or 0-2,5"
-        ))
-    };
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (lo, hi) = match part.split_once("..").or_else(|| part.split_once('-')) {
-            Some((lo, hi)) => (
-                lo.trim().parse().map_err(|_| bad())?,
-                hi.trim().parse().map_err(|_| bad())?,
-            ),
-            None => {
-                let v: i64 = part.parse().map_err(|_| bad())?;
-                (v, v)
-            }
-        };
-        if lo > hi {
-            return Err(bad());
-        }
-        out.push((lo, hi));
-    }
-    if out.is_empty() {
-        return Err(bad());
-    }
-    Ok(out)
+    IntSet::parse(s)
+        .map(|set| set.ranges().to_vec())
+        .map_err(|why| {
+            CliError::new(format!(
+                "--steps {s:?}: {why}; expected steps like 3, 0-2 or 0-2,5"
+            ))
+        })
 }
 
 /// Writes to stdout and flushes it. A failed write (a full disk, `>

@@ -430,7 +430,7 @@ pub fn compare_dumps(
     // output diverged at or after it.
     let first_unmatched_change = unmatched.get().filter(|ch| {
         first_divergence.is_some_and(|d| d >= ch.pair)
-            && first_introduced_outer.map_or(true, |k| ch.pair < k)
+            && first_introduced_outer.is_none_or(|k| ch.pair < k)
     });
     let first_unmatched_change = first_unmatched_change.map(|mut ch| {
         ch.b_op = changer_only_in_b(

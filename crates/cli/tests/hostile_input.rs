@@ -343,6 +343,7 @@ fn zero_rows_while_the_writer_counted_op_calls() {
 fn mkfifo(path: &Path) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
@@ -468,9 +469,12 @@ fn a_closed_pipe_ends_quietly() {
     small_dump(&d);
     // A pipe whose reading end is already closed: every write gets EPIPE.
     let mut fds = [0i32; 2];
+    // SAFETY: pipe fills the two descriptors of a valid two-element array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: closes the reading end this test just created and owns.
     unsafe { libc::close(fds[0]) };
     use std::os::fd::FromRawFd;
+    // SAFETY: the writing end is open and owned by nothing else.
     let w = unsafe { std::os::fd::OwnedFd::from_raw_fd(fds[1]) };
     let d = path_str(&d);
     let r = run_timeout_with(

@@ -77,10 +77,13 @@ impl Config {
 }
 
 impl Default for Config {
+    /// The defaults [`VARIABLES`] states (a test holds them equal); rotation
+    /// takes the writer's own.
     fn default() -> Self {
+        let rotate = opdump_format::RotateOptions::default();
         Config {
             on_at_load: false,
-            dir: PathBuf::from("opdump"),
+            dir: PathBuf::from("./opdump"),
             include: None,
             exclude: None,
             steps: None,
@@ -89,8 +92,8 @@ impl Default for Config {
             inputs: true,
             reuse: true,
             max_records: 0,
-            rotate_rows: 500_000,
-            rotate_every: Duration::from_secs(10),
+            rotate_rows: rotate.max_rows,
+            rotate_every: rotate.max_age,
             queue: 16384,
             queue_full: QueueFull::Block,
             queue_wait: Duration::from_millis(10_000),
@@ -307,6 +310,23 @@ mod tests {
         assert_eq!(r.config.dir_mode(), 0o750);
         assert_eq!(p(&[]).config.dir_mode(), 0o700);
         assert_eq!(p(&[("OPDUMP_FILE_MODE", "400")]).errors.len(), 1);
+    }
+
+    #[test]
+    fn variables_table_states_the_defaults() {
+        let defaults = format!("{:?}", Config::default());
+        for (name, default, _) in VARIABLES {
+            if default.starts_with('(') {
+                continue; // "(all)", "(none)": the variable is unset
+            }
+            let r = p(&[(name, default)]);
+            assert!(r.errors.is_empty(), "{name}={default}: {:?}", r.errors);
+            assert_eq!(
+                format!("{:?}", r.config),
+                defaults,
+                "{name}'s stated default {default:?} is not the default"
+            );
+        }
     }
 
     #[test]
