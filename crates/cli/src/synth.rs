@@ -406,7 +406,7 @@ impl<'a> SyntheticRun<'a> {
         let mut cur = self.layer_norm(cur)?;
         for (which, f) in [("qkv", 1.1), ("proj", 0.95)] {
             if self.extra_copy_before(layer, which) {
-                self.to_copy(cur)?;
+                self.cast_copy(cur)?;
             }
             cur = self.linear(step, layer, which, f, cur)?;
             if which == "qkv" {
@@ -493,7 +493,7 @@ impl<'a> SyntheticRun<'a> {
 
     /// A `_to_copy` to float32 that leaves the values as they are: an extra
     /// op on one side, with children, that alignment must skip.
-    fn to_copy(&mut self, cur: Val) -> opdump_format::Result<()> {
+    fn cast_copy(&mut self, cur: Val) -> opdump_format::Result<()> {
         let act = self.act();
         let c = self.w.begin(
             "aten::_to_copy",
