@@ -15,10 +15,12 @@ use regex::Regex;
 use crate::align::Filter;
 use crate::compare::{self, CompareOptions};
 use crate::error::{CliError, Result};
+use crate::output;
 use crate::progress::Progress;
 use crate::report::model::CompareReport;
 use crate::report::{html, json, parquet, summary_text, terminal};
 use crate::summary;
+use crate::text;
 use crate::tolerance::{Tolerances, DEFAULT_MIN_AMPLIFICATION};
 
 pub const EXIT_SAME: u8 = 0;
@@ -132,12 +134,25 @@ pub fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
     Ok(out)
 }
 
-/// Writes to stdout; a closed pipe (`| head`) is not an error worth a
-/// message.
-fn print(s: &str) {
+/// Writes to stdout and flushes it. A failed write (a full disk, `>
+/// /dev/full`) is an error: a report cut short must not pass for a whole
+/// one. A closed pipe (`| head`) is not: the reader took what it wanted, so
+/// the command ends quietly, like other Unix tools, with the exit status it
+/// would have had.
+fn print(s: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(s.as_bytes());
-    let _ = out.flush();
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::new(format!("writing to stdout: {e}"))),
+    }
+}
+
+/// One `opdump:` line on stderr, its control characters escaped (paths, op
+/// names and metadata values in it come from files). Nothing more can be
+/// done when stderr itself fails.
+fn error_line(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "opdump: {}", text::clean(msg));
 }
 
 fn compare_cmd(a: CompareArgs) -> Result<u8> {
@@ -173,25 +188,19 @@ fn compare_cmd(a: CompareArgs) -> Result<u8> {
     let t0 = std::time::Instant::now();
     let report = CompareReport::build(&c, a.steps.clone(), a.ignore.clone());
     compare::timing("report", t0);
+    // Report files: written beside their target and renamed over it, mode
+    // 0600, never through a planted symlink (see `output`).
     if let Some(dir) = &a.out {
         parquet::write(&c, dir, &progress)?;
-        let path = dir.join("compare.json");
-        let mut f = std::fs::File::create(&path)
-            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-        json::write(&report, &mut f)?;
-    }
-    if let Some(path) = &a.html {
-        std::fs::write(path, html::render(&c, &report))
-            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    }
-    progress.finish();
-    if a.json {
         let mut buf = Vec::new();
         json::write(&report, &mut buf)?;
-        print(&String::from_utf8_lossy(&buf));
-    } else {
-        print(&terminal::render(&report));
+        output::write_bytes(&dir.join("compare.json"), &buf)?;
     }
+    if let Some(path) = &a.html {
+        output::write_bytes(path, html::render(&c, &report).as_bytes())?;
+    }
+    progress.finish();
+    print_report(a.json, &report, terminal::render)?;
     Ok(if report.divergence {
         EXIT_DIVERGED
     } else {
@@ -203,14 +212,21 @@ fn summary_cmd(a: SummaryArgs) -> Result<u8> {
     let progress = Progress::auto();
     let s = summary::run(&a.dump, a.rank, &progress)?;
     progress.finish();
-    if a.json {
-        let mut buf = Vec::new();
-        json::write(&s, &mut buf)?;
-        print(&String::from_utf8_lossy(&buf));
-    } else {
-        print(&summary_text::render(&s));
-    }
+    print_report(a.json, &s, summary_text::render)?;
     Ok(EXIT_SAME)
+}
+
+/// A report on stdout, as JSON or as text, safe on a terminal either way:
+/// the text escapes every control character its layout did not put there,
+/// the JSON writes DEL and C1 as `\u00XX` (the same values).
+fn print_report<T: serde::Serialize>(as_json: bool, r: &T, render: fn(&T) -> String) -> Result<()> {
+    if as_json {
+        let mut buf = Vec::new();
+        json::write(r, &mut buf)?;
+        print(&text::clean_json(&String::from_utf8_lossy(&buf)))
+    } else {
+        print(&text::clean_lines(&render(r)))
+    }
 }
 
 /// Runs the command line; returns the exit status.
@@ -220,15 +236,22 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
         Err(e) => {
             use clap::error::ErrorKind;
             if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let text = e.to_string();
-                print(&text);
+                let mut text = e.to_string();
                 if !text.ends_with('\n') {
-                    print("\n");
+                    text.push('\n');
                 }
-                return ExitCode::from(EXIT_SAME);
+                return match print(&text) {
+                    Ok(()) => ExitCode::from(EXIT_SAME),
+                    Err(e) => {
+                        error_line(&e.message);
+                        ExitCode::from(EXIT_ERROR)
+                    }
+                };
             }
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                let _ = write!(std::io::stderr(), "{e}");
+                // Bare `opdump`: a usage error like any other, one line; the
+                // full help is for `--help`.
+                error_line("missing command: compare or summary (see opdump --help)");
                 return ExitCode::from(EXIT_ERROR);
             }
             // One line: clap's first paragraph, without its "error: " prefix.
@@ -240,7 +263,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
                 .collect();
             let msg = para.join(" ");
             let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-            eprintln!("opdump: {msg} (see opdump --help)");
+            error_line(&format!("{msg} (see opdump --help)"));
             return ExitCode::from(EXIT_ERROR);
         }
     };
@@ -251,7 +274,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
     match r {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("opdump: {e}");
+            error_line(&e.message);
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -5,6 +5,7 @@
 //! decoding code, and turns a panic anywhere else into "internal error".
 
 use std::cell::Cell;
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::Mutex;
@@ -38,7 +39,11 @@ pub fn install_hook() {
                 *last = Some(msg);
             }
         } else {
-            eprintln!("opdump: internal error (please report it): {msg}{at}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "opdump: internal error (please report it): {}{at}",
+                crate::text::clean(&msg)
+            );
         }
     }));
 }

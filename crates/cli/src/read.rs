@@ -20,7 +20,7 @@ use arrow_array::{
     Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray, RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema};
-use opdump_format::reader::{list_files, open_batches, DumpFile};
+use opdump_format::reader::{list_files, open_batches, open_regular, DumpFile};
 use opdump_format::schema::{col, meta};
 use opdump_format::{Phase, StatsStatus};
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
@@ -84,8 +84,17 @@ pub struct FileInfo {
     pub pid: i64,
     pub rows: u64,
     pub op_calls: u64,
+    /// Bytes on disk: bounds the buffers reserved for the file's rows.
+    pub bytes: u64,
     pub stats_accumulate: Option<String>,
 }
+
+/// A row takes at least this many bytes on disk in a real dump (a tensor
+/// row holds six float statistics; a row of an op without tensors still
+/// holds its seq, times and names). The footer's row count, which a corrupt or
+/// hostile file can set to anything, reserves memory only up to the file's
+/// size over this; past it, vectors grow as they fill.
+const MIN_BYTES_PER_ROW: u64 = 8;
 
 /// The files of a dump directory, their footers read and versions checked.
 pub struct DumpIndex {
@@ -115,7 +124,9 @@ pub fn scan(dir: &Path) -> Result<DumpIndex> {
                     .clone()
             };
             let rows = md.num_rows().max(0) as u64;
+            let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
             Ok(FileInfo {
+                bytes,
                 rank: rank.unwrap_or(0),
                 pid: kv(meta::PID)
                     .and_then(|p| p.parse().ok())
@@ -167,7 +178,11 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &Progress, label: &str) -> R
         .filter(|(p, _)| **p != pid)
         .map(|(_, fs)| calls(fs))
         .sum();
-    let rows: u64 = files.iter().map(|f| f.rows).sum();
+    // Capacity hints from the footers, bounded by the files' sizes.
+    let rows: u64 = files
+        .iter()
+        .map(|f| f.rows.min(f.bytes / MIN_BYTES_PER_ROW))
+        .sum();
     let ops: u64 = calls(files).min(rows);
 
     let mut b = Builder::new(rows as usize, ops as usize);
@@ -198,6 +213,38 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &Progress, label: &str) -> R
         accumulate.to_string(),
         skipped,
     )
+}
+
+/// A call cannot be its own ancestor. A corrupt or hostile file can say it
+/// is (a call that is its own parent, two calls each the other's parent),
+/// and every walk up or down the call tree would then loop forever. One
+/// pass: each chain of parents is walked until a root or a call already
+/// known to lead to one.
+fn check_acyclic(parent: &[u32], seq: &[i64], path: &Path) -> Result<()> {
+    const ON_PATH: u8 = 1;
+    const DONE: u8 = 2;
+    let mut state = vec![0u8; parent.len()];
+    let mut walk = Vec::new();
+    for start in 0..parent.len() as u32 {
+        let mut cur = start;
+        while cur != NONE && state[cur as usize] == 0 {
+            state[cur as usize] = ON_PATH;
+            walk.push(cur);
+            cur = parent[cur as usize];
+        }
+        if cur != NONE && state[cur as usize] == ON_PATH {
+            return Err(CliError::new(format!(
+                "{}: corrupt dump: the call at seq {} is its own ancestor (its parent_seq chain loops)",
+                path.display(),
+                seq[cur as usize]
+            )));
+        }
+        for &i in &walk {
+            state[i as usize] = DONE;
+        }
+        walk.clear();
+    }
+    Ok(())
 }
 
 /// Accumulates rows of several files.
@@ -483,42 +530,50 @@ fn fingerprint_at(path: &Path, a: &ArrayRef, i: usize) -> Result<u64> {
     Ok(h | 1)
 }
 
+/// An empty vector with room for `n` items, or less when that much memory
+/// is not to be had: a capacity hint, never a reason to abort.
+fn reserved<T>(n: usize) -> Vec<T> {
+    let mut v = Vec::new();
+    let _ = v.try_reserve_exact(n);
+    v
+}
+
 impl Builder {
     fn new(rows: usize, ops: usize) -> Self {
         let t = Tensors {
-            role: Vec::with_capacity(rows),
-            arg: Vec::with_capacity(rows),
-            list_index: Vec::with_capacity(rows),
-            dtype: Vec::with_capacity(rows),
-            shape: Vec::with_capacity(rows),
+            role: reserved(rows),
+            arg: reserved(rows),
+            list_index: reserved(rows),
+            dtype: reserved(rows),
+            shape: reserved(rows),
             shapes: ShapeInterner::new(),
-            status: Vec::with_capacity(rows),
-            min: Vec::with_capacity(rows),
-            max: Vec::with_capacity(rows),
-            mean: Vec::with_capacity(rows),
-            std: Vec::with_capacity(rows),
-            l2: Vec::with_capacity(rows),
-            absmax: Vec::with_capacity(rows),
+            status: reserved(rows),
+            min: reserved(rows),
+            max: reserved(rows),
+            mean: reserved(rows),
+            std: reserved(rows),
+            l2: reserved(rows),
+            absmax: reserved(rows),
             nf_index: Vec::new(),
             nf_counts: Vec::new(),
-            zero: Vec::with_capacity(rows),
+            zero: reserved(rows),
             fingerprint: Vec::new(),
         };
         Builder {
             names: Interner::default(),
             texts: Interner::default(),
             dtypes: Vec::new(),
-            seq: Vec::with_capacity(ops),
-            parent_seq: Vec::with_capacity(ops),
-            depth: Vec::with_capacity(ops),
-            step: Vec::with_capacity(ops),
-            phase: Vec::with_capacity(ops),
-            op: Vec::with_capacity(ops),
-            overload: Vec::with_capacity(ops),
-            args: Vec::with_capacity(ops),
-            error: Vec::with_capacity(ops),
-            t_start: Vec::with_capacity(ops),
-            t_len: Vec::with_capacity(ops),
+            seq: reserved(ops),
+            parent_seq: reserved(ops),
+            depth: reserved(ops),
+            step: reserved(ops),
+            phase: reserved(ops),
+            op: reserved(ops),
+            overload: reserved(ops),
+            args: reserved(ops),
+            error: reserved(ops),
+            t_start: reserved(ops),
+            t_len: reserved(ops),
             t,
             has_fingerprint: false,
         }
@@ -551,8 +606,7 @@ impl Builder {
                 })
                 .collect::<Vec<_>>(),
         ));
-        let file =
-            File::open(path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        let file: File = open_regular(path)?;
         let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
             file,
             ArrowReaderOptions::new().with_schema(hint),
@@ -791,6 +845,7 @@ impl Builder {
             });
         }
         drop(std::mem::take(&mut self.parent_seq));
+        check_acyclic(&parent, &self.seq, &path)?;
         let mut count = vec![0u32; n + 1];
         for &p in &parent {
             if p != NONE {

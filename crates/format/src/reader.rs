@@ -25,6 +25,48 @@ fn partition_value<'a>(name: &'a str, key: &str) -> Option<&'a str> {
     name.strip_prefix(key)?.strip_prefix('=')
 }
 
+/// `rank=<R>`: R in plain decimal, as the writer names it. Anything else
+/// (`rank=abc`, `rank=-1`, `rank=0x1`, `rank=`, `rank=01`) is an error naming
+/// the directory: read as rank 0, it would merge silently with rank 0.
+fn parse_rank(dir: &Path, v: &str) -> Result<u32> {
+    let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && (v == "0" || !v.starts_with('0'));
+    match v.parse() {
+        Ok(r) if plain => Ok(r),
+        _ => Err(Error::format(dir, format!("bad partition directory rank={v:?}: expected rank=<number>"))),
+    }
+}
+
+/// `device=<D>`: D must not be empty.
+fn parse_device<'a>(dir: &Path, v: &'a str) -> Result<&'a str> {
+    if v.is_empty() {
+        return Err(Error::format(dir, "bad partition directory device=: expected device=<name>"));
+    }
+    Ok(v)
+}
+
+fn not_regular(path: &Path) -> Error {
+    Error::format(path, "not a regular file (a FIFO, socket or device?); only regular files are read")
+}
+
+/// Opens a dump file for reading. Only a regular file is read: a FIFO named
+/// `part-*.parquet` would block the reader forever, a device would never
+/// end. The open cannot block (`O_NONBLOCK`, which changes nothing for a
+/// regular file), and the check is made on the opened file (`fstat`), so
+/// nothing can be swapped in between.
+pub fn open_regular(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let m = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !m.is_file() {
+        return Err(not_regular(path));
+    }
+    Ok(file)
+}
+
 /// Lists the visible Parquet files of a dump directory, in a stable order.
 /// `dir` may be the dump root, a `rank=<R>` directory or a `device=<D>`
 /// directory. Hidden files (in-progress `.part-*.tmp`) are skipped.
@@ -41,13 +83,19 @@ pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
                 continue;
             }
             let path = e.path();
-            if path.is_dir() {
+            // Links are followed (a dump assembled from links reads fine);
+            // what they lead to must be a directory or a regular file.
+            let meta = std::fs::metadata(&path);
+            if meta.as_ref().is_ok_and(|m| m.is_dir()) {
                 if let Some(r) = partition_value(&name, "rank") {
-                    walk(&path, r.parse().ok(), device, out)?;
+                    walk(&path, Some(parse_rank(&path, r)?), device, out)?;
                 } else if let Some(d) = partition_value(&name, "device") {
-                    walk(&path, rank, Some(d), out)?;
+                    walk(&path, rank, Some(parse_device(&path, d)?), out)?;
                 }
             } else if name.ends_with(".parquet") {
+                if !meta.map_err(|e| Error::io(&path, e))?.is_file() {
+                    return Err(not_regular(&path));
+                }
                 out.push(DumpFile { path, rank, device: device.map(str::to_owned) });
             }
         }
@@ -59,8 +107,8 @@ pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
     let mut out = Vec::new();
     // Partition keys of the directory itself, when given a sub-directory.
     let own = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let rank = partition_value(&own, "rank").and_then(|r| r.parse().ok());
-    let device = partition_value(&own, "device").map(str::to_owned);
+    let rank = partition_value(&own, "rank").map(|r| parse_rank(dir, r)).transpose()?;
+    let device = partition_value(&own, "device").map(|d| parse_device(dir, d).map(str::to_owned)).transpose()?;
     walk(dir, rank, device.as_deref(), &mut out)?;
     if out.is_empty() {
         return Err(Error::NoDump { path: dir.to_path_buf() });
@@ -102,12 +150,51 @@ fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
     Ok(v)
 }
 
-/// Opens one file for streaming, after the version check. Callers choose
-/// columns with the builder's projection to keep memory small.
+/// The footer's row counts must agree: the file's `num_rows` with its row
+/// groups', and with what the writer recorded (`opdump.rows`,
+/// `opdump.op_calls`). A corrupt count would make readers size buffers
+/// wrongly, or read a file of op calls as empty without a word.
+fn check_row_counts(path: &Path, builder: &ParquetRecordBatchReaderBuilder<File>, kv: &HashMap<String, String>) -> Result<()> {
+    let md = builder.metadata();
+    let claimed = md.file_metadata().num_rows();
+    let in_groups = md.row_groups().iter().try_fold(0i64, |n, g| if g.num_rows() < 0 { None } else { n.checked_add(g.num_rows()) });
+    if claimed < 0 || in_groups != Some(claimed) {
+        return Err(Error::format(path, format!(
+            "corrupt footer: it claims {claimed} rows, its row groups hold {}",
+            in_groups.map_or("an invalid number of".to_string(), |n| n.to_string())
+        )));
+    }
+    let count = |key: &str| -> Result<Option<i64>> {
+        kv.get(key)
+            .map(|v| v.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| Error::format(path, format!("bad {key} {v:?}"))))
+            .transpose()
+    };
+    if let Some(rows) = count(meta::ROWS)? {
+        if rows != claimed {
+            return Err(Error::format(path, format!(
+                "corrupt footer: it claims {claimed} rows, {} says {rows}", meta::ROWS
+            )));
+        }
+    }
+    if let Some(calls) = count(meta::OP_CALLS)? {
+        if calls > claimed {
+            return Err(Error::format(path, format!(
+                "corrupt footer: it claims {claimed} rows, {} says {calls} op calls", meta::OP_CALLS
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens one file for streaming, after the version and row count checks.
+/// Callers choose columns with the builder's projection to keep memory
+/// small.
 pub fn open_batches(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = open_regular(path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
-    check_version(path, &key_values(&builder))?;
+    let kv = key_values(&builder);
+    check_version(path, &kv)?;
+    check_row_counts(path, &builder, &kv)?;
     Ok(builder)
 }
 

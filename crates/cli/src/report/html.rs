@@ -21,6 +21,9 @@ const LEFT: f64 = 60.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 52.0;
 
+/// Every string from a dump (and every path) goes through here: markup
+/// characters as entities (the page has no script, and embeds no JSON),
+/// control characters as visible escapes, as on a terminal.
 pub fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
@@ -30,6 +33,9 @@ pub fn esc(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
+            c if crate::text::is_unsafe(c) => {
+                let _ = crate::text::escape_char(c, &mut o);
+            }
             c => o.push(c),
         }
     }

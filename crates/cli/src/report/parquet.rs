@@ -21,6 +21,7 @@ use crate::compare::Compared;
 use crate::dump::{phase_name, role_name, status_of, Dump};
 use crate::error::{CliError, Result};
 use crate::metrics::OpCmp;
+use crate::output;
 use crate::progress::Progress;
 
 pub const FILE_NAME: &str = "compare.parquet";
@@ -156,11 +157,17 @@ fn opt(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
+/// Writes `DIR/compare.parquet` (see [`crate::output`]: mode 0600, a
+/// symlink there is replaced, never followed).
 pub fn write(c: &Compared, dir: &Path, progress: &Progress) -> Result<std::path::PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| CliError::new(format!("{}: {e}", dir.display())))?;
+    output::create_dir(dir)?;
     let path = dir.join(FILE_NAME);
+    output::write_file(&path, |file| write_rows(c, &path, file, progress))?;
+    Ok(path)
+}
+
+fn write_rows(c: &Compared, path: &Path, file: &mut File, progress: &Progress) -> Result<()> {
     let err = |e: &dyn std::fmt::Display| CliError::new(format!("{}: {e}", path.display()));
-    let file = File::create(&path).map_err(|e| err(&e))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .build();
@@ -264,5 +271,5 @@ pub fn write(c: &Compared, dir: &Path, progress: &Progress) -> Result<std::path:
         }
     }
     w.close().map_err(|e| err(&e))?;
-    Ok(path)
+    Ok(())
 }

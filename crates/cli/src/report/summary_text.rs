@@ -4,14 +4,16 @@ use std::fmt::Write;
 
 use super::terminal::{num, thousands};
 use crate::summary::{OpSite, RankSummary, SummaryReport};
+use crate::text::{clean, Clean};
 
 const TOP_OPS: usize = 30;
 
+/// `op.overload` as printed: from the dump, so escaped (see `text`).
 fn full(op: &str, ov: &str) -> String {
     if ov == "default" || ov.is_empty() {
-        op.to_string()
+        clean(op).into_owned()
     } else {
-        format!("{op}.{ov}")
+        format!("{}.{}", Clean(op), Clean(ov))
     }
 }
 
@@ -39,12 +41,12 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
         let _ = writeln!(out, "    inside  {}", chain.join(" > "));
     }
     if !s.args.is_empty() {
-        let _ = writeln!(out, "    args  {}", s.args);
+        let _ = writeln!(out, "    args  {}", Clean(&s.args));
     }
     for t in &s.tensors {
         let name = match t.list_index {
-            Some(i) => format!("{}[{i}]", t.arg),
-            None => t.arg.clone(),
+            Some(i) => format!("{}[{i}]", Clean(&t.arg)),
+            None => clean(&t.arg).into_owned(),
         };
         let st = &t.stats;
         let _ = writeln!(
@@ -52,7 +54,7 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
             "    {:<6} {:<10} {} {:?}  min {} max {} mean {} absmax {}  nan {} +inf {} -inf {}",
             t.role,
             name,
-            t.dtype,
+            Clean(&t.dtype),
             t.shape,
             num(st.min),
             num(st.max),
@@ -153,12 +155,12 @@ fn rank(out: &mut String, r: &RankSummary) {
 }
 
 pub fn render(s: &SummaryReport) -> String {
-    let mut out = format!("opdump summary {}\n", s.path);
+    let mut out = format!("opdump summary {}\n", Clean(&s.path));
     for r in &s.ranks {
         rank(&mut out, r);
     }
     for n in &s.notes {
-        let _ = writeln!(out, "note: {n}");
+        let _ = writeln!(out, "note: {}", Clean(n));
     }
     out
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::model::{CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport};
+use crate::text::{clean, Clean};
 
 /// `1234567` -> `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -72,7 +73,7 @@ fn dump_line(out: &mut String, side: &str, d: &DumpInfo) {
     let _ = writeln!(
         out,
         "  {side}  {}  (rank {}, {} file{}, {} op calls, {} top-level, {steps})",
-        d.path,
+        Clean(&d.path),
         d.rank,
         d.files,
         if d.files == 1 { "" } else { "s" },
@@ -90,14 +91,7 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
         .by_op
         .iter()
         .take(6)
-        .map(|c| {
-            let name = if c.overload == "default" {
-                c.op.clone()
-            } else {
-                format!("{}.{}", c.op, c.overload)
-            };
-            format!("{name} x{}", thousands(c.count))
-        })
+        .map(|c| format!("{} x{}", full_name(&c.op, &c.overload), thousands(c.count)))
         .collect();
     let _ = write!(
         out,
@@ -116,11 +110,12 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
     }
 }
 
+/// `op.overload` as printed: from the dump, so escaped (see `text`).
 fn full_name(op: &str, overload: &str) -> String {
     if overload == "default" || overload.is_empty() {
-        op.to_string()
+        clean(op).into_owned()
     } else {
-        format!("{op}.{overload}")
+        format!("{}.{}", Clean(op), Clean(overload))
     }
 }
 
@@ -137,7 +132,7 @@ fn stats_row(out: &mut String, side: &str, s: &Option<StatsReport>) {
             let _ = writeln!(
                 out,
                 "        {side}  ({}, numel {})",
-                s.status.unwrap_or("no stats"),
+                Clean(s.status.unwrap_or("no stats")),
                 s.numel
             );
         }
@@ -162,12 +157,12 @@ fn stats_row(out: &mut String, side: &str, s: &Option<StatsReport>) {
 
 fn tensor_block(out: &mut String, t: &TensorReport) {
     let name = match t.list_index {
-        Some(i) => format!("{}[{i}]", t.arg),
-        None => t.arg.clone(),
+        Some(i) => format!("{}[{i}]", Clean(&t.arg)),
+        None => clean(&t.arg).into_owned(),
     };
     let dtype = match (&t.dtype_a, &t.dtype_b) {
-        (Some(x), Some(y)) if x != y => format!("{x} vs {y}"),
-        (Some(x), _) | (None, Some(x)) => x.clone(),
+        (Some(x), Some(y)) if x != y => format!("{} vs {}", Clean(x), Clean(y)),
+        (Some(x), _) | (None, Some(x)) => clean(x).into_owned(),
         _ => "-".into(),
     };
     let shp = if t.shape_a == t.shape_b {
@@ -248,18 +243,18 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
         let _ = writeln!(
             out,
             "  args  {}",
-            if r.args_a.is_empty() { "-" } else { &r.args_a }
+            Clean(if r.args_a.is_empty() { "-" } else { &r.args_a })
         );
     } else {
-        let _ = writeln!(out, "  args A  {}", r.args_a);
-        let _ = writeln!(out, "  args B  {}", r.args_b);
+        let _ = writeln!(out, "  args A  {}", Clean(&r.args_a));
+        let _ = writeln!(out, "  args B  {}", Clean(&r.args_b));
     }
     let _ = writeln!(
         out,
         "  error  output rel err {}  tolerance {} ({}, reduction length {})  input rel err {} ({})  amplification {}",
         num(r.rel_err),
         num(r.tolerance),
-        r.compute_dtype.as_deref().unwrap_or("exact"),
+        Clean(r.compute_dtype.as_deref().unwrap_or("exact")),
         num(r.reduction_length),
         num(r.input_rel_err),
         if r.diverged_input_err > 0.0 {
@@ -329,7 +324,7 @@ pub fn render(r: &CompareReport) -> String {
     }
     let _ = writeln!(out, "  op calls: {}", counts(&r.op_verdicts));
     for n in &r.notes {
-        let _ = writeln!(out, "  note: {n}");
+        let _ = writeln!(out, "  note: {}", Clean(n));
     }
     out.push('\n');
 

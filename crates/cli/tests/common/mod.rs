@@ -127,3 +127,169 @@ pub fn seqs(d: &Dump, idx: &[u32]) -> Vec<i64> {
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
+
+/// Runs `opdump` with stdout on `stdout` (piped when `None`), killing it
+/// after `timeout`: a hang fails the test instead of blocking the suite.
+/// `code` is -1 when a signal ended the process; `timed_out` says whether
+/// the timeout did.
+pub struct TimedRun {
+    pub code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run_timeout_with(
+    args: &[&str],
+    timeout: std::time::Duration,
+    stdout: Option<std::process::Stdio>,
+) -> TimedRun {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let piped = stdout.is_none();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_opdump"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout.unwrap_or_else(Stdio::piped))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn opdump");
+    // Pipes are drained on threads, so a chatty child cannot block on them.
+    let mut out_pipe = if piped { child.stdout.take() } else { None };
+    let mut err_pipe = child.stderr.take();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(p) = out_pipe.as_mut() {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(p) = err_pipe.as_mut() {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let start = std::time::Instant::now();
+    let (status, timed_out) = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break (s, false);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            break (child.wait().expect("wait"), true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    TimedRun {
+        code: status.code().unwrap_or(-1),
+        signal: status.signal(),
+        timed_out,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+pub fn run_timeout(args: &[&str], secs: u64) -> TimedRun {
+    run_timeout_with(args, std::time::Duration::from_secs(secs), None)
+}
+
+/// Exit 2, exactly one `opdump:` line on stderr holding `needle`, no panic,
+/// nothing on stdout, within the timeout.
+pub fn expect_one_line(r: &TimedRun, what: &str, needle: &str) {
+    assert!(
+        !r.timed_out,
+        "{what}: timed out (hang); stderr: {}",
+        r.stderr
+    );
+    assert_eq!(
+        r.code, 2,
+        "{what}: exit {} signal {:?}; stderr: {}",
+        r.code, r.signal, r.stderr
+    );
+    assert!(
+        !r.stderr.contains("panicked"),
+        "{what}: panic: {}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.starts_with("opdump: "),
+        "{what}: stderr: {}",
+        r.stderr
+    );
+    assert_eq!(
+        r.stderr.trim_end().lines().count(),
+        1,
+        "{what}: not one line: {}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains(needle),
+        "{what}: expected {needle:?} in: {}",
+        r.stderr
+    );
+    assert!(r.stdout.is_empty(), "{what}: stdout: {}", r.stdout);
+}
+
+/// A small valid dump (one step, two layers) under `dir`.
+pub fn small_dump(dir: &Path) {
+    let m = Model {
+        steps: 1,
+        layers: 2,
+        tokens: 4,
+        hidden: 8,
+    };
+    opdump_cli::synth::write_model(dir, &m, &Variant::default(), false, 500_000)
+        .expect("write dump");
+}
+
+/// The only file of a dump written by [`small_dump`].
+pub fn only_file(dir: &Path) -> PathBuf {
+    let files = list_files(dir).expect("list");
+    assert_eq!(files.len(), 1);
+    files[0].path.clone()
+}
+
+/// Writes `records` as they are (seq, parent_seq and all) into
+/// `root/rank=0/device=cpu/`, with the real writer.
+pub fn write_records(root: &Path, records: &[OpRecord]) {
+    use opdump_format::{RotateOptions, RotatingWriter};
+    let dir = root.join("rank=0").join("device=cpu");
+    let md = vec![(
+        opdump_format::schema::meta::PID.to_string(),
+        "7".to_string(),
+    )];
+    let mut w = RotatingWriter::new(dir, "part-7".to_string(), RotateOptions::default(), md);
+    for r in records {
+        w.append(r).expect("append");
+    }
+    w.close_file().expect("close");
+}
+
+/// A top-level record with one input and one output at scale `x`.
+pub fn record(seq: i64, parent_seq: Option<i64>, op: &str, x: f64) -> OpRecord {
+    OpRecord {
+        seq,
+        parent_seq,
+        depth: if parent_seq.is_some() { 1 } else { 0 },
+        pid: 7,
+        thread: 1,
+        step: 0,
+        phase: Phase::Forward,
+        op: op.to_string(),
+        overload: "default".to_string(),
+        args: String::new(),
+        start_ns: seq * 1000,
+        duration_ns: 10,
+        error: None,
+        tensors: vec![
+            opdump_cli::synth::input("self", "float32", &[4, 8], x),
+            opdump_cli::synth::output(0, "float32", &[4, 8], x),
+        ],
+    }
+}
