@@ -40,13 +40,39 @@ pub trait Evidence: Sync {
 pub struct StatsEvidence;
 
 /// |x - y|, with two missing values (NaN: no finite element) as equal.
+/// An infinite statistic of finite elements (a mean, std or norm that
+/// overflowed while it was accumulated) says nothing: 0.
 fn gap(x: f64, y: f64) -> f64 {
     match (x.is_nan(), y.is_nan()) {
         (true, true) => 0.0,
-        (false, false) => (x - y).abs(),
+        (false, false) if x.is_finite() && y.is_finite() => (x - y).abs(),
+        (false, false) => 0.0,
         // One side has no finite element and the other has: the counts
         // differ, which is judged as a NaN/Inf mismatch before this matters.
         _ => 0.0,
+    }
+}
+
+/// The smallest positive subnormal of the type a dump's statistics were
+/// accumulated in. A square, or a mean, below the smallest normal number
+/// is rounded to a multiple of it: an absolute error that no relative
+/// tolerance covers.
+fn underflow_unit(d: &Dump) -> f64 {
+    if d.stats_accumulate == "float32" {
+        f64::from(f32::from_bits(1))
+    } else {
+        f64::from_bits(1)
+    }
+}
+
+/// How far a norm computed as sqrt(s + e) can be from sqrt(s) when the sum
+/// of squares `s` lost `|e| <= lost` to underflow:
+/// |e| / (sqrt(s + e) + sqrt(s)), at most sqrt(lost) and lost / norm.
+fn norm_slack(norm: f64, lost: f64) -> f64 {
+    if norm > 0.0 {
+        lost.sqrt().min(lost / norm)
+    } else {
+        lost.sqrt()
     }
 }
 
@@ -72,20 +98,28 @@ impl Evidence for StatsEvidence {
         // - |std a - std b| * sqrt(n)         (centring is a projection)
         // - |max a - max b|, |min a - min b|, |absmax a - absmax b|
         //                                     (each <= ||a - b||_inf <= ||a - b||_2)
+        // The extremes are exact. The first three come from sums, whose
+        // underflow is taken off them: each of the n squares, and the mean,
+        // may have lost up to one subnormal unit (tests/evidence_prop.rs
+        // found a 1e-5 overshoot for float64 values near 1e-160).
         let n = a
             .tensors
             .finite_count(ta)
             .min(b.tensors.finite_count(tb))
             .max(0) as f64;
+        let (ua, ub) = (underflow_unit(a), underflow_unit(b));
         let linf = gap(x.max[i], y.max[j])
             .max(gap(x.min[i], y.min[j]))
             .max(gap(x.absmax[i], y.absmax[j]));
-        let mut l2 = linf.max(gap(x.l2[i], y.l2[j]));
+        let norm_gap =
+            gap(x.l2[i], y.l2[j]) - norm_slack(x.l2[i], n * ua) - norm_slack(y.l2[j], n * ub);
+        let mut l2 = linf.max(norm_gap);
         if n > 0.0 {
-            let sum_gap = gap(x.mean[i] * n, y.mean[j] * n);
-            l2 = l2
-                .max(sum_gap / n.sqrt())
-                .max(gap(x.std[i], y.std[j]) * n.sqrt());
+            let sum_gap = gap(x.mean[i] * n, y.mean[j] * n) - n * (ua + ub);
+            // sqrt(n) * std is the norm of the centred tensor.
+            let (ca, cb) = (x.std[i] * n.sqrt(), y.std[j] * n.sqrt());
+            let centred_gap = gap(ca, cb) - norm_slack(ca, n * ua) - norm_slack(cb, n * ub);
+            l2 = l2.max(sum_gap / n.sqrt()).max(centred_gap);
         }
         m.l2_bound = m.l2_bound.max(l2);
         m.linf_bound = m.linf_bound.max(linf);

@@ -11,7 +11,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
 use crate::record::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
-use crate::schema::{col, meta, MIN_READABLE_SCHEMA_VERSION, SCHEMA_VERSION};
+use crate::schema::{check_types, col, meta, MIN_READABLE_SCHEMA_VERSION, SCHEMA_VERSION};
 
 /// One visible file of a dump, with the partition keys of its directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,7 +208,10 @@ fn column<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a dyn
 /// Reads a whole file back into records, rows of one op call joined again.
 /// Meant for tests and small dumps; `opdump compare` streams columns instead.
 pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
-    let reader = open_batches(path)?.build().map_err(|e| Error::parquet(path, e))?;
+    let builder = open_batches(path)?;
+    // Columns are read by name; one of another type would panic a downcast.
+    check_types(builder.schema()).map_err(|m| Error::format(path, m))?;
+    let reader = builder.build().map_err(|e| Error::parquet(path, e))?;
     let mut out: Vec<OpRecord> = Vec::new();
     for batch in reader {
         let batch = batch?;

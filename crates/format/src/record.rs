@@ -106,39 +106,10 @@ impl StatsStatus {
     }
 }
 
-/// Statistics over the finite elements of a tensor, in float64.
-///
-/// A value that does not exist (the min of a tensor with no finite element)
-/// is NaN here and null in the file.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Stats {
-    pub min: f64,
-    pub max: f64,
-    pub mean: f64,
-    /// Population standard deviation.
-    pub std: f64,
-    pub l2: f64,
-    pub absmax: f64,
-    pub nan_count: i64,
-    pub posinf_count: i64,
-    pub neginf_count: i64,
-    pub zero_count: i64,
-}
-
-impl Stats {
-    pub const NONE: Stats = Stats {
-        min: f64::NAN,
-        max: f64::NAN,
-        mean: f64::NAN,
-        std: f64::NAN,
-        l2: f64::NAN,
-        absmax: f64::NAN,
-        nan_count: 0,
-        posinf_count: 0,
-        neginf_count: 0,
-        zero_count: 0,
-    };
-}
+/// Statistics over the finite elements of a tensor. Generated with the
+/// schema's table (`schema.rs`), one field per statistics column, so that a
+/// statistic is declared once.
+pub use crate::schema::Stats;
 
 /// One tensor among an op call's arguments or results.
 #[derive(Clone, Debug, PartialEq)]

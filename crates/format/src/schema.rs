@@ -13,7 +13,7 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::record::{OpRecord, Role, Stats, StatsStatus};
+use crate::record::{OpRecord, Role, StatsStatus};
 
 /// Bumped whenever a column is added, removed or changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -40,128 +40,298 @@ pub mod meta {
     pub const FORKED_FROM: &str = "opdump.forked_from";
 }
 
-/// Column names, for readers.
-pub mod col {
-    pub const SEQ: &str = "seq";
-    pub const PARENT_SEQ: &str = "parent_seq";
-    pub const DEPTH: &str = "depth";
-    pub const PID: &str = "pid";
-    pub const THREAD: &str = "thread";
-    pub const STEP: &str = "step";
-    pub const PHASE: &str = "phase";
-    pub const OP: &str = "op";
-    pub const OVERLOAD: &str = "overload";
-    pub const ARGS: &str = "args";
-    pub const START_NS: &str = "start_ns";
-    pub const DURATION_NS: &str = "duration_ns";
-    pub const ERROR: &str = "error";
-    pub const ROLE: &str = "role";
-    pub const ARG: &str = "arg";
-    pub const LIST_INDEX: &str = "list_index";
-    pub const DTYPE: &str = "dtype";
-    pub const SHAPE: &str = "shape";
-    pub const STRIDE: &str = "stride";
-    pub const TENSOR_DEVICE: &str = "tensor_device";
-    pub const NUMEL: &str = "numel";
-    pub const STATS_STATUS: &str = "stats_status";
-    pub const MIN: &str = "min";
-    pub const MAX: &str = "max";
-    pub const MEAN: &str = "mean";
-    pub const STD: &str = "std";
-    pub const L2: &str = "l2";
-    pub const ABSMAX: &str = "absmax";
-    pub const NAN_COUNT: &str = "nan_count";
-    pub const POSINF_COUNT: &str = "posinf_count";
-    pub const NEGINF_COUNT: &str = "neginf_count";
-    pub const ZERO_COUNT: &str = "zero_count";
+/// The Arrow type of a column, in a form a `const` table can hold
+/// (`DataType::List` owns an `Arc`, so a `DataType` cannot be a constant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColType {
+    Int32,
+    Int64,
+    Float64,
+    Utf8,
+    /// A list of int64: shapes and strides.
+    Int64List,
 }
 
-fn int_list() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Int64, true)))
+impl ColType {
+    /// The Arrow type the writer gives the column.
+    pub fn data_type(self) -> DataType {
+        match self {
+            ColType::Int32 => DataType::Int32,
+            ColType::Int64 => DataType::Int64,
+            ColType::Float64 => DataType::Float64,
+            ColType::Utf8 => DataType::Utf8,
+            ColType::Int64List => {
+                DataType::List(Arc::new(Field::new("item", DataType::Int64, true)))
+            }
+        }
+    }
+
+    /// Whether a file's column of type `t` can be read as this type. A
+    /// list's item field may be named or nulled otherwise by another writer
+    /// (pyarrow names it `element`); readers only look at its values.
+    pub fn accepts(self, t: &DataType) -> bool {
+        match (self, t) {
+            (ColType::Int64List, DataType::List(item)) => item.data_type() == &DataType::Int64,
+            _ => &self.data_type() == t,
+        }
+    }
 }
 
-/// The schema of every dump file of this version.
+/// One column of a dump file, as [`COLUMNS`] declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColumnDef {
+    pub name: &'static str,
+    pub ty: ColType,
+    pub nullable: bool,
+    /// One line: what the column holds.
+    pub doc: &'static str,
+}
+
+impl ColumnDef {
+    pub fn field(&self) -> Field {
+        Field::new(self.name, self.ty.data_type(), self.nullable)
+    }
+}
+
+// The builder type and a new builder for each `ColType`, for the `columns!`
+// expansion.
+macro_rules! builder_type {
+    (Int32) => { Int32Builder };
+    (Int64) => { Int64Builder };
+    (Float64) => { Float64Builder };
+    (Utf8) => { StringBuilder };
+    (Int64List) => { ListBuilder<Int64Builder> };
+}
+
+macro_rules! new_builder {
+    (Int64List) => {
+        ListBuilder::new(Int64Builder::new())
+    };
+    ($ty:ident) => {
+        <builder_type!($ty)>::new()
+    };
+}
+
+macro_rules! is_nullable {
+    (null) => {
+        true
+    };
+    (required) => {
+        false
+    };
+}
+
+/// Generates, from the one table below and in its order: the `col` name
+/// constants, [`COLUMNS`], the [`Stats`] struct, and [`BatchBuilder`] with
+/// one builder per column (`new`, `finish` and the statistics' `append`).
+/// Only the append of the record's own fields is written by hand, and it
+/// reaches each builder by the column's name, so the order of the columns
+/// in a file can only change here.
+macro_rules! columns {
+    (
+        record {
+            $( $name:ident $CONST:ident: $ty:ident, $null:ident, $doc:literal; )*
+        }
+        float_stats {
+            $( $fname:ident $FCONST:ident: $fdoc:literal; )*
+        }
+        count_stats {
+            $( $cname:ident $CCONST:ident: $cdoc:literal; )*
+        }
+    ) => {
+        /// Column names, for readers.
+        pub mod col {
+            $( #[doc = $doc] pub const $CONST: &str = stringify!($name); )*
+            $( #[doc = $fdoc] pub const $FCONST: &str = stringify!($fname); )*
+            $( #[doc = $cdoc] pub const $CCONST: &str = stringify!($cname); )*
+        }
+
+        /// Every column of a dump file, in file order. The statistics
+        /// columns are float64 and int64, null when not measured.
+        pub const COLUMNS: &[ColumnDef] = &[
+            $( ColumnDef {
+                name: stringify!($name),
+                ty: ColType::$ty,
+                nullable: is_nullable!($null),
+                doc: $doc,
+            }, )*
+            $( ColumnDef {
+                name: stringify!($fname),
+                ty: ColType::Float64,
+                nullable: true,
+                doc: $fdoc,
+            }, )*
+            $( ColumnDef {
+                name: stringify!($cname),
+                ty: ColType::Int64,
+                nullable: true,
+                doc: $cdoc,
+            }, )*
+        ];
+
+        /// Each `col` constant's identifier and value, to test that one is
+        /// the other in capitals.
+        #[cfg(test)]
+        const COL_IDENTS: &[(&str, &str)] = &[
+            $( (stringify!($CONST), col::$CONST), )*
+            $( (stringify!($FCONST), col::$FCONST), )*
+            $( (stringify!($CCONST), col::$CCONST), )*
+        ];
+
+        /// Statistics over the finite elements of a tensor, in float64: one
+        /// field per statistics column, of the same name.
+        ///
+        /// A value that does not exist (the min of a tensor with no finite
+        /// element) is NaN here and null in the file.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct Stats {
+            $( #[doc = $fdoc] pub $fname: f64, )*
+            $( #[doc = $cdoc] pub $cname: i64, )*
+        }
+
+        impl Stats {
+            /// No values: what an unmeasured tensor carries.
+            pub const NONE: Stats = Stats {
+                $( $fname: f64::NAN, )*
+                $( $cname: 0, )*
+            };
+        }
+
+        /// Column builders for one batch. Reused across batches: `finish`
+        /// empties them and keeps their allocations.
+        pub struct BatchBuilder {
+            $( $name: builder_type!($ty), )*
+            $( $fname: Float64Builder, )*
+            $( $cname: Int64Builder, )*
+            rows: usize,
+        }
+
+        impl BatchBuilder {
+            pub fn new() -> Self {
+                BatchBuilder {
+                    $( $name: new_builder!($ty), )*
+                    $( $fname: Float64Builder::new(), )*
+                    $( $cname: Int64Builder::new(), )*
+                    rows: 0,
+                }
+            }
+
+            /// The statistics columns of one row: null when the tensor has
+            /// no values.
+            fn append_stats(&mut self, s: Option<&Stats>) {
+                match s {
+                    Some(s) => {
+                        $( self.$fname.append_option(opt(s.$fname)); )*
+                        $( self.$cname.append_value(s.$cname); )*
+                    }
+                    None => {
+                        $( self.$fname.append_null(); )*
+                        $( self.$cname.append_null(); )*
+                    }
+                }
+            }
+
+            /// Builds a batch of the rows appended so far and empties the
+            /// builders.
+            pub fn finish(&mut self) -> Result<RecordBatch, arrow_schema::ArrowError> {
+                let cols: Vec<ArrayRef> = vec![
+                    $( Arc::new(self.$name.finish()), )*
+                    $( Arc::new(self.$fname.finish()), )*
+                    $( Arc::new(self.$cname.finish()), )*
+                ];
+                self.rows = 0;
+                RecordBatch::try_new(schema(), cols)
+            }
+        }
+    };
+}
+
+// The schema, once. Adding a column here adds it to the file, to `COLUMNS`
+// and to the builder; a statistic also becomes a field of `Stats`. Then the
+// README's table (checked by `tests/schema_table.rs`) and, for a statistic,
+// the plugin's kernel and bridge row.
+columns! {
+    record {
+        // The op call, repeated on each of its rows.
+        seq           SEQ:           Int64,     required, "Process-wide, unique, increasing in call (entry) order.";
+        parent_seq    PARENT_SEQ:    Int64,     null,     "The seq of the nearest recorded enclosing call; null at depth 0.";
+        depth         DEPTH:         Int32,     required, "Nesting depth (0: called by the job itself).";
+        pid           PID:           Int32,     required, "Process id.";
+        thread        THREAD:        Int64,     required, "OS thread id.";
+        step          STEP:          Int64,     required, "Training step.";
+        phase         PHASE:         Utf8,      required, "`forward`, `backward` or `optimizer`.";
+        op            OP:            Utf8,      required, "The op as its schema names it, without the overload.";
+        overload      OVERLOAD:      Utf8,      required, "The overload name; `default` for the unnamed one.";
+        args          ARGS:          Utf8,      required, "The non-tensor arguments as text.";
+        start_ns      START_NS:      Int64,     required, "Epoch time at entry, in nanoseconds.";
+        duration_ns   DURATION_NS:   Int64,     required, "Time in the op itself, without opdump's measuring.";
+        error         ERROR:         Utf8,      null,     "The message of the exception the op raised, if it raised.";
+        // The tensor; null from `arg` on in the one row of a call without
+        // tensors (role `none`).
+        role          ROLE:          Utf8,      required, "`input`, `output`, or `none` for a call without tensors.";
+        arg           ARG:           Utf8,      null,     "The schema's argument name, or the return index for results.";
+        list_index    LIST_INDEX:    Int32,     null,     "The position inside a `Tensor[]` argument or result.";
+        dtype         DTYPE:         Utf8,      null,     "As torch names it without `torch.`: `float32`, `bfloat16`.";
+        shape         SHAPE:         Int64List, null,     "Sizes; -1 for a symbolic size.";
+        stride        STRIDE:        Int64List, null,     "Strides; empty for a layout without strides.";
+        tensor_device TENSOR_DEVICE: Utf8,      null,     "As torch prints it: `cpu`, `cuda:0`.";
+        numel         NUMEL:         Int64,     null,     "Number of elements; -1 when symbolic.";
+        stats_status  STATS_STATUS:  Utf8,      null,     "Why the statistics are what they are (see `StatsStatus`).";
+    }
+    float_stats {
+        min           MIN:           "The smallest finite element.";
+        max           MAX:           "The largest finite element.";
+        mean          MEAN:          "The mean of the finite elements.";
+        std           STD:           "The population standard deviation of the finite elements.";
+        l2            L2:            "The Euclidean norm of the finite elements (0 when there is none).";
+        absmax        ABSMAX:        "The largest magnitude of a finite element.";
+    }
+    count_stats {
+        nan_count     NAN_COUNT:     "Elements that are NaN.";
+        posinf_count  POSINF_COUNT:  "Elements that are +Inf.";
+        neginf_count  NEGINF_COUNT:  "Elements that are -Inf.";
+        zero_count    ZERO_COUNT:    "Elements equal to zero (either sign).";
+    }
+}
+
+/// The schema of every dump file of this version: [`COLUMNS`] as Arrow
+/// fields.
 pub fn schema() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
-            use col::*;
-            use DataType::*;
-            let f = |name: &str, ty: DataType, nullable: bool| Field::new(name, ty, nullable);
-            Arc::new(Schema::new(vec![
-                f(SEQ, Int64, false),
-                f(PARENT_SEQ, Int64, true),
-                f(DEPTH, Int32, false),
-                f(PID, Int32, false),
-                f(THREAD, Int64, false),
-                f(STEP, Int64, false),
-                f(PHASE, Utf8, false),
-                f(OP, Utf8, false),
-                f(OVERLOAD, Utf8, false),
-                f(ARGS, Utf8, false),
-                f(START_NS, Int64, false),
-                f(DURATION_NS, Int64, false),
-                f(ERROR, Utf8, true),
-                f(ROLE, Utf8, false),
-                f(ARG, Utf8, true),
-                f(LIST_INDEX, Int32, true),
-                f(DTYPE, Utf8, true),
-                f(SHAPE, int_list(), true),
-                f(STRIDE, int_list(), true),
-                f(TENSOR_DEVICE, Utf8, true),
-                f(NUMEL, Int64, true),
-                f(STATS_STATUS, Utf8, true),
-                f(MIN, Float64, true),
-                f(MAX, Float64, true),
-                f(MEAN, Float64, true),
-                f(STD, Float64, true),
-                f(L2, Float64, true),
-                f(ABSMAX, Float64, true),
-                f(NAN_COUNT, Int64, true),
-                f(POSINF_COUNT, Int64, true),
-                f(NEGINF_COUNT, Int64, true),
-                f(ZERO_COUNT, Int64, true),
-            ]))
+            Arc::new(Schema::new(
+                COLUMNS.iter().map(ColumnDef::field).collect::<Vec<_>>(),
+            ))
         })
         .clone()
 }
 
-/// Column builders for one batch. Reused across batches: `finish` empties
-/// them and keeps their allocations.
-pub struct BatchBuilder {
-    seq: Int64Builder,
-    parent_seq: Int64Builder,
-    depth: Int32Builder,
-    pid: Int32Builder,
-    thread: Int64Builder,
-    step: Int64Builder,
-    phase: StringBuilder,
-    op: StringBuilder,
-    overload: StringBuilder,
-    args: StringBuilder,
-    start_ns: Int64Builder,
-    duration_ns: Int64Builder,
-    error: StringBuilder,
-    role: StringBuilder,
-    arg: StringBuilder,
-    list_index: Int32Builder,
-    dtype: StringBuilder,
-    shape: ListBuilder<Int64Builder>,
-    stride: ListBuilder<Int64Builder>,
-    tensor_device: StringBuilder,
-    numel: Int64Builder,
-    stats_status: StringBuilder,
-    min: Float64Builder,
-    max: Float64Builder,
-    mean: Float64Builder,
-    std: Float64Builder,
-    l2: Float64Builder,
-    absmax: Float64Builder,
-    nan_count: Int64Builder,
-    posinf_count: Int64Builder,
-    neginf_count: Int64Builder,
-    zero_count: Int64Builder,
-    rows: usize,
+/// Checks that every column of the table that a file has is of the table's
+/// type, so that a reader's downcasts cannot fail. Columns are found by
+/// name, so their order in the file does not matter; a missing column is
+/// left to the reader, which knows which ones it needs. The error names
+/// each wrong column with both types.
+pub fn check_types(file: &Schema) -> std::result::Result<(), String> {
+    let wrong: Vec<String> = COLUMNS
+        .iter()
+        .filter_map(|c| {
+            let f = file.field_with_name(c.name).ok()?;
+            (!c.ty.accepts(f.data_type())).then(|| {
+                format!(
+                    "column {:?} has type {}, expected {}",
+                    c.name,
+                    f.data_type(),
+                    c.ty.data_type()
+                )
+            })
+        })
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 impl Default for BatchBuilder {
@@ -176,44 +346,6 @@ fn opt(v: f64) -> Option<f64> {
 }
 
 impl BatchBuilder {
-    pub fn new() -> Self {
-        BatchBuilder {
-            seq: Int64Builder::new(),
-            parent_seq: Int64Builder::new(),
-            depth: Int32Builder::new(),
-            pid: Int32Builder::new(),
-            thread: Int64Builder::new(),
-            step: Int64Builder::new(),
-            phase: StringBuilder::new(),
-            op: StringBuilder::new(),
-            overload: StringBuilder::new(),
-            args: StringBuilder::new(),
-            start_ns: Int64Builder::new(),
-            duration_ns: Int64Builder::new(),
-            error: StringBuilder::new(),
-            role: StringBuilder::new(),
-            arg: StringBuilder::new(),
-            list_index: Int32Builder::new(),
-            dtype: StringBuilder::new(),
-            shape: ListBuilder::new(Int64Builder::new()),
-            stride: ListBuilder::new(Int64Builder::new()),
-            tensor_device: StringBuilder::new(),
-            numel: Int64Builder::new(),
-            stats_status: StringBuilder::new(),
-            min: Float64Builder::new(),
-            max: Float64Builder::new(),
-            mean: Float64Builder::new(),
-            std: Float64Builder::new(),
-            l2: Float64Builder::new(),
-            absmax: Float64Builder::new(),
-            nan_count: Int64Builder::new(),
-            posinf_count: Int64Builder::new(),
-            neginf_count: Int64Builder::new(),
-            zero_count: Int64Builder::new(),
-            rows: 0,
-        }
-    }
-
     /// Rows appended since the last `finish`.
     pub fn rows(&self) -> usize {
         self.rows
@@ -270,87 +402,112 @@ impl BatchBuilder {
         self.duration_ns.append_value(rec.duration_ns);
         self.error.append_option(rec.error.as_deref());
     }
-
-    fn append_stats(&mut self, s: Option<&Stats>) {
-        let f = |b: &mut Float64Builder, v: Option<f64>| b.append_option(v);
-        match s {
-            Some(s) => {
-                f(&mut self.min, opt(s.min));
-                f(&mut self.max, opt(s.max));
-                f(&mut self.mean, opt(s.mean));
-                f(&mut self.std, opt(s.std));
-                f(&mut self.l2, opt(s.l2));
-                f(&mut self.absmax, opt(s.absmax));
-                self.nan_count.append_value(s.nan_count);
-                self.posinf_count.append_value(s.posinf_count);
-                self.neginf_count.append_value(s.neginf_count);
-                self.zero_count.append_value(s.zero_count);
-            }
-            None => {
-                for b in [
-                    &mut self.min,
-                    &mut self.max,
-                    &mut self.mean,
-                    &mut self.std,
-                    &mut self.l2,
-                    &mut self.absmax,
-                ] {
-                    b.append_null();
-                }
-                for b in [
-                    &mut self.nan_count,
-                    &mut self.posinf_count,
-                    &mut self.neginf_count,
-                    &mut self.zero_count,
-                ] {
-                    b.append_null();
-                }
-            }
-        }
-    }
-
-    /// Builds a batch of the rows appended so far and empties the builders.
-    pub fn finish(&mut self) -> Result<RecordBatch, arrow_schema::ArrowError> {
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(self.seq.finish()),
-            Arc::new(self.parent_seq.finish()),
-            Arc::new(self.depth.finish()),
-            Arc::new(self.pid.finish()),
-            Arc::new(self.thread.finish()),
-            Arc::new(self.step.finish()),
-            Arc::new(self.phase.finish()),
-            Arc::new(self.op.finish()),
-            Arc::new(self.overload.finish()),
-            Arc::new(self.args.finish()),
-            Arc::new(self.start_ns.finish()),
-            Arc::new(self.duration_ns.finish()),
-            Arc::new(self.error.finish()),
-            Arc::new(self.role.finish()),
-            Arc::new(self.arg.finish()),
-            Arc::new(self.list_index.finish()),
-            Arc::new(self.dtype.finish()),
-            Arc::new(self.shape.finish()),
-            Arc::new(self.stride.finish()),
-            Arc::new(self.tensor_device.finish()),
-            Arc::new(self.numel.finish()),
-            Arc::new(self.stats_status.finish()),
-            Arc::new(self.min.finish()),
-            Arc::new(self.max.finish()),
-            Arc::new(self.mean.finish()),
-            Arc::new(self.std.finish()),
-            Arc::new(self.l2.finish()),
-            Arc::new(self.absmax.finish()),
-            Arc::new(self.nan_count.finish()),
-            Arc::new(self.posinf_count.finish()),
-            Arc::new(self.neginf_count.finish()),
-            Arc::new(self.zero_count.finish()),
-        ];
-        self.rows = 0;
-        RecordBatch::try_new(schema(), cols)
-    }
 }
 
 /// A status value read back from a file, for readers.
 pub fn parse_status(s: Option<&str>) -> Option<StatsStatus> {
     s.and_then(StatsStatus::parse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn col_constants_are_the_names_in_capitals() {
+        for (ident, name) in COL_IDENTS {
+            assert_eq!(ident.to_ascii_lowercase(), *name);
+        }
+        assert_eq!(COL_IDENTS.len(), COLUMNS.len());
+    }
+
+    #[test]
+    fn names_are_unique_and_docs_one_line() {
+        for (i, c) in COLUMNS.iter().enumerate() {
+            assert!(
+                COLUMNS[..i].iter().all(|d| d.name != c.name),
+                "{} twice",
+                c.name
+            );
+            assert!(
+                !c.doc.is_empty() && !c.doc.contains('\n'),
+                "{}: {:?}",
+                c.name,
+                c.doc
+            );
+        }
+    }
+
+    /// The builder's batches carry exactly the table's schema, in its order,
+    /// whether or not the call has tensors.
+    #[test]
+    fn batches_follow_the_table() {
+        use crate::record::{Phase, TensorRecord};
+        let mut rec = OpRecord {
+            seq: 1,
+            parent_seq: None,
+            depth: 0,
+            pid: 1,
+            thread: 1,
+            step: 0,
+            phase: Phase::Forward,
+            op: "aten::add".into(),
+            overload: "Tensor".into(),
+            args: String::new(),
+            start_ns: 0,
+            duration_ns: 0,
+            error: None,
+            tensors: vec![],
+        };
+        let mut b = BatchBuilder::new();
+        b.append(&rec);
+        rec.tensors.push(TensorRecord {
+            role: Role::Output,
+            arg: "0".into(),
+            list_index: None,
+            dtype: "float32".into(),
+            shape: vec![2],
+            stride: vec![1],
+            device: "cpu".into(),
+            numel: 2,
+            status: StatsStatus::Computed,
+            stats: Stats::NONE,
+        });
+        b.append(&rec);
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        let names: Vec<&str> = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let table: Vec<&str> = COLUMNS.iter().map(|c| c.name).collect();
+        assert_eq!(names, table);
+        for (f, c) in batch.schema_ref().fields().iter().zip(COLUMNS) {
+            assert_eq!(f.data_type(), &c.ty.data_type(), "{}", c.name);
+            assert_eq!(f.is_nullable(), c.nullable, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn check_types_names_each_wrong_column() {
+        assert_eq!(check_types(&schema()), Ok(()));
+        let fields: Vec<Field> = COLUMNS
+            .iter()
+            .map(|c| match c.name {
+                col::MIN => Field::new(c.name, DataType::Utf8, true),
+                col::SHAPE => Field::new(
+                    c.name,
+                    DataType::List(Arc::new(Field::new("element", DataType::Int64, false))),
+                    true,
+                ),
+                _ => c.field(),
+            })
+            .rev()
+            .collect();
+        // Reversed order and another list item name are fine; `min` is not.
+        let err = check_types(&Schema::new(fields)).unwrap_err();
+        assert_eq!(err, "column \"min\" has type Utf8, expected Float64");
+    }
 }

@@ -115,16 +115,23 @@ fn rotates_by_rows_and_keeps_metadata() {
 
 #[test]
 fn rotates_by_age() {
+    // The clock is driven by hand, so no scheduling delay changes the
+    // outcome: a file opened before `Instant::now()` is at least `max_age`
+    // old at `now + max_age`, and younger than an hour at `now`.
     let tmp = tempfile::tempdir().unwrap();
-    let o = RotateOptions { max_age: Duration::from_millis(1), ..opts(1_000_000) };
+    let max_age = Duration::from_secs(3600);
+    let o = RotateOptions { max_age, ..opts(1_000_000) };
     let mut w = RotatingWriter::new(tmp.path(), "part-1", o, vec![]);
     w.append(&record(0)).unwrap();
-    std::thread::sleep(Duration::from_millis(5));
-    w.tick(Instant::now()).unwrap();
+    w.tick(Instant::now()).unwrap(); // too young: stays hidden
+    assert!(list_files(tmp.path()).is_err(), "no visible file yet");
+    w.tick(Instant::now() + max_age).unwrap();
     assert_eq!(list_files(tmp.path()).unwrap().len(), 1);
     w.append(&record(1)).unwrap();
-    w.tick(Instant::now()).unwrap(); // too young: stays hidden
+    w.tick(Instant::now()).unwrap(); // the new file is too young
     assert_eq!(list_files(tmp.path()).unwrap().len(), 1);
+    w.tick(Instant::now() + max_age).unwrap();
+    assert_eq!(list_files(tmp.path()).unwrap().len(), 2);
 }
 
 #[test]
