@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use opdump_format::Phase;
 use regex::Regex;
 
 use crate::diff::{diff, DiffStats};
@@ -104,7 +105,7 @@ fn prepare(d: &Dump, filter: &Filter) -> Prepared {
 }
 
 /// Roots by (step, phase), in seq order.
-type Groups = BTreeMap<(i64, u8), Vec<u32>>;
+type Groups = BTreeMap<(i64, Phase), Vec<u32>>;
 
 /// Roots taken part, grouped by (step, phase) (or by phase alone, when
 /// `by_step` is false), in seq order.
@@ -297,12 +298,8 @@ fn align_roots(
             m.only_a.extend_from_slice(ra);
             continue;
         };
-        progress.phase(&format!(
-            "aligning: step {} {}",
-            key.0,
-            crate::dump::phase_name(key.1)
-        ));
-        let ph = (key.1 as usize).min(2);
+        progress.phase(&format!("aligning: step {} {}", key.0, key.1.as_str()));
+        let ph = key.1 as usize;
         counts.common_a[ph] += ra.len() as u64;
         counts.common_b[ph] += rb.len() as u64;
         counts.exact[ph] += align_lists(s, ra, rb, &mut m.stats, &mut m.pairs);

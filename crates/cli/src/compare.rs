@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+use opdump_format::Role;
+
 use crate::align::{align, Alignment, Filter, Pair};
-use crate::dump::{Dump, NONE, ROLE_OUTPUT};
+use crate::dump::{Dump, NONE};
 use crate::error::{CliError, Result};
 use crate::metrics::{Ctx, OpCmp, TensorCmp};
 use crate::progress::Progress;
@@ -454,7 +456,7 @@ impl Judged {
             self.tensor_counts[tc.verdict as usize] += 1;
             self.dtype_differs += tc.dtype_differs as u64;
             let Some(x) = tc.ta else { continue };
-            if tc.role == ROLE_OUTPUT {
+            if tc.role == Role::Output {
                 if tc.key != (0, 0) {
                     prov.register(tc.key, tc.taint);
                 }
@@ -476,7 +478,7 @@ fn outputs_verified(v: OpVerdict, cmp: &OpCmp) -> bool {
     v == OpVerdict::Ok
         && cmp.diverged_in_err == 0.0
         && cmp.tensors.iter().any(|t| {
-            t.role == ROLE_OUTPUT
+            t.role == Role::Output
                 && matches!(
                     t.verdict,
                     TensorVerdict::Close | TensorVerdict::StatsEqual | TensorVerdict::Identical

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Serialize, Serializer};
 
 use crate::compare::Compared;
-use crate::dump::{phase_name, role_name, status_of, Dump, NONE};
+use crate::dump::{Dump, NONE};
 use crate::intern::FxMap;
 use crate::metrics::{OpCmp, TensorCmp, CANCELLATION_FLOOR};
 use crate::verdict::{OpVerdict, TensorVerdict};
@@ -115,7 +115,7 @@ impl OpBrief {
             overload: d.overload_name(i).to_string(),
             seq: d.seq[i as usize],
             step: d.step[i as usize],
-            phase: phase_name(d.phase[i as usize]),
+            phase: d.phase[i as usize].as_str(),
             depth: d.depth[i as usize],
             parent_op: p.map(|p| d.full_name(p)),
             parent_seq: p.map(|p| d.seq[p as usize]),
@@ -225,7 +225,7 @@ impl StatsReport {
         let has = x.has_values(t);
         let v = |c: &Vec<f64>| if has { c[i] } else { f64::NAN };
         StatsReport {
-            status: status_of(x.status[i]).map(|s| s.as_str()),
+            status: x.status[i].map(|s| s.as_str()),
             numel: x.numel(t),
             min: v(&x.min),
             max: v(&x.max),
@@ -282,7 +282,7 @@ impl TensorReport {
         let (a, b) = (&c.a, &c.b);
         let name = |d: &Dump, t: u32| d.arg_name(t).to_string();
         TensorReport {
-            role: role_name(t.role),
+            role: t.role.as_str(),
             arg: t
                 .ta
                 .map(|x| name(a, x))
@@ -390,8 +390,8 @@ impl OpReport {
             seq_b: b.seq[ib as usize],
             step_a: a.step[ia as usize],
             step_b: b.step[ib as usize],
-            phase_a: phase_name(a.phase[ia as usize]),
-            phase_b: phase_name(b.phase[ib as usize]),
+            phase_a: a.phase[ia as usize].as_str(),
+            phase_b: b.phase[ib as usize].as_str(),
             depth: a.depth[ia as usize],
             parent_a: op_ref(a, a.parent_of(ia)),
             parent_b: op_ref(b, b.parent_of(ib)),

@@ -18,7 +18,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use crate::compare::Compared;
-use crate::dump::{phase_name, role_name, status_of, Dump};
+use crate::dump::Dump;
 use crate::error::{CliError, Result};
 use crate::metrics::OpCmp;
 use crate::output;
@@ -118,8 +118,7 @@ impl Side {
         self.shape.values().append_slice(d.shape(t));
         self.shape.append(true);
         self.numel.append_value(x.numel(t));
-        self.status
-            .append_option(status_of(x.status[i]).map(|s| s.as_str()));
+        self.status.append_option(x.status[i].map(|s| s.as_str()));
         let has = x.has_values(t);
         let vals = [
             x.min[i],
@@ -206,7 +205,7 @@ fn write_rows(c: &Compared, path: &Path, file: &mut File, progress: &Progress) -
             {
                 bld.append_value(v);
             }
-            phase.append_value(phase_name(a.phase[ia]));
+            phase.append_value(a.phase[ia].as_str());
             depth.append_value(a.depth[ia]);
             op.append_value(a.op_name(p.a));
             overload.append_value(a.overload_name(p.a));
@@ -214,7 +213,7 @@ fn write_rows(c: &Compared, path: &Path, file: &mut File, progress: &Progress) -
             op_err.append_option(opt(cmp.out_err));
             op_amp.append_option(opt(cmp.amplification));
             loose.append_value(p.loose);
-            role.append_value(role_name(t.role));
+            role.append_value(t.role.as_str());
             let name =
                 t.ta.map(|x| a.arg_name(x))
                     .or_else(|| t.tb.map(|x| b.arg_name(x)));
