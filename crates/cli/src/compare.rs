@@ -1,6 +1,7 @@
 //! `opdump compare`: read both dumps, align, measure every aligned pair, and
 //! find the first divergence and the first introduced divergence.
 
+use std::cell::Cell;
 use std::path::PathBuf;
 
 use opdump_format::Role;
@@ -10,7 +11,7 @@ use crate::dump::{Dump, NONE};
 use crate::error::{CliError, Result};
 use crate::metrics::{Ctx, OpCmp, TensorCmp};
 use crate::progress::Progress;
-use crate::provenance::Provenance;
+use crate::provenance::{side_hash, Found, Provenance};
 use crate::read::{load, scan, DumpIndex};
 use crate::tolerance::Tolerances;
 use crate::verdict::{OpVerdict, TensorVerdict};
@@ -63,7 +64,27 @@ pub struct Compared {
     pub first_introduced: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<usize>,
+    /// Values changed by calls only in B before an aligned op consumed them,
+    /// when that is the first cause of the divergence (see
+    /// `changed_only_in_b`).
+    pub first_unmatched_change: Option<UnmatchedChange>,
     pub notes: Vec<String>,
+}
+
+/// A tensor that calls only in B changed between its aligned producer and
+/// an aligned consumer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UnmatchedChange {
+    /// The consumer (index into `alignment.pairs`).
+    pub pair: usize,
+    /// The op only in B that made the changed tensor, when found.
+    pub b_op: Option<u32>,
+    /// B's tensor as its aligned producer made it, and as consumed.
+    pub before: u32,
+    pub after: u32,
+    /// Lower bound on the relative change, and the consumer's tolerance.
+    pub rel_change: f64,
+    pub tolerance: f64,
 }
 
 impl Compared {
@@ -233,6 +254,7 @@ pub fn compare_dumps(
         verified,
         tensor_counts,
         dtype_differs,
+        unmatched_change,
     } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment.pairs, progress);
     let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
     let tree = PairTree {
@@ -250,6 +272,17 @@ pub fn compare_dumps(
     let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
     let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
     let top_introduced = top_introduced(&tree, &verdict, &amplification, top);
+    let first_unmatched_change = unmatched_change
+        .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
+        .map(|ch| UnmatchedChange {
+            b_op: changer_only_in_b(
+                &b,
+                &alignment,
+                ch.after,
+                b.seq[alignment.pairs[ch.pair].b as usize],
+            ),
+            ..ch
+        });
 
     progress.finish();
     timing("measure", t0);
@@ -272,6 +305,7 @@ pub fn compare_dumps(
         first_introduced_outer,
         first_introduced,
         top_introduced,
+        first_unmatched_change,
         notes,
     })
 }
@@ -373,6 +407,9 @@ struct Judged {
     verified: Vec<bool>,
     tensor_counts: [u64; TensorVerdict::ALL.len()],
     dtype_differs: u64,
+    /// The first input that calls only in B changed (its maker not yet
+    /// looked for).
+    unmatched_change: Option<UnmatchedChange>,
 }
 
 /// Pairs measured per batch handed from the measuring thread.
@@ -391,6 +428,7 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
         verified: vec![false; n],
         tensor_counts: [0u64; TensorVerdict::ALL.len()],
         dtype_differs: 0,
+        unmatched_change: None,
     };
     let mut prov = Provenance::with_capacity(ctx.a.tensors.len() / 2);
     std::thread::scope(|s| {
@@ -410,9 +448,11 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
             }
         });
         let mut k = 0usize;
+        // Set from inside `judge`'s callback, which may not mutate.
+        let first_change = Cell::new(None);
         for mut batch in rx {
             for cmp in batch.iter_mut() {
-                ctx.judge(cmp, |tc| input_taint_from(&prov, tc));
+                ctx.judge(cmp, |tc| input_taint_from(ctx, &prov, tc, k, &first_change));
                 j.record(k, cmp, &mut prov);
                 if k % 65536 == 0 {
                     progress.update(|| format!("measuring: {k}/{n} op pairs"));
@@ -422,25 +462,43 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
             batch.clear();
             let _ = back_tx.send(batch);
         }
+        j.unmatched_change = first_change.get();
     });
     j
 }
 
-/// The taint of an input: its producer's, when provenance knows it.
-/// Unknown producer: tainted by its own error when that exceeds the
-/// tolerance. Rounded as stored for reports (f32), so that they recompute
-/// the very same verdicts.
-fn input_taint_from(prov: &Provenance, tc: &TensorCmp) -> f64 {
-    let known = if tc.key != (0, 0) {
-        prov.lookup(tc.key)
+/// The taint of an input of pair `pair`: its producer's, when provenance
+/// knows it. Unknown producer: tainted by its own error when that exceeds
+/// the tolerance. Values that calls only in B changed on the way (see
+/// [`changed_only_in_b`]) taint it by that change, and the first such input
+/// goes to `first_change`. Rounded as stored for reports (f32), so that
+/// they recompute the very same verdicts.
+fn input_taint_from(
+    ctx: &Ctx<'_>,
+    prov: &Provenance,
+    tc: &TensorCmp,
+    pair: usize,
+    first_change: &Cell<Option<UnmatchedChange>>,
+) -> f64 {
+    let found = if tc.key != (0, 0) {
+        prov.find(tc.key)
     } else {
         None
     };
-    let t = known.unwrap_or(if tc.verdict == TensorVerdict::Diverged {
-        tc.rel_err
-    } else {
-        0.0
-    });
+    let mut t = found.map_or(
+        if tc.verdict == TensorVerdict::Diverged {
+            tc.rel_err
+        } else {
+            0.0
+        },
+        |f| f.taint,
+    );
+    if let Some(ch) = changed_only_in_b(ctx, found, tc, pair) {
+        t = t.max(ch.rel_change);
+        if first_change.get().is_none() {
+            first_change.set(Some(ch));
+        }
+    }
     if t > 0.0 {
         (t as f32).max(f32::MIN_POSITIVE) as f64
     } else {
@@ -458,7 +516,7 @@ impl Judged {
             let Some(x) = tc.ta else { continue };
             if tc.role == Role::Output {
                 if tc.key != (0, 0) {
-                    prov.register(tc.key, tc.taint);
+                    prov.register(tc.key, tc.taint, tc.tb);
                 }
             } else {
                 self.input_taint[x as usize] = tc.taint as f32;
@@ -587,6 +645,75 @@ fn top_introduced(
     });
     top_list.truncate(top);
     top_list
+}
+
+/// A change made by calls only in B is the headline when it comes first:
+/// no aligned op introduced an error before its consumer, and an aligned
+/// output diverged at or after it.
+fn is_first_cause(
+    ch: &UnmatchedChange,
+    first_divergence: Option<usize>,
+    first_introduced_outer: Option<usize>,
+) -> bool {
+    first_divergence.is_some_and(|d| d >= ch.pair)
+        && first_introduced_outer.map_or(true, |k| ch.pair < k)
+}
+
+/// B fed an aligned op an input that its aligned producer did not make (A's
+/// side names the producer, the pair does not): calls only in B came
+/// between. When B's tensor as consumed differs from B's tensor as
+/// produced by more than the consumer's tolerance, those calls changed its
+/// values while A passed the tensor on unchanged: a divergence that they
+/// introduced (a copy to another device and back changes nothing).
+fn changed_only_in_b(
+    ctx: &Ctx<'_>,
+    found: Option<Found>,
+    tc: &TensorCmp,
+    pair: usize,
+) -> Option<UnmatchedChange> {
+    let f = found?;
+    let after = tc.tb?;
+    if f.by_pair || f.b_produced == NONE || tc.verdict.is_structural() {
+        return None;
+    }
+    let rel_change = ctx.relative_change(ctx.b, f.b_produced, after);
+    (rel_change > tc.tolerance).then_some(UnmatchedChange {
+        pair,
+        b_op: None,
+        before: f.b_produced,
+        after,
+        rel_change,
+        tolerance: tc.tolerance,
+    })
+}
+
+/// The op only in B that made tensor `t` of B: the last unmatched call
+/// before `before_seq` with an output of the same statistics, the outermost
+/// when calls nest (`to` over `_to_copy`).
+fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Option<u32> {
+    let h = side_hash(b, t);
+    let mut best: Option<u32> = None;
+    for i in 0..b.len() as u32 {
+        if b.seq[i as usize] >= before_seq {
+            break;
+        }
+        if al.b_match[i as usize] != NONE {
+            continue;
+        }
+        let makes_it = b.tensors_of(i).any(|x| {
+            b.tensors.role[x as usize] == Role::Output
+                && b.tensors.has_values(x)
+                && side_hash(b, x) == h
+        });
+        if makes_it {
+            // A later maker wins, unless it is inside the one found.
+            let inside = best.is_some_and(|o| b.ancestors(i).contains(&o));
+            if !inside {
+                best = Some(i);
+            }
+        }
+    }
+    best
 }
 
 fn step_range(d: &Dump) -> String {

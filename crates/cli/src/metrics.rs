@@ -355,6 +355,32 @@ impl<'a> Ctx<'a> {
         cmp.verdict = Some(op_verdict(&errors, kappa));
     }
 
+    /// How much two tensors of one dump differ, relative to the first: a
+    /// lower bound on max(||x - y||_2 / ||x||_2, ||x - y||_inf / ||x||_inf),
+    /// infinite when their NaN/Inf counts differ, 0 when either has no
+    /// measured values or their sizes differ (nothing to tell).
+    pub fn relative_change(&self, d: &Dump, x: u32, y: u32) -> f64 {
+        let t = &d.tensors;
+        if !t.has_values(x) || !t.has_values(y) || t.numel(x) != t.numel(y) {
+            return 0.0;
+        }
+        if t.nonfinite_counts(x) != t.nonfinite_counts(y) {
+            return f64::INFINITY;
+        }
+        let mut m = Measure::default();
+        for e in &self.evidence {
+            e.measure(d, x, d, y, &mut m);
+        }
+        let i = x as usize;
+        let l2 = if t.l2[i].is_finite() { t.l2[i] } else { 0.0 };
+        let absmax = if t.absmax[i].is_finite() {
+            t.absmax[i]
+        } else {
+            0.0
+        };
+        (m.l2_bound / l2.max(absmax).max(TINY)).max(m.linf_bound / absmax.max(TINY))
+    }
+
     fn compare_tensors(
         &self,
         ta: Option<u32>,

@@ -17,10 +17,11 @@
 //! Two distinct tensors with identical statistics on both sides (zeros of
 //! one shape) hold the same values, so mixing them up changes nothing.
 
-use crate::dump::Dump;
+use crate::dump::{Dump, NONE};
 use crate::intern::{mix, FxMap};
 
-fn side_hash(d: &Dump, t: u32) -> u64 {
+/// The identity of one side's tensor by its statistics.
+pub fn side_hash(d: &Dump, t: u32) -> u64 {
     let x = &d.tensors;
     let i = t as usize;
     // FxHash steps, one strong mix at the end.
@@ -53,10 +54,24 @@ pub struct Provenance {
     /// Pair identity -> its taint when produced: 0 when nothing upstream
     /// diverged, else the size of the error upstream.
     produced: FxMap<u64, f32>,
-    /// The same by A's side alone. B may feed an op a tensor that went
-    /// through calls A does not make (copies to and from a device, another
-    /// decomposition); A's tensor still names the producer.
-    produced_a: FxMap<u64, f32>,
+    /// The same by A's side alone, with B's tensor as produced (`NONE` when
+    /// unknown). B may feed an op a tensor that went through calls A does
+    /// not make (copies to and from a device, another decomposition); A's
+    /// tensor still names the producer, and B's tensor as produced tells
+    /// whether those calls changed its values.
+    produced_a: FxMap<u64, (f32, u32)>,
+}
+
+/// Where an input came from, as far as the statistics tell.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Found {
+    /// The taint of the tensor when it was produced.
+    pub taint: f64,
+    /// Found by the pair: B fed the very tensor its aligned producer made.
+    /// Else found by A's side alone, and `b_produced` is the tensor B's
+    /// aligned producer made (`NONE` when unknown).
+    pub by_pair: bool,
+    pub b_produced: u32,
 }
 
 impl Provenance {
@@ -67,8 +82,9 @@ impl Provenance {
         }
     }
 
-    /// Records an output; a later producer of the same tensor wins.
-    pub fn register(&mut self, (pair, side_a): (u64, u64), taint: f64) {
+    /// Records an output, `b_tensor` its B side; a later producer of the
+    /// same tensor wins.
+    pub fn register(&mut self, (pair, side_a): (u64, u64), taint: f64, b_tensor: Option<u32>) {
         // A nonzero taint never rounds to 0 in f32.
         let t = if taint > 0.0 {
             (taint as f32).max(f32::MIN_POSITIVE)
@@ -76,15 +92,30 @@ impl Provenance {
             0.0
         };
         self.produced.insert(pair, t);
-        self.produced_a.insert(side_a, t);
+        self.produced_a
+            .insert(side_a, (t, b_tensor.unwrap_or(NONE)));
     }
 
     /// The taint of this input when it was produced, if its producer is
     /// known: by the pair, else by A's side.
-    pub fn lookup(&self, (pair, side_a): (u64, u64)) -> Option<f64> {
-        self.produced
-            .get(&pair)
-            .or_else(|| self.produced_a.get(&side_a))
-            .map(|&t| t as f64)
+    pub fn lookup(&self, key: (u64, u64)) -> Option<f64> {
+        self.find(key).map(|f| f.taint)
+    }
+
+    /// Where this input came from, if its producer is known: by the pair,
+    /// else by A's side.
+    pub fn find(&self, (pair, side_a): (u64, u64)) -> Option<Found> {
+        if let Some(&t) = self.produced.get(&pair) {
+            return Some(Found {
+                taint: t as f64,
+                by_pair: true,
+                b_produced: NONE,
+            });
+        }
+        self.produced_a.get(&side_a).map(|&(t, b)| Found {
+            taint: t as f64,
+            by_pair: false,
+            b_produced: b,
+        })
     }
 }

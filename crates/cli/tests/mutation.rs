@@ -61,7 +61,7 @@ fn mutate(rng: &mut Rng, good: &[u8]) -> (Vec<u8>, String) {
     let mut b = good.to_vec();
     let n = b.len();
     let fs = footer_start(good);
-    let kind = rng.below(9);
+    let kind = rng.below(10);
     let what = match kind {
         0 => {
             let k = rng.range(1, 9);
@@ -123,14 +123,85 @@ fn mutate(rng: &mut Rng, good: &[u8]) -> (Vec<u8>, String) {
             b[i..i + k].fill(0xff);
             format!("{k} bytes 0xff in the footer at {i}")
         }
-        _ => {
+        8 => {
             let i = rng.range(4, fs);
             let k = rng.range(1, 9).min(fs - i);
             b[i..i + k].fill(0);
             format!("{k} zero bytes in the pages at {i}")
         }
+        _ => {
+            // A count, size or offset of the footer (a Thrift i64 field:
+            // num_rows, num_values, total_byte_size, page offsets) set to
+            // an extreme value.
+            let v = match rng.below(5) {
+                0 => 1i64 << 50,
+                1 => i64::MAX,
+                2 => 0,
+                3 => -1,
+                _ => (rng.next() >> 1) as i64,
+            };
+            match rewrite_i64_field(good, fs, rng, v) {
+                Some((m, at)) => {
+                    b = m;
+                    format!("footer i64 field at {at} set to {v}")
+                }
+                None => "unchanged".to_string(),
+            }
+        }
     };
     (b, what)
+}
+
+/// Thrift compact zigzag varint of an i64.
+fn varint(n: i64) -> Vec<u8> {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut out = Vec::new();
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// The file with the value of a random i64 field of its footer (a field
+/// header byte of type 6, then a varint) replaced by `v`, the footer's
+/// length updated; and where the field was.
+fn rewrite_i64_field(good: &[u8], fs: usize, rng: &mut Rng, v: i64) -> Option<(Vec<u8>, usize)> {
+    let end = good.len() - 8;
+    let varint_end = |at: usize| {
+        let mut j = at + 1;
+        while j < end && good[j] & 0x80 != 0 {
+            j += 1;
+        }
+        (j < end).then_some(j)
+    };
+    // Half the time the file's own num_rows: field 3 of FileMetaData (delta
+    // 1, type i64: 0x16), right before the row group list (0x19).
+    let num_rows = (fs..end - 1).rev().find(|&i| {
+        good[i] == 0x16 && varint_end(i).is_some_and(|j| good.get(j + 1) == Some(&0x19))
+    });
+    let at = match num_rows {
+        Some(i) if rng.below(2) == 0 => i,
+        _ => {
+            let fields: Vec<usize> = (fs..end - 1)
+                .filter(|&i| good[i] & 0x0f == 6 && good[i] >> 4 != 0)
+                .collect();
+            fields[rng.below(fields.len())]
+        }
+    };
+    let j = varint_end(at)?;
+    let mut footer = good[fs..=at].to_vec();
+    footer.extend(varint(v));
+    footer.extend_from_slice(&good[j + 1..end]);
+    let mut out = good[..fs].to_vec();
+    out.extend_from_slice(&footer);
+    out.extend_from_slice(&(footer.len() as u32).to_le_bytes());
+    out.extend_from_slice(b"PAR1");
+    Some((out, at))
 }
 
 fn check(r: &TimedRun, allowed: &[i32], what: &str) {

@@ -154,10 +154,17 @@ fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
 /// groups', and with what the writer recorded (`opdump.rows`,
 /// `opdump.op_calls`). A corrupt count would make readers size buffers
 /// wrongly, or read a file of op calls as empty without a word.
-fn check_row_counts(path: &Path, builder: &ParquetRecordBatchReaderBuilder<File>, kv: &HashMap<String, String>) -> Result<()> {
+fn check_row_counts(
+    path: &Path,
+    builder: &ParquetRecordBatchReaderBuilder<File>,
+    kv: &HashMap<String, String>,
+) -> Result<()> {
     let md = builder.metadata();
     let claimed = md.file_metadata().num_rows();
-    let in_groups = md.row_groups().iter().try_fold(0i64, |n, g| if g.num_rows() < 0 { None } else { n.checked_add(g.num_rows()) });
+    let in_groups = md
+        .row_groups()
+        .iter()
+        .try_fold(0i64, |n, g| if g.num_rows() < 0 { None } else { n.checked_add(g.num_rows()) });
     if claimed < 0 || in_groups != Some(claimed) {
         return Err(Error::format(path, format!(
             "corrupt footer: it claims {claimed} rows, its row groups hold {}",
@@ -166,7 +173,10 @@ fn check_row_counts(path: &Path, builder: &ParquetRecordBatchReaderBuilder<File>
     }
     let count = |key: &str| -> Result<Option<i64>> {
         kv.get(key)
-            .map(|v| v.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| Error::format(path, format!("bad {key} {v:?}"))))
+            .map(|v| {
+                let n = v.parse::<i64>().ok().filter(|n| *n >= 0);
+                n.ok_or_else(|| Error::format(path, format!("bad {key} {v:?}")))
+            })
             .transpose()
     };
     if let Some(rows) = count(meta::ROWS)? {

@@ -409,6 +409,10 @@ pub fn render(c: &Compared, r: &CompareReport) -> String {
         thousands(r.aligned.tensor_pairs),
         if r.first_introduced.is_some() { "introduced" } else { "" },
         match (&r.first_introduced, r.divergence) {
+            _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
+                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
+                None => "first introduced by calls only in B".into(),
+            },
             (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it".into(),
             (None, false) => "no divergence".into(),

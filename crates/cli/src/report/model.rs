@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Serialize, Serializer};
 
-use crate::compare::Compared;
+use crate::compare::{Compared, UnmatchedChange};
 use crate::dump::{Dump, NONE};
 use crate::intern::FxMap;
 use crate::metrics::{OpCmp, TensorCmp, CANCELLATION_FLOOR};
@@ -416,6 +416,63 @@ impl OpReport {
     }
 }
 
+/// The aligned op that consumed a tensor changed by calls only in B.
+#[derive(Serialize, Clone, Debug)]
+pub struct ConsumerRef {
+    pub op: String,
+    pub overload: String,
+    pub seq_a: i64,
+    pub seq_b: i64,
+    pub step_a: i64,
+    /// The consumed tensor's argument.
+    pub arg: String,
+}
+
+/// A divergence introduced by calls only in B (JSON
+/// `first_introduced_unmatched`): B changed a tensor between its aligned
+/// producer and an aligned consumer, where A passed it on unchanged.
+#[derive(Serialize, Clone, Debug)]
+pub struct UnmatchedReport {
+    /// `"b"`: the side whose own calls changed the values.
+    pub side: &'static str,
+    /// The op only in B that made the changed tensor; `null` when no
+    /// unmatched call has an output with its statistics.
+    pub op: Option<OpBrief>,
+    pub args: Option<String>,
+    /// Lower bound on the change, relative to the tensor as produced.
+    #[serde(serialize_with = "finite")]
+    pub rel_change: f64,
+    pub tolerance: f64,
+    pub consumer: ConsumerRef,
+    /// B's tensor as its aligned producer made it, and as consumed.
+    pub before: StatsReport,
+    pub after: StatsReport,
+}
+
+impl UnmatchedReport {
+    pub fn of(c: &Compared, ch: &UnmatchedChange) -> Self {
+        let (a, b) = (&c.a, &c.b);
+        let p = c.alignment.pairs[ch.pair];
+        UnmatchedReport {
+            side: "b",
+            op: ch.b_op.map(|i| OpBrief::of(b, i)),
+            args: ch.b_op.map(|i| b.args_text(i).to_string()),
+            rel_change: ch.rel_change,
+            tolerance: ch.tolerance,
+            consumer: ConsumerRef {
+                op: a.op_name(p.a).to_string(),
+                overload: a.overload_name(p.a).to_string(),
+                seq_a: a.seq[p.a as usize],
+                seq_b: b.seq[p.b as usize],
+                step_a: a.step[p.a as usize],
+                arg: b.arg_name(ch.after).to_string(),
+            },
+            before: StatsReport::of(b, ch.before),
+            after: StatsReport::of(b, ch.after),
+        }
+    }
+}
+
 /// The whole compare report.
 #[derive(Serialize, Clone, Debug)]
 pub struct CompareReport {
@@ -438,6 +495,9 @@ pub struct CompareReport {
     /// The deepest op that introduced an error, inside the first introduced
     /// subtree: the headline answer.
     pub first_introduced: Option<OpReport>,
+    /// Set instead, when calls only in B introduced the divergence before
+    /// any aligned op did.
+    pub first_introduced_unmatched: Option<UnmatchedReport>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<OpReport>,
     pub notes: Vec<String>,
@@ -485,6 +545,10 @@ impl CompareReport {
             divergence: c.divergence_found(),
             first_divergence: c.first_divergence.map(|k| OpReport::of(c, k)),
             first_introduced: c.first_introduced.map(|k| OpReport::of(c, k)),
+            first_introduced_unmatched: c
+                .first_unmatched_change
+                .as_ref()
+                .map(|ch| UnmatchedReport::of(c, ch)),
             top_introduced: c
                 .top_introduced
                 .iter()

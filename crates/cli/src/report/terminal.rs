@@ -2,7 +2,9 @@
 
 use std::fmt::Write;
 
-use super::model::{CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport};
+use super::model::{
+    CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
+};
 use crate::text::{clean, Clean};
 
 /// `1234567` -> `1,234,567`.
@@ -277,6 +279,52 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
     }
 }
 
+fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
+    let c = &u.consumer;
+    match &u.op {
+        Some(o) => {
+            let _ = writeln!(
+                out,
+                "First introduced: {}  [introduced, only in B]",
+                full_name(&o.op, &o.overload)
+            );
+            let parent = match (&o.parent_op, o.parent_seq) {
+                (Some(p), Some(s)) => format!("parent {} (seq {s})", Clean(p)),
+                _ => "top-level".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  B  seq {}  step {}  {}  depth {}  {parent}",
+                o.seq, o.step, o.phase, o.depth
+            );
+            let args = u.args.as_deref().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "  args  {}",
+                Clean(if args.is_empty() { "-" } else { args })
+            );
+        }
+        None => out.push_str("First introduced: by calls only in B  [introduced, only in B]\n"),
+    }
+    let _ = writeln!(
+        out,
+        "  changed  input {} of {} (seq A {}, seq B {}) by rel {} > tol {}; A passes it on unchanged",
+        Clean(&c.arg),
+        full_name(&c.op, &c.overload),
+        c.seq_a,
+        c.seq_b,
+        num(u.rel_change),
+        num(u.tolerance)
+    );
+    let _ = writeln!(
+        out,
+        "  B tensor     {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>6} {:>6} {:>6} {:>8}",
+        "min", "max", "mean", "std", "l2", "absmax", "nan", "+inf", "-inf", "zeros"
+    );
+    stats_row(out, "before", &Some(u.before.clone()));
+    stats_row(out, "after ", &Some(u.after.clone()));
+}
+
 pub fn render(r: &CompareReport) -> String {
     let mut out = String::new();
     out.push_str("opdump compare\n");
@@ -334,6 +382,11 @@ pub fn render(r: &CompareReport) -> String {
     }
     out.push('\n');
     match (&r.first_introduced, &r.first_divergence) {
+        _ if r.first_introduced_unmatched.is_some() => {
+            if let Some(u) = &r.first_introduced_unmatched {
+                unmatched_block(&mut out, u);
+            }
+        }
         (Some(i), Some(d)) if i.seq_a == d.seq_a => {
             let _ = writeln!(
                 out,
@@ -371,6 +424,26 @@ pub fn render(r: &CompareReport) -> String {
     }
     out.push('\n');
     match (&r.first_introduced, r.divergence) {
+        _ if r.first_introduced_unmatched.is_some() => {
+            if let Some(u) = &r.first_introduced_unmatched {
+                let _ = match &u.op {
+                    Some(o) => writeln!(
+                        out,
+                        "Verdict: DIVERGED. First introduced at {} (only in B, seq B {}, step {}).",
+                        full_name(&o.op, &o.overload),
+                        o.seq,
+                        o.step
+                    ),
+                    None => writeln!(
+                        out,
+                        "Verdict: DIVERGED. First introduced by calls only in B before {} (seq A {}, seq B {}).",
+                        full_name(&u.consumer.op, &u.consumer.overload),
+                        u.consumer.seq_a,
+                        u.consumer.seq_b
+                    ),
+                };
+            }
+        }
         (Some(i), _) => {
             let _ = writeln!(
                 out,
