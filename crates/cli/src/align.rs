@@ -65,9 +65,6 @@ pub struct Alignment {
     /// Steps whose roots appear on one side only.
     pub steps_only_a: Vec<i64>,
     pub steps_only_b: Vec<i64>,
-    /// Roots taken part (after filters), on each side.
-    pub roots_a: u64,
-    pub roots_b: u64,
     /// Per phase (forward, backward, optimizer): roots in groups present on
     /// both sides, on each side, and those matched with equal signatures.
     pub common_roots_a: [u64; 3],
@@ -437,8 +434,6 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignm
         only_b,
         steps_only_a,
         steps_only_b,
-        roots_a: ga.values().map(|v| v.len() as u64).sum(),
-        roots_b: gb.values().map(|v| v.len() as u64).sum(),
         common_roots_a: counts.common_a,
         common_roots_b: counts.common_b,
         roots_matched_exact: counts.exact,

@@ -47,9 +47,6 @@ pub struct Compared {
     /// Per pair (index into `alignment.pairs`).
     pub verdict: Vec<OpVerdict>,
     pub out_err: Vec<f32>,
-    pub amplification: Vec<f32>,
-    /// Pair index of each op of A, or `NONE`.
-    pub pair_of_a: Vec<u32>,
     /// Per tensor of A: the taint an input had (see `provenance`), so a
     /// report recomputes the same verdicts.
     pub input_taint: Vec<f32>,
@@ -58,8 +55,6 @@ pub struct Compared {
     pub tensor_pairs: u64,
     pub dtype_differs: u64,
     pub first_divergence: Option<usize>,
-    /// The first introduced op in seq order (maybe a parent like `linear`).
-    pub first_introduced_outer: Option<usize>,
     /// The deepest introduced op inside that subtree: the headline.
     pub first_introduced: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
@@ -294,15 +289,12 @@ pub fn compare_dumps(
         tol,
         verdict,
         out_err,
-        amplification,
-        pair_of_a,
         input_taint,
         tensor_counts,
         op_counts,
         tensor_pairs,
         dtype_differs,
         first_divergence,
-        first_introduced_outer,
         first_introduced,
         top_introduced,
         first_unmatched_change,

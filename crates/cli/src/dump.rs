@@ -79,10 +79,6 @@ impl Tensors {
         let [n, p, m] = self.nonfinite_counts(t);
         self.numel(t) - n - p - m
     }
-
-    pub fn has_nonfinite(&self, t: u32) -> bool {
-        self.nonfinite_counts(t) != [0; 3]
-    }
 }
 
 /// One rank of one dump.

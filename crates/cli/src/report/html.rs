@@ -181,7 +181,7 @@ fn plot(pairs: &AlignedPairs<'_>) -> String {
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" class="plot">"#
     );
-    if n == 0 {
+    if pairs.is_empty() {
         s.push_str("<text x=\"60\" y=\"40\">no aligned op calls</text></svg>");
         return s;
     }

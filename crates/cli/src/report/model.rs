@@ -24,13 +24,6 @@ pub fn finite<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     }
 }
 
-pub fn finite_opt<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(x) if x.is_finite() => s.serialize_f64(*x),
-        _ => s.serialize_none(),
-    }
-}
-
 #[derive(Serialize, Clone, Debug)]
 pub struct DumpInfo {
     pub path: String,
