@@ -16,8 +16,9 @@
 //! Whatever is not matched is "only in A" / "only in B", reported as the
 //! roots of unmatched subtrees.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use opdump_format::Phase;
 use regex::Regex;
 
 use crate::diff::{diff, DiffStats};
@@ -64,9 +65,6 @@ pub struct Alignment {
     /// Steps whose roots appear on one side only.
     pub steps_only_a: Vec<i64>,
     pub steps_only_b: Vec<i64>,
-    /// Roots taken part (after filters), on each side.
-    pub roots_a: u64,
-    pub roots_b: u64,
     /// Per phase (forward, backward, optimizer): roots in groups present on
     /// both sides, on each side, and those matched with equal signatures.
     pub common_roots_a: [u64; 3],
@@ -103,10 +101,13 @@ fn prepare(d: &Dump, filter: &Filter) -> Prepared {
     Prepared { sig, ignored }
 }
 
+/// Roots by (step, phase), in seq order.
+type Groups = BTreeMap<(i64, Phase), Vec<u32>>;
+
 /// Roots taken part, grouped by (step, phase) (or by phase alone, when
 /// `by_step` is false), in seq order.
-fn groups(d: &Dump, p: &Prepared, filter: &Filter, by_step: bool) -> BTreeMap<(i64, u8), Vec<u32>> {
-    let mut g: BTreeMap<(i64, u8), Vec<u32>> = BTreeMap::new();
+fn groups(d: &Dump, p: &Prepared, filter: &Filter, by_step: bool) -> Groups {
+    let mut g = Groups::new();
     for &r in &d.roots {
         let (step, phase) = (d.step[r as usize], d.phase[r as usize]);
         if !p.ignored[r as usize] && filter.step_selected(step) {
@@ -222,134 +223,207 @@ fn ignored_calls(d: &Dump, p: &Prepared) -> u64 {
     n
 }
 
-pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignment {
-    progress.phase("aligning: signatures");
+/// Both dumps' signatures, computed on two threads.
+fn prepare_both(a: &Dump, b: &Dump, filter: &Filter) -> (Prepared, Prepared) {
     let (pa, pb) = std::thread::scope(|s| {
         let ha = s.spawn(|| prepare(a, filter));
         let pb = prepare(b, filter);
         (ha.join(), pb)
     });
-    let pa = match pa {
-        Ok(p) => p,
+    match pa {
+        Ok(pa) => (pa, pb),
         Err(e) => std::panic::resume_unwind(e),
-    };
+    }
+}
+
+/// The roots of both sides, grouped by (step, phase); by phase alone when
+/// the dumps share no group (then the flag is true).
+fn root_groups(s: &Sides<'_>, filter: &Filter) -> (Groups, Groups, bool) {
+    let ga = groups(s.a, s.pa, filter, true);
+    let gb = groups(s.b, s.pb, filter, true);
+    // Steps numbered differently (one run dumped from a later step): align
+    // the whole runs, phase by phase, rather than nothing.
+    let steps_ignored = !ga.is_empty() && !gb.is_empty() && !ga.keys().any(|k| gb.contains_key(k));
+    if steps_ignored {
+        let ga = groups(s.a, s.pa, filter, false);
+        let gb = groups(s.b, s.pb, filter, false);
+        return (ga, gb, true);
+    }
+    (ga, gb, false)
+}
+
+/// Steps whose roots appear in `ga` and not in `gb`, and the reverse.
+fn steps_on_one_side(ga: &Groups, gb: &Groups) -> (Vec<i64>, Vec<i64>) {
+    let steps_a: BTreeSet<i64> = ga.keys().map(|k| k.0).collect();
+    let steps_b: BTreeSet<i64> = gb.keys().map(|k| k.0).collect();
+    (
+        steps_a.difference(&steps_b).copied().collect(),
+        steps_b.difference(&steps_a).copied().collect(),
+    )
+}
+
+/// Pairs found so far, and the roots of unmatched subtrees on each side.
+#[derive(Default)]
+struct Matching {
+    pairs: Vec<Pair>,
+    only_a: Vec<u32>,
+    only_b: Vec<u32>,
+    stats: DiffStats,
+}
+
+/// Per phase (forward, backward, optimizer): roots in groups present on
+/// both sides, on each side, and those matched with equal signatures.
+#[derive(Default)]
+struct RootCounts {
+    common_a: [u64; 3],
+    common_b: [u64; 3],
+    exact: [u64; 3],
+}
+
+/// Aligns the roots of each group present on both sides. A group present
+/// on one side only is unmatched as a whole.
+fn align_roots(
+    s: &Sides<'_>,
+    ga: &Groups,
+    gb: &Groups,
+    m: &mut Matching,
+    progress: &Progress,
+) -> RootCounts {
+    let mut counts = RootCounts::default();
+    for (key, ra) in ga {
+        let Some(rb) = gb.get(key) else {
+            m.only_a.extend_from_slice(ra);
+            continue;
+        };
+        progress.phase(&format!("aligning: step {} {}", key.0, key.1.as_str()));
+        let ph = key.1 as usize;
+        counts.common_a[ph] += ra.len() as u64;
+        counts.common_b[ph] += rb.len() as u64;
+        counts.exact[ph] += align_lists(s, ra, rb, &mut m.stats, &mut m.pairs);
+    }
+    for (key, rb) in gb {
+        if !ga.contains_key(key) {
+            m.only_b.extend_from_slice(rb);
+        }
+    }
+    counts
+}
+
+/// Aligns the children of every matched pair, breadth-first: the pairs
+/// `m.pairs` holds are a work list that grows as children match, so the
+/// whole trees are aligned without recursion.
+fn align_nested(s: &Sides<'_>, m: &mut Matching, progress: &Progress) {
+    let mut next = 0;
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
+    let mut scratch: Vec<u32> = Vec::new();
+    while next < m.pairs.len() {
+        let Pair { a: ia, b: ib, .. } = m.pairs[next];
+        next += 1;
+        ca.clear();
+        cb.clear();
+        children(s.a, s.pa, ia, &mut ca, 0);
+        children(s.b, s.pb, ib, &mut cb, 0);
+        let start = m.pairs.len();
+        if !ca.is_empty() && !cb.is_empty() {
+            align_lists(s, &ca, &cb, &mut m.stats, &mut m.pairs);
+        }
+        let found = &m.pairs[start..];
+        push_unmatched(&ca, found.iter().map(|p| p.a), &mut scratch, &mut m.only_a);
+        push_unmatched(&cb, found.iter().map(|p| p.b), &mut scratch, &mut m.only_b);
+        if next % 65536 == 0 {
+            progress.update(|| format!("aligning: nested calls {next}/{}", m.pairs.len()));
+        }
+    }
+}
+
+/// Appends the `candidates` that are not among `matched` (children that
+/// found no partner); `scratch` is reused to sort `matched`.
+fn push_unmatched(
+    candidates: &[u32],
+    matched: impl Iterator<Item = u32>,
+    scratch: &mut Vec<u32>,
+    out: &mut Vec<u32>,
+) {
+    scratch.clear();
+    scratch.extend(matched);
+    scratch.sort_unstable();
+    out.extend(
+        candidates
+            .iter()
+            .copied()
+            .filter(|c| scratch.binary_search(c).is_err()),
+    );
+}
+
+/// For each op of A its partner in B, or `NONE`; and the reverse.
+fn partners(pairs: &[Pair], len_a: usize, len_b: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut a_match = vec![NONE; len_a];
+    let mut b_match = vec![NONE; len_b];
+    for p in pairs {
+        a_match[p.a as usize] = p.b;
+        b_match[p.b as usize] = p.a;
+    }
+    (a_match, b_match)
+}
+
+/// Appends the roots of the groups of `g` that `other` also has and that
+/// found no partner.
+fn push_unmatched_roots(g: &Groups, other: &Groups, partner: &[u32], out: &mut Vec<u32>) {
+    for roots in g
+        .iter()
+        .filter(|(k, _)| other.contains_key(k))
+        .map(|(_, v)| v)
+    {
+        out.extend(
+            roots
+                .iter()
+                .copied()
+                .filter(|&r| partner[r as usize] == NONE),
+        );
+    }
+}
+
+fn sorted_unique(mut v: Vec<u32>) -> Vec<u32> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignment {
+    progress.phase("aligning: signatures");
+    let (pa, pb) = prepare_both(a, b, filter);
     let sides = Sides {
         a,
         b,
         pa: &pa,
         pb: &pb,
     };
-    let mut ga = groups(a, &pa, filter, true);
-    let mut gb = groups(b, &pb, filter, true);
-    // Steps numbered differently (one run dumped from a later step): align
-    // the whole runs, phase by phase, rather than nothing.
-    let steps_ignored = !ga.is_empty() && !gb.is_empty() && !ga.keys().any(|k| gb.contains_key(k));
-    if steps_ignored {
-        ga = groups(a, &pa, filter, false);
-        gb = groups(b, &pb, filter, false);
-    }
-    let mut stats = DiffStats::default();
-    let mut pairs: Vec<Pair> = Vec::new();
-    let mut only_a = Vec::new();
-    let mut only_b = Vec::new();
-    let mut steps_only_a = Vec::new();
-    let mut steps_only_b = Vec::new();
-    let (mut common_a, mut common_b, mut exact) = ([0u64; 3], [0u64; 3], [0u64; 3]);
-
-    if !steps_ignored {
-        let steps_a: std::collections::BTreeSet<i64> = ga.keys().map(|k| k.0).collect();
-        let steps_b: std::collections::BTreeSet<i64> = gb.keys().map(|k| k.0).collect();
-        steps_only_a.extend(steps_a.difference(&steps_b));
-        steps_only_b.extend(steps_b.difference(&steps_a));
-    }
-
-    for (key, ra) in &ga {
-        match gb.get(key) {
-            Some(rb) => {
-                progress.phase(&format!(
-                    "aligning: step {} {}",
-                    key.0,
-                    crate::dump::phase_name(key.1)
-                ));
-                let ph = (key.1 as usize).min(2);
-                common_a[ph] += ra.len() as u64;
-                common_b[ph] += rb.len() as u64;
-                exact[ph] += align_lists(&sides, ra, rb, &mut stats, &mut pairs);
-            }
-            None => only_a.extend_from_slice(ra),
-        }
-    }
-    for (key, rb) in &gb {
-        if !ga.contains_key(key) {
-            only_b.extend_from_slice(rb);
-        }
-    }
-
-    // Children of matched pairs, breadth-first over a work list.
+    let (ga, gb, steps_ignored) = root_groups(&sides, filter);
+    let (steps_only_a, steps_only_b) = if steps_ignored {
+        (Vec::new(), Vec::new())
+    } else {
+        steps_on_one_side(&ga, &gb)
+    };
+    let mut m = Matching::default();
+    let counts = align_roots(&sides, &ga, &gb, &mut m, progress);
     progress.phase("aligning: nested calls");
-    let mut next = 0;
-    let (mut ca, mut cb) = (Vec::new(), Vec::new());
-    let mut matched: Vec<u32> = Vec::new();
-    while next < pairs.len() {
-        let Pair { a: ia, b: ib, .. } = pairs[next];
-        next += 1;
-        ca.clear();
-        cb.clear();
-        children(a, &pa, ia, &mut ca, 0);
-        children(b, &pb, ib, &mut cb, 0);
-        let start = pairs.len();
-        if !ca.is_empty() && !cb.is_empty() {
-            align_lists(&sides, &ca, &cb, &mut stats, &mut pairs);
-        }
-        // Children that found no partner.
-        matched.clear();
-        matched.extend(pairs[start..].iter().map(|p| p.a));
-        matched.sort_unstable();
-        only_a.extend(
-            ca.iter()
-                .copied()
-                .filter(|c| matched.binary_search(c).is_err()),
-        );
-        matched.clear();
-        matched.extend(pairs[start..].iter().map(|p| p.b));
-        matched.sort_unstable();
-        only_b.extend(
-            cb.iter()
-                .copied()
-                .filter(|c| matched.binary_search(c).is_err()),
-        );
-        if next % 65536 == 0 {
-            progress.update(|| format!("aligning: nested calls {next}/{}", pairs.len()));
-        }
-    }
+    align_nested(&sides, &mut m, progress);
 
-    let mut a_match = vec![NONE; a.len()];
-    let mut b_match = vec![NONE; b.len()];
-    for p in &pairs {
-        a_match[p.a as usize] = p.b;
-        b_match[p.b as usize] = p.a;
-    }
-    // Unmatched roots of common groups.
-    for ra in ga
-        .iter()
-        .filter(|(k, _)| gb.contains_key(k))
-        .map(|(_, v)| v)
-    {
-        only_a.extend(ra.iter().copied().filter(|&r| a_match[r as usize] == NONE));
-    }
-    for rb in gb
-        .iter()
-        .filter(|(k, _)| ga.contains_key(k))
-        .map(|(_, v)| v)
-    {
-        only_b.extend(rb.iter().copied().filter(|&r| b_match[r as usize] == NONE));
-    }
-    only_a.sort_unstable();
-    only_a.dedup();
-    only_b.sort_unstable();
-    only_b.dedup();
+    let (a_match, b_match) = partners(&m.pairs, a.len(), b.len());
+    push_unmatched_roots(&ga, &gb, &a_match, &mut m.only_a);
+    push_unmatched_roots(&gb, &ga, &b_match, &mut m.only_b);
+    let only_a = sorted_unique(m.only_a);
+    let only_b = sorted_unique(m.only_b);
+    let mut pairs = m.pairs;
     pairs.sort_unstable_by_key(|p| p.a);
 
+    let ignored = |d: &Dump, p: &Prepared| {
+        if filter.ignore.is_some() {
+            ignored_calls(d, p)
+        } else {
+            0
+        }
+    };
     Alignment {
         only_a_calls: only_a.iter().map(|&r| subtree_calls(a, &pa, r)).sum(),
         only_b_calls: only_b.iter().map(|&r| subtree_calls(b, &pb, r)).sum(),
@@ -360,22 +434,12 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignm
         only_b,
         steps_only_a,
         steps_only_b,
-        roots_a: ga.values().map(|v| v.len() as u64).sum(),
-        roots_b: gb.values().map(|v| v.len() as u64).sum(),
-        common_roots_a: common_a,
-        common_roots_b: common_b,
-        roots_matched_exact: exact,
-        ignored_a: if filter.ignore.is_some() {
-            ignored_calls(a, &pa)
-        } else {
-            0
-        },
-        ignored_b: if filter.ignore.is_some() {
-            ignored_calls(b, &pb)
-        } else {
-            0
-        },
-        diff_stats: stats,
+        common_roots_a: counts.common_a,
+        common_roots_b: counts.common_b,
+        roots_matched_exact: counts.exact,
+        ignored_a: ignored(a, &pa),
+        ignored_b: ignored(b, &pb),
+        diff_stats: m.stats,
         steps_ignored,
     }
 }

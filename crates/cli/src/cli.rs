@@ -18,7 +18,7 @@ use crate::compare::{self, CompareOptions};
 use crate::error::{CliError, Result};
 use crate::output;
 use crate::progress::Progress;
-use crate::report::model::CompareReport;
+use crate::report::model::{AlignedPairs, CompareReport};
 use crate::report::{html, json, parquet, summary_text, terminal};
 use crate::summary;
 use crate::text;
@@ -170,17 +170,18 @@ fn compare_cmd(a: CompareArgs) -> Result<u8> {
     compare::timing("total compare", t0);
     let t0 = std::time::Instant::now();
     let report = CompareReport::build(&c, a.steps.clone(), a.ignore.clone());
+    let pairs = AlignedPairs::of(&c);
     compare::timing("report", t0);
     // Report files: written beside their target and renamed over it, mode
     // 0600, never through a planted symlink (see `output`).
     if let Some(dir) = &a.out {
-        parquet::write(&c, dir, &progress)?;
+        parquet::write(&pairs, dir, &progress)?;
         let mut buf = Vec::new();
         json::write(&report, &mut buf)?;
         output::write_bytes(&dir.join("compare.json"), &buf)?;
     }
     if let Some(path) = &a.html {
-        output::write_bytes(path, html::render(&c, &report).as_bytes())?;
+        output::write_bytes(path, html::render(&report, &pairs).as_bytes())?;
     }
     progress.finish();
     print_report(a.json, &report, terminal::render)?;

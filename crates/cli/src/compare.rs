@@ -1,14 +1,17 @@
 //! `opdump compare`: read both dumps, align, measure every aligned pair, and
 //! find the first divergence and the first introduced divergence.
 
+use std::cell::Cell;
 use std::path::PathBuf;
 
-use crate::align::{align, Alignment, Filter};
-use crate::dump::{Dump, NONE, ROLE_OUTPUT};
+use opdump_format::Role;
+
+use crate::align::{align, Alignment, Filter, Pair};
+use crate::dump::{Dump, NONE};
 use crate::error::{CliError, Result};
-use crate::metrics::{Ctx, OpCmp};
+use crate::metrics::{Ctx, OpCmp, TensorCmp};
 use crate::progress::Progress;
-use crate::provenance::Provenance;
+use crate::provenance::{side_hash, Found, Provenance};
 use crate::read::{load, scan, DumpIndex};
 use crate::tolerance::Tolerances;
 use crate::verdict::{OpVerdict, TensorVerdict};
@@ -24,6 +27,17 @@ pub struct CompareOptions {
     pub force: bool,
 }
 
+/// How two loaded dumps are compared: the options other than which dumps
+/// and which rank.
+pub struct CompareSettings {
+    pub filter: Filter,
+    pub tol: Tolerances,
+    /// How many introduced ops the top list keeps.
+    pub top: usize,
+    /// Compare even when the dumps look like different programs.
+    pub force: bool,
+}
+
 /// Everything a report needs.
 pub struct Compared {
     pub a: Dump,
@@ -31,11 +45,8 @@ pub struct Compared {
     pub alignment: Alignment,
     pub tol: Tolerances,
     /// Per pair (index into `alignment.pairs`).
-    pub verdict: Vec<u8>,
+    pub verdict: Vec<OpVerdict>,
     pub out_err: Vec<f32>,
-    pub amplification: Vec<f32>,
-    /// Pair index of each op of A, or `NONE`.
-    pub pair_of_a: Vec<u32>,
     /// Per tensor of A: the taint an input had (see `provenance`), so a
     /// report recomputes the same verdicts.
     pub input_taint: Vec<f32>,
@@ -44,8 +55,6 @@ pub struct Compared {
     pub tensor_pairs: u64,
     pub dtype_differs: u64,
     pub first_divergence: Option<usize>,
-    /// The first introduced op in seq order (maybe a parent like `linear`).
-    pub first_introduced_outer: Option<usize>,
     /// The deepest introduced op inside that subtree: the headline.
     pub first_introduced: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
@@ -79,7 +88,7 @@ impl Compared {
     }
 
     pub fn op_verdict(&self, pair: usize) -> OpVerdict {
-        OpVerdict::from_code(self.verdict[pair])
+        self.verdict[pair]
     }
 
     /// Full comparison of one pair, for reports: the same verdicts as the
@@ -200,30 +209,103 @@ pub fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared> {
             ));
         }
     }
-    compare_dumps(
-        a,
-        b,
-        opts.filter,
-        opts.tol,
-        opts.top,
-        opts.force,
-        notes,
-        progress,
-    )
+    let settings = CompareSettings {
+        filter: opts.filter,
+        tol: opts.tol,
+        top: opts.top,
+        force: opts.force,
+    };
+    compare_dumps(a, b, settings, notes, progress)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Compares two loaded dumps: aligns them, checks that they are runs of
+/// one program, measures and judges every aligned pair, and finds the
+/// divergences a report names. `notes` holds what reading already noted.
 pub fn compare_dumps(
     a: Dump,
     b: Dump,
-    filter: Filter,
-    tol: Tolerances,
-    top: usize,
-    force: bool,
+    settings: CompareSettings,
     mut notes: Vec<String>,
     progress: &Progress,
 ) -> Result<Compared> {
-    for (d, name) in [(&a, "A"), (&b, "B")] {
+    let CompareSettings {
+        filter,
+        tol,
+        top,
+        force,
+    } = settings;
+    check_dumps_hold_calls(&a, &b, &filter)?;
+    let t0 = std::time::Instant::now();
+    let alignment = align(&a, &b, &filter, progress);
+    timing("align", t0);
+    let t0 = std::time::Instant::now();
+    check_alignment(&a, &b, &alignment, force, &mut notes)?;
+
+    let Judged {
+        mut verdict,
+        out_err,
+        amplification,
+        input_taint,
+        verified,
+        tensor_counts,
+        dtype_differs,
+        unmatched_change,
+    } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment.pairs, progress);
+    let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
+    let tree = PairTree {
+        a: &a,
+        pairs: &alignment.pairs,
+        pair_of_a: &pair_of_a,
+    };
+    mark_absorbed(&tree, &verified, &mut verdict);
+    let mut op_counts = [0u64; OpVerdict::ALL.len()];
+    for &v in &verdict {
+        op_counts[v as usize] += 1;
+    }
+    // Pairs are sorted by A's index, which is seq order.
+    let first_divergence = verdict.iter().position(|v| v.diverged());
+    let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
+    let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
+    let top_introduced = top_introduced(&tree, &verdict, &amplification, top);
+    let first_unmatched_change = unmatched_change
+        .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
+        .map(|ch| UnmatchedChange {
+            b_op: changer_only_in_b(
+                &b,
+                &alignment,
+                ch.after,
+                b.seq[alignment.pairs[ch.pair].b as usize],
+            ),
+            ..ch
+        });
+
+    progress.finish();
+    timing("measure", t0);
+    let tensor_pairs = tensor_counts.iter().sum();
+    Ok(Compared {
+        a,
+        b,
+        alignment,
+        tol,
+        verdict,
+        out_err,
+        input_taint,
+        tensor_counts,
+        op_counts,
+        tensor_pairs,
+        dtype_differs,
+        first_divergence,
+        first_introduced,
+        top_introduced,
+        first_unmatched_change,
+        notes,
+    })
+}
+
+/// Refuses a dump without op calls, or without any in the selected steps:
+/// there would be nothing to compare, and the reason is worth saying.
+fn check_dumps_hold_calls(a: &Dump, b: &Dump, filter: &Filter) -> Result<()> {
+    for (d, name) in [(a, "A"), (b, "B")] {
         if d.is_empty() {
             return Err(CliError::new(format!(
                 "{}: dump {name} holds no op calls",
@@ -243,15 +325,19 @@ pub fn compare_dumps(
             )));
         }
     }
-    let t0 = std::time::Instant::now();
-    let alignment = align(&a, &b, &filter, progress);
-    timing("align", t0);
-    let t0 = std::time::Instant::now();
-    let (ca, cb, ex) = (
-        alignment.common_roots_a,
-        alignment.common_roots_b,
-        alignment.roots_matched_exact,
-    );
+    Ok(())
+}
+
+/// Refuses an alignment of two different programs (unless `force`), and
+/// notes what the reader of the report should know about it.
+fn check_alignment(
+    a: &Dump,
+    b: &Dump,
+    alignment: &Alignment,
+    force: bool,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let (ca, cb) = (alignment.common_roots_a, alignment.common_roots_b);
     if ca.iter().sum::<u64>() == 0 || cb.iter().sum::<u64>() == 0 {
         return Err(CliError::new(
             "the dumps have no phase (forward, backward, optimizer) in common; are they runs of the same program?",
@@ -260,19 +346,11 @@ pub fn compare_dumps(
     if alignment.steps_ignored {
         notes.push(format!(
             "the dumps share no step number (A: {}, B: {}): aligned ignoring steps",
-            step_range(&a),
-            step_range(&b)
+            step_range(a),
+            step_range(b)
         ));
     }
-    // Same program? Judged on the model's calls (forward and backward):
-    // optimizers legitimately differ by device (a per-parameter loop on one,
-    // `_foreach_` calls on the other).
-    let model = |x: [u64; 3]| x[0] + x[1];
-    let (matched, larger) = if model(ca) > 0 && model(cb) > 0 {
-        (model(ex), model(ca).max(model(cb)))
-    } else {
-        (ex.iter().sum(), ca.iter().sum::<u64>().max(cb.iter().sum()))
-    };
+    let (matched, larger) = roots_matched_of_larger(alignment);
     if matched * 2 < larger {
         let msg = format!(
             "the dumps look like different programs: only {matched} of {larger} top-level op calls align (use --force to compare anyway)"
@@ -288,212 +366,289 @@ pub fn compare_dumps(
             alignment.diff_stats.regions_given_up, alignment.diff_stats.tokens_given_up
         ));
     }
+    Ok(())
+}
 
-    let n = alignment.pairs.len();
-    let mut verdict = vec![0u8; n];
-    let mut out_err = vec![0f32; n];
-    let mut amplification = vec![0f32; n];
-    let mut tensor_counts = [0u64; TensorVerdict::ALL.len()];
-    let mut dtype_differs = 0u64;
-    let mut input_taint = vec![0f32; a.tensors.len()];
-    let mut verified = vec![false; n];
-    let unmatched: std::cell::Cell<Option<UnmatchedChange>> = std::cell::Cell::new(None);
-    {
-        // Judged in A's call order, so that every input's producer comes
-        // first; measuring needs no order and runs ahead on a second thread.
-        let ctx = Ctx::new(&a, &b, &tol);
-        let mut prov = Provenance::with_capacity(a.tensors.len() / 2);
-        let unmatched_first = &unmatched;
-        let pairs = &alignment.pairs;
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
-            // Judged batches go back to be refilled: no allocation per pair.
-            let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
-            let ctx_m = &ctx;
-            s.spawn(move || {
-                for chunk in pairs.chunks(4096) {
-                    let mut batch = back_rx.try_recv().unwrap_or_default();
-                    batch.resize_with(chunk.len(), OpCmp::default);
-                    for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
-                        ctx_m.measure(p.a, p.b, cmp);
-                    }
-                    if tx.send(batch).is_err() {
-                        return;
-                    }
+/// Top-level calls matched exactly, and how many the larger side has, in
+/// the groups both sides have. Judged on the model's calls (forward and
+/// backward) when there are some: optimizers legitimately differ by device
+/// (a per-parameter loop on one, `_foreach_` calls on the other).
+fn roots_matched_of_larger(alignment: &Alignment) -> (u64, u64) {
+    let (ca, cb, ex) = (
+        alignment.common_roots_a,
+        alignment.common_roots_b,
+        alignment.roots_matched_exact,
+    );
+    let model = |x: [u64; 3]| x[0] + x[1];
+    if model(ca) > 0 && model(cb) > 0 {
+        (model(ex), model(ca).max(model(cb)))
+    } else {
+        (ex.iter().sum(), ca.iter().sum::<u64>().max(cb.iter().sum()))
+    }
+}
+
+/// What judging every pair yields, per pair (index into the pairs) unless
+/// said otherwise.
+struct Judged {
+    verdict: Vec<OpVerdict>,
+    out_err: Vec<f32>,
+    amplification: Vec<f32>,
+    /// Per tensor of A: the taint an input had.
+    input_taint: Vec<f32>,
+    /// Outputs compared and found to agree, nothing upstream diverged.
+    verified: Vec<bool>,
+    tensor_counts: [u64; TensorVerdict::ALL.len()],
+    dtype_differs: u64,
+    /// The first input that calls only in B changed (its maker not yet
+    /// looked for).
+    unmatched_change: Option<UnmatchedChange>,
+}
+
+/// Pairs measured per batch handed from the measuring thread.
+const MEASURE_BATCH: usize = 4096;
+
+/// Measures and judges every pair. Judged in A's call order, so that every
+/// input's producer comes first; measuring needs no order and runs ahead on
+/// a second thread.
+fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
+    let n = pairs.len();
+    let mut j = Judged {
+        verdict: vec![OpVerdict::Ok; n],
+        out_err: vec![0f32; n],
+        amplification: vec![0f32; n],
+        input_taint: vec![0f32; ctx.a.tensors.len()],
+        verified: vec![false; n],
+        tensor_counts: [0u64; TensorVerdict::ALL.len()],
+        dtype_differs: 0,
+        unmatched_change: None,
+    };
+    let mut prov = Provenance::with_capacity(ctx.a.tensors.len() / 2);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
+        // Judged batches go back to be refilled: no allocation per pair.
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
+        s.spawn(move || {
+            for chunk in pairs.chunks(MEASURE_BATCH) {
+                let mut batch = back_rx.try_recv().unwrap_or_default();
+                batch.resize_with(chunk.len(), OpCmp::default);
+                for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
+                    ctx.measure(p.a, p.b, cmp);
                 }
-            });
-            let mut k = 0usize;
-            for mut batch in rx {
-                for cmp in batch.iter_mut() {
-                    let pair_k = k;
-                    ctx.judge(cmp, |tc| {
-                        let found = if tc.key != (0, 0) {
-                            prov.find(tc.key)
-                        } else {
-                            None
-                        };
-                        // Unknown producer: tainted by its own error when
-                        // that exceeds the tolerance.
-                        let mut t = found.map_or(
-                            if tc.verdict == TensorVerdict::Diverged {
-                                tc.rel_err
-                            } else {
-                                0.0
-                            },
-                            |f| f.taint,
-                        );
-                        if let Some(ch) = changed_only_in_b(&ctx, found, tc, pair_k) {
-                            t = t.max(ch.rel_change);
-                            if unmatched_first.get().is_none() {
-                                unmatched_first.set(Some(ch));
-                            }
-                        }
-                        // As stored for reports (f32), so they recompute
-                        // the very same verdicts.
-                        if t > 0.0 {
-                            (t as f32).max(f32::MIN_POSITIVE) as f64
-                        } else {
-                            0.0
-                        }
-                    });
-                    for tc in &cmp.tensors {
-                        tensor_counts[tc.verdict as usize] += 1;
-                        dtype_differs += tc.dtype_differs as u64;
-                        let Some(x) = tc.ta else { continue };
-                        if tc.role == ROLE_OUTPUT {
-                            if tc.key != (0, 0) {
-                                prov.register(tc.key, tc.taint, tc.tb);
-                            }
-                        } else {
-                            input_taint[x as usize] = tc.taint as f32;
-                        }
-                    }
-                    let v = cmp.verdict.unwrap_or(OpVerdict::Ok);
-                    verdict[k] = v.code();
-                    // Outputs compared and found to agree, nothing upstream
-                    // diverged: differences in the calls below this one are
-                    // internal to it.
-                    verified[k] = v == OpVerdict::Ok
-                        && cmp.diverged_in_err == 0.0
-                        && cmp.tensors.iter().any(|t| {
-                            t.role == ROLE_OUTPUT
-                                && matches!(
-                                    t.verdict,
-                                    TensorVerdict::Close
-                                        | TensorVerdict::StatsEqual
-                                        | TensorVerdict::Identical
-                                )
-                        });
-                    out_err[k] = cmp.out_err as f32;
-                    amplification[k] = cmp.amplification as f32;
-                    if k % 65536 == 0 {
-                        progress.update(|| format!("measuring: {k}/{n} op pairs"));
-                    }
-                    k += 1;
+                if tx.send(batch).is_err() {
+                    return;
                 }
-                batch.clear();
-                let _ = back_tx.send(batch);
             }
         });
+        let mut k = 0usize;
+        // Set from inside `judge`'s callback, which may not mutate.
+        let first_change = Cell::new(None);
+        for mut batch in rx {
+            for cmp in batch.iter_mut() {
+                ctx.judge(cmp, |tc| input_taint_from(ctx, &prov, tc, k, &first_change));
+                j.record(k, cmp, &mut prov);
+                if k % 65536 == 0 {
+                    progress.update(|| format!("measuring: {k}/{n} op pairs"));
+                }
+                k += 1;
+            }
+            batch.clear();
+            let _ = back_tx.send(batch);
+        }
+        j.unmatched_change = first_change.get();
+    });
+    j
+}
+
+/// The taint of an input of pair `pair`: its producer's, when provenance
+/// knows it. Unknown producer: tainted by its own error when that exceeds
+/// the tolerance. Values that calls only in B changed on the way (see
+/// [`changed_only_in_b`]) taint it by that change, and the first such input
+/// goes to `first_change`. Rounded as stored for reports (f32), so that
+/// they recompute the very same verdicts.
+fn input_taint_from(
+    ctx: &Ctx<'_>,
+    prov: &Provenance,
+    tc: &TensorCmp,
+    pair: usize,
+    first_change: &Cell<Option<UnmatchedChange>>,
+) -> f64 {
+    let found = if tc.key != (0, 0) {
+        prov.find(tc.key)
+    } else {
+        None
+    };
+    let mut t = found.map_or(
+        if tc.verdict == TensorVerdict::Diverged {
+            tc.rel_err
+        } else {
+            0.0
+        },
+        |f| f.taint,
+    );
+    if let Some(ch) = changed_only_in_b(ctx, found, tc, pair) {
+        t = t.max(ch.rel_change);
+        if first_change.get().is_none() {
+            first_change.set(Some(ch));
+        }
     }
-    let mut pair_of_a = vec![NONE; a.len()];
-    for (k, p) in alignment.pairs.iter().enumerate() {
+    if t > 0.0 {
+        (t as f32).max(f32::MIN_POSITIVE) as f64
+    } else {
+        0.0
+    }
+}
+
+impl Judged {
+    /// Keeps what reports need of judged pair `k`, and registers the taint
+    /// of its outputs for their consumers.
+    fn record(&mut self, k: usize, cmp: &OpCmp, prov: &mut Provenance) {
+        for tc in &cmp.tensors {
+            self.tensor_counts[tc.verdict as usize] += 1;
+            self.dtype_differs += tc.dtype_differs as u64;
+            let Some(x) = tc.ta else { continue };
+            if tc.role == Role::Output {
+                if tc.key != (0, 0) {
+                    prov.register(tc.key, tc.taint, tc.tb);
+                }
+            } else {
+                self.input_taint[x as usize] = tc.taint as f32;
+            }
+        }
+        let v = cmp.verdict.unwrap_or(OpVerdict::Ok);
+        self.verdict[k] = v;
+        self.verified[k] = outputs_verified(v, cmp);
+        self.out_err[k] = cmp.out_err as f32;
+        self.amplification[k] = cmp.amplification as f32;
+    }
+}
+
+/// Outputs compared and found to agree, nothing upstream diverged:
+/// differences in the calls below this one are internal to it.
+fn outputs_verified(v: OpVerdict, cmp: &OpCmp) -> bool {
+    v == OpVerdict::Ok
+        && cmp.diverged_in_err == 0.0
+        && cmp.tensors.iter().any(|t| {
+            t.role == Role::Output
+                && matches!(
+                    t.verdict,
+                    TensorVerdict::Close | TensorVerdict::StatsEqual | TensorVerdict::Identical
+                )
+        })
+}
+
+/// Pair index of each op of A, or `NONE`.
+fn pair_of_each_op(pairs: &[Pair], len_a: usize) -> Vec<u32> {
+    let mut pair_of_a = vec![NONE; len_a];
+    for (k, p) in pairs.iter().enumerate() {
         pair_of_a[p.a as usize] = k as u32;
     }
-    // A divergence below an op whose outputs agree (and whose inputs are
-    // clean) stays inside that op: absorbed.
-    for (v, p) in verdict.iter_mut().zip(&alignment.pairs) {
-        if OpVerdict::from_code(*v).diverged() {
-            let mut cur = a.parent[p.a as usize];
-            while cur != NONE {
-                let pk = pair_of_a[cur as usize];
-                if pk != NONE && verified[pk as usize] {
-                    *v = OpVerdict::Absorbed.code();
-                    break;
-                }
-                cur = a.parent[cur as usize];
-            }
-        }
-    }
-    let mut op_counts = [0u64; OpVerdict::ALL.len()];
-    for &v in &verdict {
-        op_counts[v as usize] += 1;
-    }
-    let v = |k: usize| OpVerdict::from_code(verdict[k]);
-    // Pairs are sorted by A's index, which is seq order.
-    let first_divergence = (0..n).find(|&k| v(k).diverged());
-    let first_introduced_outer = (0..n).find(|&k| v(k) == OpVerdict::Introduced);
-    let first_introduced =
-        first_introduced_outer.map(|k| deepest_introduced(&a, &alignment, &pair_of_a, &verdict, k));
-    // A change made by calls only in B is the headline when it comes first:
-    // no aligned op introduced an error before its consumer, and an aligned
-    // output diverged at or after it.
-    let first_unmatched_change = unmatched.get().filter(|ch| {
-        first_divergence.is_some_and(|d| d >= ch.pair)
-            && first_introduced_outer.is_none_or(|k| ch.pair < k)
-    });
-    let first_unmatched_change = first_unmatched_change.map(|mut ch| {
-        ch.b_op = changer_only_in_b(
-            &b,
-            &alignment,
-            ch.after,
-            b.seq[alignment.pairs[ch.pair].b as usize],
-        );
-        ch
-    });
+    pair_of_a
+}
 
-    // Introduced ops with an introduced descendant are the parents of the
-    // real culprit (`linear` over `addmm`): leave them out of the top list.
-    let mut has_introduced_below = vec![false; n];
-    for k in 0..n {
-        if v(k) == OpVerdict::Introduced {
-            let mut cur = a.parent[alignment.pairs[k].a as usize];
-            while cur != NONE {
-                let pk = pair_of_a[cur as usize];
-                if pk != NONE {
-                    if has_introduced_below[pk as usize] {
-                        break;
-                    }
-                    has_introduced_below[pk as usize] = true;
-                }
-                cur = a.parent[cur as usize];
+/// A's call tree seen through the pairs: walks up and down it by pair.
+struct PairTree<'a> {
+    a: &'a Dump,
+    pairs: &'a [Pair],
+    pair_of_a: &'a [u32],
+}
+
+impl PairTree<'_> {
+    /// The pairs of the ancestors of pair `k` (those that have one),
+    /// innermost first.
+    fn ancestor_pairs(&self, k: usize) -> impl Iterator<Item = usize> + '_ {
+        let a = self.a;
+        std::iter::successors(a.parent_of(self.pairs[k].a), move |&i| a.parent_of(i))
+            .map(|i| self.pair_of_a[i as usize])
+            .filter(|&pk| pk != NONE)
+            .map(|pk| pk as usize)
+    }
+
+    /// From an introduced pair, goes down to the first introduced
+    /// descendant (in seq order, at any depth below), repeatedly: `seq` is
+    /// entry order, so the parent `linear` is seen before the `addmm` that
+    /// really went wrong.
+    fn deepest_introduced(&self, verdict: &[OpVerdict], start: usize) -> usize {
+        let mut cur = start;
+        while let Some(k) = self.first_introduced_below(verdict, cur) {
+            cur = k;
+        }
+        cur
+    }
+
+    /// Preorder walk of A's subtree below pair `k`, children in seq order,
+    /// to the first introduced pair.
+    fn first_introduced_below(&self, verdict: &[OpVerdict], k: usize) -> Option<usize> {
+        let a = self.a;
+        let mut stack: Vec<u32> = a
+            .children_of(self.pairs[k].a)
+            .iter()
+            .rev()
+            .copied()
+            .collect();
+        while let Some(i) = stack.pop() {
+            let pk = self.pair_of_a[i as usize];
+            if pk != NONE && verdict[pk as usize] == OpVerdict::Introduced {
+                return Some(pk as usize);
             }
+            stack.extend(a.children_of(i).iter().rev());
+        }
+        None
+    }
+}
+
+/// A divergence below an op whose outputs agree (and whose inputs are
+/// clean) stays inside that op: absorbed.
+fn mark_absorbed(tree: &PairTree<'_>, verified: &[bool], verdict: &mut [OpVerdict]) {
+    for (k, v) in verdict.iter_mut().enumerate() {
+        if v.diverged() && tree.ancestor_pairs(k).any(|pk| verified[pk]) {
+            *v = OpVerdict::Absorbed;
         }
     }
-    let mut top_introduced: Vec<usize> = (0..n)
-        .filter(|&k| v(k) == OpVerdict::Introduced && !has_introduced_below[k])
+}
+
+/// Introduced ops without an introduced descendant, the `top` largest
+/// amplifications first. Introduced ops with an introduced descendant are
+/// the parents of the real culprit (`linear` over `addmm`): left out.
+fn top_introduced(
+    tree: &PairTree<'_>,
+    verdict: &[OpVerdict],
+    amplification: &[f32],
+    top: usize,
+) -> Vec<usize> {
+    let introduced = |k: &usize| verdict[*k] == OpVerdict::Introduced;
+    let mut has_introduced_below = vec![false; verdict.len()];
+    for k in (0..verdict.len()).filter(introduced) {
+        for pk in tree.ancestor_pairs(k) {
+            // Marked already: so are the ancestors above it.
+            if has_introduced_below[pk] {
+                break;
+            }
+            has_introduced_below[pk] = true;
+        }
+    }
+    let mut top_list: Vec<usize> = (0..verdict.len())
+        .filter(introduced)
+        .filter(|&k| !has_introduced_below[k])
         .collect();
-    top_introduced.sort_by(|&x, &y| {
+    top_list.sort_by(|&x, &y| {
         amplification[y]
             .total_cmp(&amplification[x])
             .then(x.cmp(&y))
     });
-    top_introduced.truncate(top);
+    top_list.truncate(top);
+    top_list
+}
 
-    progress.finish();
-    timing("measure", t0);
-    let tensor_pairs = tensor_counts.iter().sum();
-    Ok(Compared {
-        a,
-        b,
-        alignment,
-        tol,
-        verdict,
-        out_err,
-        amplification,
-        pair_of_a,
-        input_taint,
-        tensor_counts,
-        op_counts,
-        tensor_pairs,
-        dtype_differs,
-        first_divergence,
-        first_introduced_outer,
-        first_introduced,
-        top_introduced,
-        first_unmatched_change,
-        notes,
-    })
+/// A change made by calls only in B is the headline when it comes first:
+/// no aligned op introduced an error before its consumer, and an aligned
+/// output diverged at or after it.
+fn is_first_cause(
+    ch: &UnmatchedChange,
+    first_divergence: Option<usize>,
+    first_introduced_outer: Option<usize>,
+) -> bool {
+    first_divergence.is_some_and(|d| d >= ch.pair)
+        && first_introduced_outer.map_or(true, |k| ch.pair < k)
 }
 
 /// B fed an aligned op an input that its aligned producer did not make (A's
@@ -504,8 +659,8 @@ pub fn compare_dumps(
 /// introduced (a copy to another device and back changes nothing).
 fn changed_only_in_b(
     ctx: &Ctx<'_>,
-    found: Option<crate::provenance::Found>,
-    tc: &crate::metrics::TensorCmp,
+    found: Option<Found>,
+    tc: &TensorCmp,
     pair: usize,
 ) -> Option<UnmatchedChange> {
     let f = found?;
@@ -528,7 +683,7 @@ fn changed_only_in_b(
 /// before `before_seq` with an output of the same statistics, the outermost
 /// when calls nest (`to` over `_to_copy`).
 fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Option<u32> {
-    let h = crate::provenance::side_hash(b, t);
+    let h = side_hash(b, t);
     let mut best: Option<u32> = None;
     for i in 0..b.len() as u32 {
         if b.seq[i as usize] >= before_seq {
@@ -538,9 +693,9 @@ fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Optio
             continue;
         }
         let makes_it = b.tensors_of(i).any(|x| {
-            b.tensors.role[x as usize] == ROLE_OUTPUT
+            b.tensors.role[x as usize] == Role::Output
                 && b.tensors.has_values(x)
-                && crate::provenance::side_hash(b, x) == h
+                && side_hash(b, x) == h
         });
         if makes_it {
             // A later maker wins, unless it is inside the one found.
@@ -559,40 +714,5 @@ fn step_range(d: &Dump) -> String {
         (Some(f), Some(l)) if f == l => format!("step {f}"),
         (Some(f), Some(l)) => format!("steps {f}..{l}"),
         _ => "no steps".into(),
-    }
-}
-
-/// From an introduced pair, goes down to the first introduced descendant
-/// (in seq order, at any depth below), repeatedly: `seq` is entry order, so
-/// the parent `linear` is seen before the `addmm` that really went wrong.
-fn deepest_introduced(
-    a: &Dump,
-    al: &Alignment,
-    pair_of_a: &[u32],
-    verdict: &[u8],
-    start: usize,
-) -> usize {
-    let mut cur = start;
-    loop {
-        let mut found = None;
-        // Preorder walk of A's subtree below `cur`, children in seq order.
-        let mut stack: Vec<u32> = a
-            .children_of(al.pairs[cur].a)
-            .iter()
-            .rev()
-            .copied()
-            .collect();
-        while let Some(i) = stack.pop() {
-            let pk = pair_of_a[i as usize];
-            if pk != NONE && OpVerdict::from_code(verdict[pk as usize]) == OpVerdict::Introduced {
-                found = Some(pk as usize);
-                break;
-            }
-            stack.extend(a.children_of(i).iter().rev());
-        }
-        match found {
-            Some(k) => cur = k,
-            None => return cur,
-        }
     }
 }

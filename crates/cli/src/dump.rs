@@ -15,52 +15,11 @@ use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
 
 pub const NONE: u32 = u32::MAX;
 
-/// `role` column codes.
-pub const ROLE_INPUT: u8 = 0;
-pub const ROLE_OUTPUT: u8 = 1;
-
-/// `stats_status` code for a null status.
-pub const STATUS_NULL: u8 = u8::MAX;
-
-pub fn role_name(code: u8) -> &'static str {
-    match code {
-        ROLE_INPUT => Role::Input.as_str(),
-        ROLE_OUTPUT => Role::Output.as_str(),
-        _ => Role::None.as_str(),
-    }
-}
-
-pub fn phase_code(p: Phase) -> u8 {
-    match p {
-        Phase::Forward => 0,
-        Phase::Backward => 1,
-        Phase::Optimizer => 2,
-    }
-}
-
-pub fn phase_name(code: u8) -> &'static str {
-    match code {
-        0 => "forward",
-        1 => "backward",
-        2 => "optimizer",
-        _ => "unknown",
-    }
-}
-
-pub fn status_code(s: StatsStatus) -> u8 {
-    StatsStatus::ALL
-        .iter()
-        .position(|&v| v == s)
-        .map_or(STATUS_NULL, |i| i as u8)
-}
-
-pub fn status_of(code: u8) -> Option<StatsStatus> {
-    StatsStatus::ALL.get(code as usize).copied()
-}
-
-/// Per-tensor columns.
+/// Per-tensor columns. Role, phase and status are the format crate's enums,
+/// one byte each.
 pub struct Tensors {
-    pub role: Vec<u8>,
+    /// `Input` or `Output`: the row of an op without tensors is no tensor.
+    pub role: Vec<Role>,
     /// Id in [`Dump::names`].
     pub arg: Vec<u32>,
     /// -1 when null.
@@ -70,7 +29,9 @@ pub struct Tensors {
     /// Id in `shapes` (which also holds the numel).
     pub shape: Vec<u32>,
     pub shapes: ShapeInterner,
-    pub status: Vec<u8>,
+    /// `None` when the file has no status, or one this reader does not
+    /// know (a newer writer's): either way, no values to trust.
+    pub status: Vec<Option<StatsStatus>>,
     pub min: Vec<f64>,
     pub max: Vec<f64>,
     pub mean: Vec<f64>,
@@ -98,7 +59,7 @@ impl Tensors {
 
     /// Whether the statistics columns hold measured values.
     pub fn has_values(&self, t: u32) -> bool {
-        status_of(self.status[t as usize]).is_some_and(|s| s.has_values())
+        self.status[t as usize].is_some_and(|s| s.has_values())
     }
 
     pub fn numel(&self, t: u32) -> i64 {
@@ -117,10 +78,6 @@ impl Tensors {
     pub fn finite_count(&self, t: u32) -> i64 {
         let [n, p, m] = self.nonfinite_counts(t);
         self.numel(t) - n - p - m
-    }
-
-    pub fn has_nonfinite(&self, t: u32) -> bool {
-        self.nonfinite_counts(t) != [0; 3]
     }
 }
 
@@ -151,7 +108,7 @@ pub struct Dump {
     pub parent: Vec<u32>,
     pub depth: Vec<i32>,
     pub step: Vec<i64>,
-    pub phase: Vec<u8>,
+    pub phase: Vec<Phase>,
     pub op: Vec<u32>,
     pub overload: Vec<u32>,
     pub args: Vec<u32>,

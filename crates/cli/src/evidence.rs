@@ -27,8 +27,6 @@ pub struct Measure {
 }
 
 pub trait Evidence: Sync {
-    /// Short name, as reported in the `evidence` field.
-    fn name(&self) -> &'static str;
     /// Whether both dumps carry what this source needs.
     fn available(&self, a: &Dump, b: &Dump) -> bool;
     /// Adds what this source says about tensor `ta` of `a` and `tb` of `b`.
@@ -81,10 +79,6 @@ fn same(x: f64, y: f64) -> bool {
 }
 
 impl Evidence for StatsEvidence {
-    fn name(&self) -> &'static str {
-        "stats"
-    }
-
     fn available(&self, _: &Dump, _: &Dump) -> bool {
         true
     }
@@ -140,10 +134,6 @@ impl Evidence for StatsEvidence {
 pub struct FingerprintEvidence;
 
 impl Evidence for FingerprintEvidence {
-    fn name(&self) -> &'static str {
-        "fingerprint"
-    }
-
     fn available(&self, a: &Dump, b: &Dump) -> bool {
         !a.tensors.fingerprint.is_empty() && !b.tensors.fingerprint.is_empty()
     }

@@ -5,8 +5,10 @@
 //! pair once (keeping only a few numbers per op) and again for the handful
 //! of ops a report shows in full.
 
+use opdump_format::Role;
+
 use crate::dtype::DType;
-use crate::dump::{Dump, ROLE_INPUT, ROLE_OUTPUT};
+use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure};
 use crate::opclass::{args_make_discontinuous, classify, OpClass};
 use crate::tolerance::Tolerances;
@@ -27,7 +29,7 @@ const TINY: f64 = 1e-300;
 pub struct TensorCmp {
     pub ta: Option<u32>,
     pub tb: Option<u32>,
-    pub role: u8,
+    pub role: Role,
     pub verdict: TensorVerdict,
     pub measure: Measure,
     /// `l2_bound / scale_l2`: a lower bound on ||a-b||_2 / ||a||_2 (with the
@@ -186,7 +188,7 @@ impl<'a> Ctx<'a> {
         for &(ta, tb) in &pairs {
             if let Some(t) = ta {
                 consider(a, t, &mut compute);
-                if a.tensors.role[t as usize] == ROLE_INPUT && a.dtype(t).is_float() {
+                if a.tensors.role[t as usize] == Role::Input && a.dtype(t).is_float() {
                     any_float_input = true;
                     let i = t as usize;
                     if a.tensors.has_values(t) && a.tensors.numel(t) > 0 {
@@ -202,7 +204,7 @@ impl<'a> Ctx<'a> {
             }
             if let Some(t) = tb {
                 consider(b, t, &mut compute);
-                if b.tensors.role[t as usize] == ROLE_INPUT && b.dtype(t).is_float() {
+                if b.tensors.role[t as usize] == Role::Input && b.dtype(t).is_float() {
                     any_float_input = true;
                 }
             }
@@ -216,13 +218,13 @@ impl<'a> Ctx<'a> {
                 (None, Some(t)) => b.tensors.role[t as usize],
                 (None, None) => continue,
             };
-            let floor = if role == ROLE_OUTPUT {
+            let floor = if role == Role::Output {
                 (in_rms, in_absmax)
             } else {
                 (0.0, 0.0)
             };
             let mut tc = self.compare_tensors(ta, tb, role, tolerance, floor);
-            tc.legit = if role != ROLE_OUTPUT {
+            tc.legit = if role != Role::Output {
                 None
             } else if class == OpClass::Rng {
                 Some(TensorVerdict::Rng)
@@ -266,7 +268,7 @@ impl<'a> Ctx<'a> {
     pub fn judge(&self, cmp: &mut OpCmp, input_taint: impl Fn(&TensorCmp) -> f64) {
         let kappa = self.tol.min_amplification;
         let (mut e_in, mut d_in) = (0.0f64, 0.0f64);
-        for tc in cmp.tensors.iter_mut().filter(|t| t.role != ROLE_OUTPUT) {
+        for tc in cmp.tensors.iter_mut().filter(|t| t.role != Role::Output) {
             tc.taint = 0.0;
             if tc.verdict == TensorVerdict::Unmeasured {
                 continue;
@@ -295,7 +297,7 @@ impl<'a> Ctx<'a> {
             legit_rng: false,
             legit_discontinuous: false,
         };
-        for tc in cmp.tensors.iter_mut().filter(|t| t.role == ROLE_OUTPUT) {
+        for tc in cmp.tensors.iter_mut().filter(|t| t.role == Role::Output) {
             tc.allowed = tc.tolerance + kappa * e_in;
             if matches!(tc.verdict, TensorVerdict::Close | TensorVerdict::Diverged) {
                 tc.verdict = if tc.rel_err <= tc.allowed {
@@ -383,7 +385,7 @@ impl<'a> Ctx<'a> {
         &self,
         ta: Option<u32>,
         tb: Option<u32>,
-        role: u8,
+        role: Role,
         op_tolerance: f64,
         (in_rms, in_absmax): (f64, f64),
     ) -> TensorCmp {
@@ -417,7 +419,7 @@ impl<'a> Ctx<'a> {
             // from `empty` or `resize_`) differs in nothing that matters; an
             // input's shape, measured or not, shapes what the op computes.
             tc.verdict =
-                if role == ROLE_OUTPUT && !a.tensors.has_values(ta) && !b.tensors.has_values(tb) {
+                if role == Role::Output && !a.tensors.has_values(ta) && !b.tensors.has_values(tb) {
                     TensorVerdict::Unmeasured
                 } else {
                     TensorVerdict::ShapeMismatch
@@ -490,7 +492,7 @@ pub fn reduction_length(d: &Dump, i: u32, class: OpClass) -> f64 {
     for t in d.tensors_of(i) {
         let ti = t as usize;
         let numel = d.tensors.numel(t);
-        if d.tensors.role[ti] == ROLE_OUTPUT {
+        if d.tensors.role[ti] == Role::Output {
             if out == 0 {
                 out = numel;
             }

@@ -33,11 +33,6 @@ impl OpClass {
             OpClass::Normalization => "normalization",
         }
     }
-
-    /// Whether differing outputs are expected, not a fault.
-    pub fn outputs_may_differ(self) -> bool {
-        matches!(self, OpClass::Rng | OpClass::Discontinuous)
-    }
 }
 
 const RNG: &[&str] = &[

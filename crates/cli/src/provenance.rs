@@ -96,12 +96,6 @@ impl Provenance {
             .insert(side_a, (t, b_tensor.unwrap_or(NONE)));
     }
 
-    /// The taint of this input when it was produced, if its producer is
-    /// known: by the pair, else by A's side.
-    pub fn lookup(&self, key: (u64, u64)) -> Option<f64> {
-        self.find(key).map(|f| f.taint)
-    }
-
     /// Where this input came from, if its producer is known: by the pair,
     /// else by A's side.
     pub fn find(&self, (pair, side_a): (u64, u64)) -> Option<Found> {

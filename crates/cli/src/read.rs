@@ -22,14 +22,12 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use opdump_format::reader::{list_files, open_batches, open_regular, DumpFile};
 use opdump_format::schema::{col, meta};
-use opdump_format::{Phase, StatsStatus};
+use opdump_format::{Phase, Role, StatsStatus};
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 
 use crate::dtype::DType;
-use crate::dump::{
-    phase_code, status_code, Dump, Tensors, NONE, ROLE_INPUT, ROLE_OUTPUT, STATUS_NULL,
-};
+use crate::dump::{Dump, Tensors, NONE};
 use crate::error::{CliError, Result};
 use crate::intern::{hash_bytes, mix, Interner, ShapeInterner, NO_ID};
 use crate::panic_guard;
@@ -257,7 +255,7 @@ struct Builder {
     parent_seq: Vec<i64>,
     depth: Vec<i32>,
     step: Vec<i64>,
-    phase: Vec<u8>,
+    phase: Vec<Phase>,
     op: Vec<u32>,
     overload: Vec<u32>,
     args: Vec<u32>,
@@ -269,9 +267,6 @@ struct Builder {
 }
 
 const NO_PARENT: i64 = i64::MIN;
-
-/// Role code of the row of an op without tensors.
-const ROLE_NONE: u32 = 2;
 
 /// String columns read as dictionaries.
 const DICT_COLUMNS: [&str; 9] = [
@@ -318,14 +313,14 @@ impl<'a> StrCol<'a> {
             .ok_or_else(|| bad_type(path, name, a))
     }
 
-    /// One code per row, `NO_ID` for null: `f` maps each distinct string.
-    fn codes(&self, mut f: impl FnMut(&str) -> Result<u32>) -> Result<Vec<u32>> {
+    /// One value per row, `null` for a null: `f` maps each distinct string.
+    fn codes<T: Copy>(&self, null: T, mut f: impl FnMut(&str) -> Result<T>) -> Result<Vec<T>> {
         match self {
             StrCol::Dict(keys, values) => {
                 let mut map = Vec::with_capacity(values.len());
                 for i in 0..values.len() {
                     map.push(if values.is_null(i) {
-                        NO_ID
+                        null
                     } else {
                         f(values.value(i))?
                     });
@@ -333,9 +328,9 @@ impl<'a> StrCol<'a> {
                 Ok((0..keys.len())
                     .map(|i| {
                         if keys.is_null(i) {
-                            NO_ID
+                            null
                         } else {
-                            map.get(keys.value(i) as usize).copied().unwrap_or(NO_ID)
+                            map.get(keys.value(i) as usize).copied().unwrap_or(null)
                         }
                     })
                     .collect())
@@ -343,7 +338,7 @@ impl<'a> StrCol<'a> {
             StrCol::Plain(a) => (0..a.len())
                 .map(|i| {
                     if a.is_null(i) {
-                        Ok(NO_ID)
+                        Ok(null)
                     } else {
                         f(a.value(i))
                     }
@@ -539,6 +534,76 @@ fn reserved<T>(n: usize) -> Vec<T> {
     v
 }
 
+/// The string columns of one batch, one value per row (`None` or `NO_ID`
+/// for a null).
+struct RowCodes {
+    phase: Vec<Option<Phase>>,
+    role: Vec<Option<Role>>,
+    /// Also `None` for a status this reader does not know.
+    status: Vec<Option<StatsStatus>>,
+    /// Ids in `names`.
+    op: Vec<u32>,
+    overload: Vec<u32>,
+    arg: Vec<u32>,
+    /// Ids in `texts`.
+    args: Vec<u32>,
+    error: Vec<u32>,
+    /// Index into the dtypes.
+    dtype: Vec<u32>,
+}
+
+/// The rows of a batch that hold a tensor, and their roles (input or
+/// output).
+struct TensorRows {
+    rows: Vec<u32>,
+    roles: Vec<Role>,
+}
+
+/// A file that breaks the format's rules.
+fn corrupt(path: &Path, msg: impl std::fmt::Display) -> CliError {
+    CliError::new(format!("{}: {msg}", path.display()))
+}
+
+/// Interns the shape of each tensor row (a null shape is a scalar's).
+fn push_shapes(path: &Path, c: &Cols<'_>, rows: &[u32], t: &mut Tensors) -> Result<()> {
+    let shape_offsets = c.shape.value_offsets();
+    let shape_values = c.shape.values().as_primitive::<Int64Type>().values();
+    for &i in rows {
+        let i = i as usize;
+        let numel = ival(c.numel, i);
+        let dims: &[i64] = if c.shape.is_null(i) {
+            &[]
+        } else {
+            let (s, e) = (shape_offsets[i] as usize, shape_offsets[i + 1] as usize);
+            shape_values
+                .get(s..e)
+                .ok_or_else(|| corrupt(path, "shape offsets out of range"))?
+        };
+        t.shape.push(t.shapes.intern(dims, numel));
+    }
+    Ok(())
+}
+
+/// NaN, +Inf and -Inf counts, kept only for the tensors that have some;
+/// `first` is the index of the first of `rows` among all tensors.
+fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut Tensors) {
+    let [cnan, cpos, cneg] = counts;
+    if cnan.null_count() == cnan.len()
+        && cpos.null_count() == cpos.len()
+        && cneg.null_count() == cneg.len()
+    {
+        return;
+    }
+    for (k, &i) in rows.iter().enumerate() {
+        let i = i as usize;
+        let nf = [ival(cnan, i), ival(cpos, i), ival(cneg, i)];
+        if nf != [0; 3] {
+            t.nf_index.push((first + k) as u32);
+            t.nf_counts.push(nf);
+        }
+    }
+}
+
 impl Builder {
     fn new(rows: usize, ops: usize) -> Self {
         let t = Tensors {
@@ -647,6 +712,9 @@ impl Builder {
         Ok(())
     }
 
+    /// Appends one batch: its op calls (a call's rows are consecutive, and
+    /// `last_seq` carries the call open at the end of the previous batch),
+    /// then its tensors.
     fn read_batch(
         &mut self,
         path: &Path,
@@ -654,139 +722,180 @@ impl Builder {
         last_seq: &mut Option<i64>,
     ) -> Result<()> {
         let c = Cols::new(path, batch)?;
-        if c.fingerprint.is_some() && !self.has_fingerprint {
+        if c.fingerprint.is_some() {
+            self.start_fingerprints();
+        }
+        let codes = self.row_codes(path, &c, batch.num_rows())?;
+        let tensors = self.push_op_calls(path, &c, &codes, last_seq)?;
+        self.push_tensors(path, &c, &codes, &tensors)
+    }
+
+    /// From the first file with fingerprints on, every tensor has one (0,
+    /// null, for those read before).
+    fn start_fingerprints(&mut self) {
+        if !self.has_fingerprint {
             self.has_fingerprint = true;
             self.t.fingerprint.resize(self.t.role.len(), 0);
         }
-        let format_err = |m: String| CliError::new(format!("{}: {m}", path.display()));
-        // Per-row codes of the string columns, each distinct string mapped
-        // once per batch.
-        let phase = c.phase.codes(|s| {
-            Phase::parse(s)
-                .map(|p| phase_code(p) as u32)
-                .ok_or_else(|| format_err(format!("bad phase {s:?}")))
+    }
+
+    /// The string columns of a batch as one value per row, each distinct
+    /// string mapped once per batch (parsed, interned).
+    fn row_codes(&mut self, path: &Path, c: &Cols<'_>, rows: usize) -> Result<RowCodes> {
+        let phase = c.phase.codes(None, |s| match Phase::parse(s) {
+            Some(p) => Ok(Some(p)),
+            None => Err(corrupt(path, format!("bad phase {s:?}"))),
         })?;
-        let role = c.role.codes(|s| match s {
-            "input" => Ok(ROLE_INPUT as u32),
-            "output" => Ok(ROLE_OUTPUT as u32),
-            "none" => Ok(ROLE_NONE),
-            r => Err(format_err(format!("bad role {r:?}"))),
+        let role = c.role.codes(None, |s| match Role::parse(s) {
+            Some(r) => Ok(Some(r)),
+            None => Err(corrupt(path, format!("bad role {s:?}"))),
         })?;
         // An unknown status (a newer writer) reads as "no values".
-        let status = c
-            .status
-            .codes(|s| Ok(StatsStatus::parse(s).map_or(STATUS_NULL, status_code) as u32))?;
+        let status = c.status.codes(None, |s| Ok(StatsStatus::parse(s)))?;
         let names = &mut self.names;
-        let op = c.op.codes(|s| Ok(names.intern(s)))?;
-        let overload = c.overload.codes(|s| Ok(names.intern(s)))?;
-        let arg = c.arg.codes(|s| Ok(names.intern(s)))?;
+        let op = c.op.codes(NO_ID, |s| Ok(names.intern(s)))?;
+        let overload = c.overload.codes(NO_ID, |s| Ok(names.intern(s)))?;
+        let arg = c.arg.codes(NO_ID, |s| Ok(names.intern(s)))?;
         let texts = &mut self.texts;
-        let args = c.args.codes(|s| Ok(texts.intern(s)))?;
+        let args = c.args.codes(NO_ID, |s| Ok(texts.intern(s)))?;
         let error = match &c.error {
-            Some(e) => e.codes(|s| Ok(texts.intern(s)))?,
-            None => vec![NO_ID; batch.num_rows()],
+            Some(e) => e.codes(NO_ID, |s| Ok(texts.intern(s)))?,
+            None => vec![NO_ID; rows],
         };
         let dtypes = &mut self.dtypes;
-        let dtype = c.dtype.codes(|s| dtype_id(dtypes, s).map(u32::from))?;
-        // Pass 1, row by row: op boundaries, and which rows are tensors.
-        let mut rows: Vec<u32> = Vec::with_capacity(batch.num_rows());
-        for i in 0..batch.num_rows() {
+        let dtype = c
+            .dtype
+            .codes(NO_ID, |s| dtype_id(dtypes, s).map(u32::from))?;
+        Ok(RowCodes {
+            phase,
+            role,
+            status,
+            op,
+            overload,
+            arg,
+            args,
+            error,
+            dtype,
+        })
+    }
+
+    /// Row by row: a new seq starts an op call, whose columns are appended;
+    /// rows with a tensor are counted into it and returned, for the
+    /// column-wise copy of [`Builder::push_tensors`].
+    fn push_op_calls(
+        &mut self,
+        path: &Path,
+        c: &Cols<'_>,
+        codes: &RowCodes,
+        last_seq: &mut Option<i64>,
+    ) -> Result<TensorRows> {
+        let n = codes.op.len();
+        let mut tensors = TensorRows {
+            rows: Vec::with_capacity(n),
+            roles: Vec::with_capacity(n),
+        };
+        for i in 0..n {
             if c.seq.is_null(i) {
-                return Err(format_err("null seq".into()));
+                return Err(corrupt(path, "null seq"));
             }
             let s = c.seq.value(i);
             if *last_seq != Some(s) {
                 *last_seq = Some(s);
-                if self.seq.len() >= NONE as usize {
-                    return Err(format_err("more than 4 billion op calls".into()));
-                }
-                if phase[i] == NO_ID || op[i] == NO_ID || overload[i] == NO_ID {
-                    return Err(format_err(format!("null phase, op or overload at seq {s}")));
-                }
-                self.seq.push(s);
-                self.parent_seq.push(if c.parent.is_null(i) {
-                    NO_PARENT
-                } else {
-                    c.parent.value(i)
-                });
-                self.depth.push(c.depth.value(i));
-                self.step.push(c.step.value(i));
-                self.phase.push(phase[i] as u8);
-                self.op.push(op[i]);
-                self.overload.push(overload[i]);
-                self.args.push(args[i]);
-                self.error.push(error[i]);
-                self.t_start.push((self.t.role.len() + rows.len()) as u32);
-                self.t_len.push(0);
+                self.push_op_call(path, c, codes, i, tensors.rows.len())?;
             }
-            match role[i] {
-                ROLE_NONE => continue,
-                NO_ID => return Err(format_err(format!("null role at seq {s}"))),
-                _ => {}
+            let role = match codes.role[i] {
+                Some(Role::None) => continue,
+                Some(r) => r,
+                None => return Err(corrupt(path, format!("null role at seq {s}"))),
+            };
+            if codes.dtype[i] == NO_ID {
+                return Err(corrupt(path, format!("null dtype at seq {s}")));
             }
-            if dtype[i] == NO_ID {
-                return Err(format_err(format!("null dtype at seq {s}")));
-            }
-            if self.t.role.len() + rows.len() >= u32::MAX as usize - 1 {
-                return Err(format_err("more than 4 billion tensors".into()));
+            if self.t.role.len() + tensors.rows.len() >= u32::MAX as usize - 1 {
+                return Err(corrupt(path, "more than 4 billion tensors"));
             }
             if let Some(n) = self.t_len.last_mut() {
                 *n += 1;
             }
-            rows.push(i as u32);
+            tensors.rows.push(i as u32);
+            tensors.roles.push(role);
         }
-        // Pass 2, column by column over the tensor rows.
-        let first = self.t.role.len();
-        let t = &mut self.t;
-        t.role.extend(rows.iter().map(|&i| role[i as usize] as u8));
-        t.arg.extend(rows.iter().map(|&i| arg[i as usize]));
-        t.dtype
-            .extend(rows.iter().map(|&i| dtype[i as usize] as u16));
-        t.status
-            .extend(rows.iter().map(|&i| match status[i as usize] {
-                NO_ID => STATUS_NULL,
-                v => v as u8,
-            }));
-        gather_i32(c.list_index, &rows, -1, &mut t.list_index);
-        let shape_offsets = c.shape.value_offsets();
-        let shape_values = c.shape.values().as_primitive::<Int64Type>().values();
-        for &i in &rows {
-            let i = i as usize;
-            let numel = ival(c.numel, i);
-            let dims: &[i64] = if c.shape.is_null(i) {
-                &[]
-            } else {
-                let (s, e) = (shape_offsets[i] as usize, shape_offsets[i + 1] as usize);
-                shape_values
-                    .get(s..e)
-                    .ok_or_else(|| format_err("shape offsets out of range".into()))?
-            };
-            t.shape.push(t.shapes.intern(dims, numel));
+        Ok(tensors)
+    }
+
+    /// Appends the op call that starts at row `i`; `tensors_before` tensor
+    /// rows of this batch precede it.
+    fn push_op_call(
+        &mut self,
+        path: &Path,
+        c: &Cols<'_>,
+        codes: &RowCodes,
+        i: usize,
+        tensors_before: usize,
+    ) -> Result<()> {
+        let s = c.seq.value(i);
+        if self.seq.len() >= NONE as usize {
+            return Err(corrupt(path, "more than 4 billion op calls"));
         }
-        let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
-        gather_f64(fmin, &rows, &mut t.min);
-        gather_f64(fmax, &rows, &mut t.max);
-        gather_f64(fmean, &rows, &mut t.mean);
-        gather_f64(fstd, &rows, &mut t.std);
-        gather_f64(fl2, &rows, &mut t.l2);
-        gather_f64(fabs, &rows, &mut t.absmax);
-        let [cnan, cpos, cneg, czero] = c.c;
-        gather_i64(czero, &rows, &mut t.zero);
-        if cnan.null_count() < cnan.len()
-            || cpos.null_count() < cpos.len()
-            || cneg.null_count() < cneg.len()
-        {
-            for (k, &i) in rows.iter().enumerate() {
-                let i = i as usize;
-                let nf = [ival(cnan, i), ival(cpos, i), ival(cneg, i)];
-                if nf != [0; 3] {
-                    t.nf_index.push((first + k) as u32);
-                    t.nf_counts.push(nf);
-                }
+        let phase = match codes.phase[i] {
+            Some(p) if codes.op[i] != NO_ID && codes.overload[i] != NO_ID => p,
+            _ => {
+                return Err(corrupt(
+                    path,
+                    format!("null phase, op or overload at seq {s}"),
+                ))
             }
-        }
+        };
+        self.seq.push(s);
+        self.parent_seq.push(if c.parent.is_null(i) {
+            NO_PARENT
+        } else {
+            c.parent.value(i)
+        });
+        self.depth.push(c.depth.value(i));
+        self.step.push(c.step.value(i));
+        self.phase.push(phase);
+        self.op.push(codes.op[i]);
+        self.overload.push(codes.overload[i]);
+        self.args.push(codes.args[i]);
+        self.error.push(codes.error[i]);
+        self.t_start
+            .push((self.t.role.len() + tensors_before) as u32);
+        self.t_len.push(0);
+        Ok(())
+    }
+
+    /// Column by column over the tensor rows of a batch.
+    fn push_tensors(
+        &mut self,
+        path: &Path,
+        c: &Cols<'_>,
+        codes: &RowCodes,
+        tensors: &TensorRows,
+    ) -> Result<()> {
+        let first = self.t.role.len();
+        let rows = &tensors.rows;
+        let t = &mut self.t;
+        t.role.extend_from_slice(&tensors.roles);
+        t.arg.extend(rows.iter().map(|&i| codes.arg[i as usize]));
+        t.dtype
+            .extend(rows.iter().map(|&i| codes.dtype[i as usize] as u16));
+        t.status
+            .extend(rows.iter().map(|&i| codes.status[i as usize]));
+        gather_i32(c.list_index, rows, -1, &mut t.list_index);
+        push_shapes(path, c, rows, t)?;
+        let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
+        gather_f64(fmin, rows, &mut t.min);
+        gather_f64(fmax, rows, &mut t.max);
+        gather_f64(fmean, rows, &mut t.mean);
+        gather_f64(fstd, rows, &mut t.std);
+        gather_f64(fl2, rows, &mut t.l2);
+        gather_f64(fabs, rows, &mut t.absmax);
+        let [cnan, cpos, cneg, czero] = c.c;
+        gather_i64(czero, rows, &mut t.zero);
+        push_nonfinite([cnan, cpos, cneg], rows, first, t);
         if self.has_fingerprint {
-            for &i in &rows {
+            for &i in rows {
                 let v = match c.fingerprint {
                     Some(a) => fingerprint_at(path, a, i as usize)?,
                     None => 0,

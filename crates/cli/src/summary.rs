@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use opdump_format::Role;
 use serde::Serialize;
 
-use crate::dump::{phase_name, role_name, Dump, ROLE_INPUT, ROLE_OUTPUT};
+use crate::dump::Dump;
 use crate::error::{CliError, Result};
 use crate::intern::FxMap;
 use crate::progress::Progress;
@@ -67,7 +68,7 @@ impl OpSite {
             tensors: d
                 .tensors_of(i)
                 .map(|t| TensorBrief {
-                    role: role_name(d.tensors.role[t as usize]),
+                    role: d.tensors.role[t as usize].as_str(),
                     arg: d.arg_name(t).to_string(),
                     list_index: d.list_index(t),
                     dtype: d.dtype(t).name.to_string(),
@@ -118,11 +119,11 @@ fn io_flags(d: &Dump, i: u32) -> (bool, bool, bool, bool) {
         let [n, p, m] = d.tensors.nonfinite_counts(t);
         let (nan, inf) = (n > 0, p > 0 || m > 0);
         match d.tensors.role[x] {
-            ROLE_INPUT => {
+            Role::Input => {
                 nan_in |= nan;
                 nf_in |= nan || inf;
             }
-            ROLE_OUTPUT => {
+            Role::Output => {
                 nan_out |= nan;
                 inf_out |= inf;
             }
@@ -164,9 +165,7 @@ pub fn summarize(d: &Dump) -> RankSummary {
     for i in 0..d.len() as u32 {
         let key = (d.op[i as usize], d.overload[i as usize]);
         *per_op.entry(key).or_default() += 1;
-        *per_phase
-            .entry(phase_name(d.phase[i as usize]))
-            .or_default() += 1;
+        *per_phase.entry(d.phase[i as usize].as_str()).or_default() += 1;
         *per_step.entry(d.step[i as usize]).or_default() += 1;
         if d.error_text(i).is_some() {
             raised += 1;

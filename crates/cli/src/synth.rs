@@ -258,6 +258,13 @@ struct Val {
     nan: i64,
 }
 
+/// Weights and biases: the same on both sides, and never updated.
+const PARAMS: Val = Val {
+    x: 0.02,
+    err: 0.0,
+    nan: 0,
+};
+
 /// A deterministic value in [-1, 1] for noise.
 fn jitter(k: u64) -> f64 {
     let h = crate::intern::mix(k, 0x5eed);
@@ -273,380 +280,549 @@ pub fn write_model(
     side_b: bool,
     max_rows: u64,
 ) -> opdump_format::Result<u64> {
-    let mut w = DumpWriter::with_rows(root, 0, "cpu", max_rows);
-    let dt = if side_b {
-        v.dtype.unwrap_or("float32")
-    } else {
-        "float32"
-    };
-    let (t, h) = (m.tokens, m.hidden);
-    let mut k: u64 = 0; // noise counter
-                        // A tensor of side (A or B) from a value.
-    let mk = |role: Role, arg: &str, shape: &[i64], val: Val, side_b: bool| {
-        let x = if side_b {
+    let mut run = SyntheticRun::new(root, m, v, side_b, max_rows);
+    for step in 0..m.steps {
+        run.training_step(step)?;
+    }
+    run.w.close()
+}
+
+/// One side of a synthetic run while it is written. Every op is one method,
+/// so the order of the calls in the dump reads off `training_step`; the
+/// values follow the residual stream ([`Val`]) from op to op.
+struct SyntheticRun<'a> {
+    w: DumpWriter,
+    v: &'a Variant,
+    side_b: bool,
+    /// The dtype of every tensor on this side.
+    dtype: &'static str,
+    layers: usize,
+    tokens: i64,
+    hidden: i64,
+    /// Values made so far: each new value draws its own noise.
+    values_made: u64,
+}
+
+impl<'a> SyntheticRun<'a> {
+    fn new(root: &Path, m: &Model, v: &'a Variant, side_b: bool, max_rows: u64) -> Self {
+        let dtype = if side_b {
+            v.dtype.unwrap_or("float32")
+        } else {
+            "float32"
+        };
+        SyntheticRun {
+            w: DumpWriter::with_rows(root, 0, "cpu", max_rows),
+            v,
+            side_b,
+            dtype,
+            layers: m.layers,
+            tokens: m.tokens,
+            hidden: m.hidden,
+            values_made: 0,
+        }
+    }
+
+    /// The shape of an activation.
+    fn act(&self) -> [i64; 2] {
+        [self.tokens, self.hidden]
+    }
+
+    /// The shape of a weight matrix.
+    fn wgt(&self) -> [i64; 2] {
+        [self.hidden, self.hidden]
+    }
+
+    /// A tensor of this side holding `val`: B sees the error and the NaN
+    /// that A does not.
+    fn tensor_of(&self, role: Role, arg: &str, shape: &[i64], val: Val) -> TensorRecord {
+        let x = if self.side_b {
             val.x * (1.0 + val.err)
         } else {
             val.x
         };
-        let mut tr = tensor(role, arg, dt, shape, x);
-        if side_b {
+        let mut tr = tensor(role, arg, self.dtype, shape, x);
+        if self.side_b {
             tr.stats.nan_count = val.nan;
         }
         tr
-    };
-    // The next value after an op: the scale moves, noise adds on B.
-    let step_val = |val: Val, f: f64, k: &mut u64| -> Val {
-        *k += 1;
+    }
+
+    fn input_of(&self, arg: &str, shape: &[i64], val: Val) -> TensorRecord {
+        self.tensor_of(Role::Input, arg, shape, val)
+    }
+
+    fn output_of(&self, index: &str, shape: &[i64], val: Val) -> TensorRecord {
+        self.tensor_of(Role::Output, index, shape, val)
+    }
+
+    /// The value after an op that scales by `f`: on B, rounding noise adds
+    /// to the relative error.
+    fn next_value(&mut self, val: Val, f: f64) -> Val {
+        self.values_made += 1;
+        let noise = if self.side_b {
+            self.v.noise * jitter(self.values_made)
+        } else {
+            0.0
+        };
         Val {
             x: val.x * f,
-            err: val.err + if side_b { v.noise * jitter(*k) } else { 0.0 },
+            err: val.err + noise,
             nan: val.nan,
         }
-    };
-    for step in 0..m.steps {
-        w.step = step;
-        w.phase = Phase::Forward;
+    }
+
+    /// Forward over every layer, the loss, backward in reverse, and one
+    /// optimizer step.
+    fn training_step(&mut self, step: i64) -> opdump_format::Result<()> {
+        self.w.step = step;
+        self.w.phase = Phase::Forward;
         let mut cur = Val {
             x: 1.0,
             err: 0.0,
             nan: 0,
         };
-        let act = [t, h];
-        let wgt = [h, h];
-        let params = Val {
-            x: 0.02,
-            err: 0.0,
-            nan: 0,
-        };
-        for layer in 0..m.layers {
-            // layer_norm: a CPU kernel on A; decomposed on B when asked.
-            let ln = w.begin(
-                "aten::layer_norm",
-                "default",
-                &format!("normalized_shape=[{h}], eps=1e-05"),
-                vec![mk(Role::Input, "input", &act, cur, side_b)],
-            );
-            // A normalization: the scale resets, relative errors carry on.
-            let next = step_val(Val { x: 1.0, ..cur }, 1.0, &mut k);
-            if side_b && v.decompose_layer_norm {
-                let mean_v = Val {
-                    x: cur.x * 0.1,
-                    ..cur
-                };
-                w.leaf(
-                    "aten::mean",
-                    "dim",
-                    "dim=[-1], keepdim=True",
-                    vec![mk(Role::Input, "self", &act, cur, side_b)],
-                    vec![mk(Role::Output, "0", &[t, 1], mean_v, side_b)],
-                )?;
-                w.leaf(
-                    "aten::sub",
-                    "Tensor",
-                    "alpha=1",
-                    vec![
-                        mk(Role::Input, "self", &act, cur, side_b),
-                        mk(Role::Input, "other", &[t, 1], mean_v, side_b),
-                    ],
-                    vec![mk(Role::Output, "0", &act, cur, side_b)],
-                )?;
-                w.leaf(
-                    "aten::mul",
-                    "Tensor",
-                    "",
-                    vec![mk(Role::Input, "self", &act, cur, side_b)],
-                    vec![mk(Role::Output, "0", &act, next, side_b)],
-                )?;
-            } else {
-                w.leaf(
-                    "aten::native_layer_norm",
-                    "default",
-                    &format!("normalized_shape=[{h}], eps=1e-05"),
-                    vec![mk(Role::Input, "input", &act, cur, side_b)],
-                    vec![
-                        mk(Role::Output, "0", &act, next, side_b),
-                        mk(Role::Output, "1", &[t, 1], Val { x: 0.1, ..cur }, side_b),
-                    ],
-                )?;
-            }
-            w.end(ln, vec![mk(Role::Output, "0", &act, next, side_b)])?;
-            cur = next;
-            // Two linears (qkv, proj) around a softmax.
-            for (which, f) in [("qkv", 1.1), ("proj", 0.95)] {
-                if side_b
-                    && v.extra_copy_every
-                        .is_some_and(|n| (layer * 2 + (which == "proj") as usize) % n == 0)
-                {
-                    let c = w.begin(
-                        "aten::_to_copy",
-                        "default",
-                        "dtype=torch.float32",
-                        vec![mk(Role::Input, "self", &act, cur, side_b)],
-                    );
-                    w.leaf(
-                        "aten::empty_strided",
-                        "default",
-                        "",
-                        vec![],
-                        vec![{
-                            let mut e = mk(Role::Output, "0", &act, cur, side_b);
-                            e.status = StatsStatus::Uninitialized;
-                            e
-                        }],
-                    )?;
-                    w.leaf(
-                        "aten::copy_",
-                        "default",
-                        "non_blocking=False",
-                        vec![mk(Role::Input, "src", &act, cur, side_b)],
-                        vec![mk(Role::Output, "0", &act, cur, side_b)],
-                    )?;
-                    w.end(c, vec![mk(Role::Output, "0", &act, cur, side_b)])?;
-                }
-                let lin = w.begin(
-                    "aten::linear",
-                    "default",
-                    "",
-                    vec![
-                        mk(Role::Input, "input", &act, cur, side_b),
-                        mk(Role::Input, "weight", &wgt, params, side_b),
-                        mk(Role::Input, "bias", &[h], params, side_b),
-                    ],
-                );
-                let mut next = step_val(cur, f, &mut k);
-                if side_b && which == "proj" {
-                    if let Some((s, l, rel)) = v.fault {
-                        if s == step && l == layer {
-                            next.err = (1.0 + next.err) * (1.0 + rel) - 1.0;
-                        }
-                    }
-                }
-                w.leaf(
-                    "aten::t",
-                    "default",
-                    "",
-                    vec![mk(Role::Input, "self", &wgt, params, side_b)],
-                    vec![mk(Role::Output, "0", &wgt, params, side_b)],
-                )?;
-                w.leaf(
-                    "aten::addmm",
-                    "default",
-                    "beta=1, alpha=1",
-                    vec![
-                        mk(Role::Input, "self", &[h], params, side_b),
-                        mk(Role::Input, "mat1", &act, cur, side_b),
-                        mk(Role::Input, "mat2", &wgt, params, side_b),
-                    ],
-                    vec![mk(Role::Output, "0", &act, next, side_b)],
-                )?;
-                w.end(lin, vec![mk(Role::Output, "0", &act, next, side_b)])?;
-                cur = next;
-                if which == "qkv" {
-                    w.leaf(
-                        "aten::view",
-                        "default",
-                        &format!("size=[{t}, {h}]"),
-                        vec![mk(Role::Input, "self", &act, cur, side_b)],
-                        vec![mk(Role::Output, "0", &act, cur, side_b)],
-                    )?;
-                    let sm = w.begin(
-                        "aten::softmax",
-                        "int",
-                        "dim=-1",
-                        vec![mk(Role::Input, "self", &act, cur, side_b)],
-                    );
-                    let next = step_val(cur, 0.5, &mut k);
-                    w.leaf(
-                        "aten::_softmax",
-                        "default",
-                        "dim=-1, half_to_float=False",
-                        vec![mk(Role::Input, "self", &act, cur, side_b)],
-                        vec![mk(Role::Output, "0", &act, next, side_b)],
-                    )?;
-                    w.end(sm, vec![mk(Role::Output, "0", &act, next, side_b)])?;
-                    cur = next;
-                }
-            }
-            let next = step_val(cur, 1.05, &mut k);
-            w.leaf(
-                "aten::add",
-                "Tensor",
-                "alpha=1",
-                vec![
-                    mk(Role::Input, "self", &act, cur, side_b),
-                    mk(Role::Input, "other", &act, cur, side_b),
-                ],
-                vec![mk(Role::Output, "0", &act, next, side_b)],
-            )?;
-            cur = next;
-            // A dropped gelu is fused elsewhere: the values go on as if it ran.
-            let dropped = side_b && v.drop_gelu_every.is_some_and(|n| layer % n == n - 1);
-            let mut next = step_val(cur, 0.7, &mut k);
-            if side_b {
-                if let Some((s, l, nan)) = v.nan {
-                    if s == step && l == layer {
-                        next.nan = nan;
-                    }
-                }
-            }
-            if !dropped {
-                w.leaf(
-                    "aten::gelu",
-                    "default",
-                    "approximate='none'",
-                    vec![mk(Role::Input, "self", &act, cur, side_b)],
-                    vec![mk(Role::Output, "0", &act, next, side_b)],
-                )?;
-            }
-            cur = next;
+        for layer in 0..self.layers {
+            cur = self.forward_layer(step, layer, cur)?;
         }
-        // Loss.
-        let vocab = [t, 4 * h];
-        let ce = w.begin(
-            "aten::cross_entropy_loss",
-            "default",
-            "reduction=Mean",
-            vec![mk(Role::Input, "self", &vocab, cur, side_b)],
-        );
-        let ls = w.begin(
-            "aten::log_softmax",
-            "int",
-            "dim=1",
-            vec![mk(Role::Input, "self", &vocab, cur, side_b)],
-        );
-        let lsv = step_val(cur, 2.0, &mut k);
-        w.leaf(
-            "aten::_log_softmax",
-            "default",
-            "dim=1, half_to_float=False",
-            vec![mk(Role::Input, "self", &vocab, cur, side_b)],
-            vec![mk(Role::Output, "0", &vocab, lsv, side_b)],
-        )?;
-        w.end(ls, vec![mk(Role::Output, "0", &vocab, lsv, side_b)])?;
-        let loss = step_val(lsv, 0.3, &mut k);
-        let nl = w.begin(
-            "aten::nll_loss_nd",
-            "default",
-            "reduction=Mean",
-            vec![mk(Role::Input, "self", &vocab, lsv, side_b)],
-        );
-        w.leaf(
-            "aten::nll_loss_forward",
-            "default",
-            "reduction=1, ignore_index=-100",
-            vec![mk(Role::Input, "self", &vocab, lsv, side_b)],
-            vec![mk(Role::Output, "0", &[], loss, side_b)],
-        )?;
-        w.end(nl, vec![mk(Role::Output, "0", &[], loss, side_b)])?;
-        w.end(ce, vec![mk(Role::Output, "0", &[], loss, side_b)])?;
-        // Backward: per layer, in reverse.
-        w.phase = Phase::Backward;
-        let mut g = Val {
+        let loss = self.loss(cur)?;
+        self.w.phase = Phase::Backward;
+        // The backward of every layer sees the last activation: the model
+        // is a caricature, only the shapes and the flow of errors matter.
+        let mut grad = Val {
             x: 1e-3,
             err: loss.err,
             nan: loss.nan,
         };
-        for _layer in (0..m.layers).rev() {
-            let next = step_val(g, 1.01, &mut k);
-            w.leaf(
-                "aten::gelu_backward",
+        for _layer in (0..self.layers).rev() {
+            grad = self.backward_layer(grad, cur)?;
+        }
+        self.w.phase = Phase::Optimizer;
+        self.optimizer(grad)
+    }
+
+    /// layer_norm, the qkv linear, attention, the proj linear, the residual
+    /// add and gelu. Returns the layer's output.
+    fn forward_layer(&mut self, step: i64, layer: usize, cur: Val) -> opdump_format::Result<Val> {
+        let mut cur = self.layer_norm(cur)?;
+        for (which, f) in [("qkv", 1.1), ("proj", 0.95)] {
+            if self.extra_copy_before(layer, which) {
+                self.cast_copy(cur)?;
+            }
+            cur = self.linear(step, layer, which, f, cur)?;
+            if which == "qkv" {
+                cur = self.attention(cur)?;
+            }
+        }
+        cur = self.residual_add(cur)?;
+        self.gelu(step, layer, cur)
+    }
+
+    /// layer_norm: a CPU kernel on A; decomposed on B when asked.
+    fn layer_norm(&mut self, cur: Val) -> opdump_format::Result<Val> {
+        let (act, h) = (self.act(), self.hidden);
+        let args = format!("normalized_shape=[{h}], eps=1e-05");
+        let ln = self.w.begin(
+            "aten::layer_norm",
+            "default",
+            &args,
+            vec![self.input_of("input", &act, cur)],
+        );
+        // A normalization: the scale resets, relative errors carry on.
+        let next = self.next_value(Val { x: 1.0, ..cur }, 1.0);
+        if self.side_b && self.v.decompose_layer_norm {
+            self.layer_norm_decomposed(cur, next)?;
+        } else {
+            let outputs = vec![
+                self.output_of("0", &act, next),
+                self.output_of("1", &[self.tokens, 1], Val { x: 0.1, ..cur }),
+            ];
+            let inputs = vec![self.input_of("input", &act, cur)];
+            self.w
+                .leaf("aten::native_layer_norm", "default", &args, inputs, outputs)?;
+        }
+        let out = self.output_of("0", &act, next);
+        self.w.end(ln, vec![out])?;
+        Ok(next)
+    }
+
+    /// The mean, sub and mul another backend computes layer_norm with.
+    fn layer_norm_decomposed(&mut self, cur: Val, next: Val) -> opdump_format::Result<()> {
+        let act = self.act();
+        let rows = [self.tokens, 1];
+        let mean_v = Val {
+            x: cur.x * 0.1,
+            ..cur
+        };
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &act, cur)],
+            vec![self.output_of("0", &rows, mean_v)],
+        );
+        self.w.leaf(
+            "aten::mean",
+            "dim",
+            "dim=[-1], keepdim=True",
+            inputs,
+            outputs,
+        )?;
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("self", &act, cur),
+                self.input_of("other", &rows, mean_v),
+            ],
+            vec![self.output_of("0", &act, cur)],
+        );
+        self.w
+            .leaf("aten::sub", "Tensor", "alpha=1", inputs, outputs)?;
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &act, cur)],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf("aten::mul", "Tensor", "", inputs, outputs)?;
+        Ok(())
+    }
+
+    /// Whether B casts before this linear (`which` is "qkv" or "proj").
+    fn extra_copy_before(&self, layer: usize, which: &str) -> bool {
+        let linear_index = layer * 2 + (which == "proj") as usize;
+        self.side_b
+            && self
+                .v
+                .extra_copy_every
+                .is_some_and(|n| linear_index % n == 0)
+    }
+
+    /// A `_to_copy` to float32 that leaves the values as they are: an extra
+    /// op on one side, with children, that alignment must skip.
+    fn cast_copy(&mut self, cur: Val) -> opdump_format::Result<()> {
+        let act = self.act();
+        let c = self.w.begin(
+            "aten::_to_copy",
+            "default",
+            "dtype=torch.float32",
+            vec![self.input_of("self", &act, cur)],
+        );
+        let mut empty = self.output_of("0", &act, cur);
+        empty.status = StatsStatus::Uninitialized;
+        self.w
+            .leaf("aten::empty_strided", "default", "", vec![], vec![empty])?;
+        let (inputs, outputs) = (
+            vec![self.input_of("src", &act, cur)],
+            vec![self.output_of("0", &act, cur)],
+        );
+        self.w.leaf(
+            "aten::copy_",
+            "default",
+            "non_blocking=False",
+            inputs,
+            outputs,
+        )?;
+        let out = self.output_of("0", &act, cur);
+        self.w.end(c, vec![out])?;
+        Ok(())
+    }
+
+    /// `linear` over `t` and `addmm`; the planted fault is in the proj
+    /// `addmm` of B (its parent `linear` then diverges too).
+    fn linear(
+        &mut self,
+        step: i64,
+        layer: usize,
+        which: &str,
+        f: f64,
+        cur: Val,
+    ) -> opdump_format::Result<Val> {
+        let (act, wgt, h) = (self.act(), self.wgt(), self.hidden);
+        let lin = self.w.begin(
+            "aten::linear",
+            "default",
+            "",
+            vec![
+                self.input_of("input", &act, cur),
+                self.input_of("weight", &wgt, PARAMS),
+                self.input_of("bias", &[h], PARAMS),
+            ],
+        );
+        let mut next = self.next_value(cur, f);
+        if self.side_b && which == "proj" {
+            if let Some((s, l, rel)) = self.v.fault {
+                if s == step && l == layer {
+                    next.err = (1.0 + next.err) * (1.0 + rel) - 1.0;
+                }
+            }
+        }
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &wgt, PARAMS)],
+            vec![self.output_of("0", &wgt, PARAMS)],
+        );
+        self.w.leaf("aten::t", "default", "", inputs, outputs)?;
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("self", &[h], PARAMS),
+                self.input_of("mat1", &act, cur),
+                self.input_of("mat2", &wgt, PARAMS),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w
+            .leaf("aten::addmm", "default", "beta=1, alpha=1", inputs, outputs)?;
+        let out = self.output_of("0", &act, next);
+        self.w.end(lin, vec![out])?;
+        Ok(next)
+    }
+
+    /// A `view` (values unchanged) and `softmax` over `_softmax`.
+    fn attention(&mut self, cur: Val) -> opdump_format::Result<Val> {
+        let (act, t, h) = (self.act(), self.tokens, self.hidden);
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &act, cur)],
+            vec![self.output_of("0", &act, cur)],
+        );
+        self.w.leaf(
+            "aten::view",
+            "default",
+            &format!("size=[{t}, {h}]"),
+            inputs,
+            outputs,
+        )?;
+        let sm = self.w.begin(
+            "aten::softmax",
+            "int",
+            "dim=-1",
+            vec![self.input_of("self", &act, cur)],
+        );
+        let next = self.next_value(cur, 0.5);
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &act, cur)],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf(
+            "aten::_softmax",
+            "default",
+            "dim=-1, half_to_float=False",
+            inputs,
+            outputs,
+        )?;
+        let out = self.output_of("0", &act, next);
+        self.w.end(sm, vec![out])?;
+        Ok(next)
+    }
+
+    fn residual_add(&mut self, cur: Val) -> opdump_format::Result<Val> {
+        let act = self.act();
+        let next = self.next_value(cur, 1.05);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("self", &act, cur),
+                self.input_of("other", &act, cur),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w
+            .leaf("aten::add", "Tensor", "alpha=1", inputs, outputs)?;
+        Ok(next)
+    }
+
+    /// gelu, where B may plant NaN, or leave the call out.
+    fn gelu(&mut self, step: i64, layer: usize, cur: Val) -> opdump_format::Result<Val> {
+        // A dropped gelu is fused elsewhere: the values go on as if it ran.
+        let dropped = self.side_b && self.v.drop_gelu_every.is_some_and(|n| layer % n == n - 1);
+        let mut next = self.next_value(cur, 0.7);
+        if self.side_b {
+            if let Some((s, l, nan)) = self.v.nan {
+                if s == step && l == layer {
+                    next.nan = nan;
+                }
+            }
+        }
+        if !dropped {
+            let act = self.act();
+            let (inputs, outputs) = (
+                vec![self.input_of("self", &act, cur)],
+                vec![self.output_of("0", &act, next)],
+            );
+            self.w.leaf(
+                "aten::gelu",
                 "default",
                 "approximate='none'",
-                vec![
-                    mk(Role::Input, "grad_output", &act, g, side_b),
-                    mk(Role::Input, "self", &act, cur, side_b),
-                ],
-                vec![mk(Role::Output, "0", &act, next, side_b)],
+                inputs,
+                outputs,
             )?;
-            g = next;
-            let gw = step_val(g, 3.0, &mut k);
-            w.leaf(
-                "aten::mm",
-                "default",
-                "",
-                vec![
-                    mk(Role::Input, "self", &[h, t], g, side_b),
-                    mk(Role::Input, "mat2", &act, cur, side_b),
-                ],
-                vec![mk(Role::Output, "0", &wgt, gw, side_b)],
-            )?;
-            let next = step_val(g, 0.98, &mut k);
-            w.leaf(
-                "aten::mm",
-                "default",
-                "",
-                vec![
-                    mk(Role::Input, "self", &act, g, side_b),
-                    mk(Role::Input, "mat2", &wgt, params, side_b),
-                ],
-                vec![mk(Role::Output, "0", &act, next, side_b)],
-            )?;
-            g = next;
-            w.leaf(
-                "aten::sum",
-                "dim_IntList",
-                "dim=[0], keepdim=True",
-                vec![mk(Role::Input, "self", &act, g, side_b)],
-                vec![mk(
-                    Role::Output,
-                    "0",
-                    &[1, h],
-                    step_val(g, 5.0, &mut k),
-                    side_b,
-                )],
-            )?;
-            let next = step_val(g, 1.0, &mut k);
-            w.leaf(
-                "aten::_softmax_backward_data",
-                "default",
-                "dim=-1",
-                vec![
-                    mk(Role::Input, "grad_output", &act, g, side_b),
-                    mk(Role::Input, "output", &act, cur, side_b),
-                ],
-                vec![mk(Role::Output, "0", &act, next, side_b)],
-            )?;
-            g = next;
-            // The normalization's backward resets the scale (no underflow
-            // over thousands of layers).
-            let next = step_val(Val { x: 1e-3, ..g }, 1.0, &mut k);
-            w.leaf(
-                "aten::native_layer_norm_backward",
-                "default",
-                "normalized_shape=[4]",
-                vec![
-                    mk(Role::Input, "grad_out", &act, g, side_b),
-                    mk(Role::Input, "input", &act, cur, side_b),
-                ],
-                vec![mk(Role::Output, "0", &act, next, side_b)],
-            )?;
-            g = next;
         }
-        // Optimizer: one foreach op over a list of parameters.
-        w.phase = Phase::Optimizer;
-        // p - lr * g: the update's relative error is a small part of g's.
-        let n_params = 4;
-        let mut ins = Vec::new();
-        let mut grads = Vec::new();
-        let mut outs = Vec::new();
-        for p in 0..n_params {
-            let mut a = mk(Role::Input, "self", &wgt, params, side_b);
-            a.list_index = Some(p);
-            ins.push(a);
-            let mut gr = mk(Role::Input, "other", &wgt, g, side_b);
-            gr.list_index = Some(p);
-            grads.push(gr);
-            let upd = Val {
-                x: 0.0199,
-                err: g.err * 0.05,
-                nan: g.nan,
-            };
-            let mut o = mk(Role::Output, "self", &wgt, upd, side_b);
-            o.list_index = Some(p);
-            outs.push(o);
-        }
-        ins.extend(grads);
-        w.leaf("aten::_foreach_add_", "List", "alpha=-0.001", ins, outs)?;
+        Ok(next)
     }
-    w.close()
+
+    /// cross_entropy_loss over log_softmax and nll_loss_nd; returns the
+    /// scalar loss.
+    fn loss(&mut self, cur: Val) -> opdump_format::Result<Val> {
+        let vocab = [self.tokens, 4 * self.hidden];
+        let ce = self.w.begin(
+            "aten::cross_entropy_loss",
+            "default",
+            "reduction=Mean",
+            vec![self.input_of("self", &vocab, cur)],
+        );
+        let ls = self.w.begin(
+            "aten::log_softmax",
+            "int",
+            "dim=1",
+            vec![self.input_of("self", &vocab, cur)],
+        );
+        let lsv = self.next_value(cur, 2.0);
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &vocab, cur)],
+            vec![self.output_of("0", &vocab, lsv)],
+        );
+        self.w.leaf(
+            "aten::_log_softmax",
+            "default",
+            "dim=1, half_to_float=False",
+            inputs,
+            outputs,
+        )?;
+        let out = self.output_of("0", &vocab, lsv);
+        self.w.end(ls, vec![out])?;
+        let loss = self.next_value(lsv, 0.3);
+        let nl = self.w.begin(
+            "aten::nll_loss_nd",
+            "default",
+            "reduction=Mean",
+            vec![self.input_of("self", &vocab, lsv)],
+        );
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &vocab, lsv)],
+            vec![self.output_of("0", &[], loss)],
+        );
+        self.w.leaf(
+            "aten::nll_loss_forward",
+            "default",
+            "reduction=1, ignore_index=-100",
+            inputs,
+            outputs,
+        )?;
+        let out = self.output_of("0", &[], loss);
+        self.w.end(nl, vec![out])?;
+        let out = self.output_of("0", &[], loss);
+        self.w.end(ce, vec![out])?;
+        Ok(loss)
+    }
+
+    /// The backward of one layer, from the gradient `grad` and the layer's
+    /// activation `cur`; returns the gradient of its input.
+    fn backward_layer(&mut self, grad: Val, cur: Val) -> opdump_format::Result<Val> {
+        let (act, wgt, t, h) = (self.act(), self.wgt(), self.tokens, self.hidden);
+        let mut g = grad;
+        let next = self.next_value(g, 1.01);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("grad_output", &act, g),
+                self.input_of("self", &act, cur),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf(
+            "aten::gelu_backward",
+            "default",
+            "approximate='none'",
+            inputs,
+            outputs,
+        )?;
+        g = next;
+        // The weight's gradient, then the input's.
+        let gw = self.next_value(g, 3.0);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("self", &[h, t], g),
+                self.input_of("mat2", &act, cur),
+            ],
+            vec![self.output_of("0", &wgt, gw)],
+        );
+        self.w.leaf("aten::mm", "default", "", inputs, outputs)?;
+        let next = self.next_value(g, 0.98);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("self", &act, g),
+                self.input_of("mat2", &wgt, PARAMS),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf("aten::mm", "default", "", inputs, outputs)?;
+        g = next;
+        // The bias's gradient.
+        let gb = self.next_value(g, 5.0);
+        let (inputs, outputs) = (
+            vec![self.input_of("self", &act, g)],
+            vec![self.output_of("0", &[1, h], gb)],
+        );
+        self.w.leaf(
+            "aten::sum",
+            "dim_IntList",
+            "dim=[0], keepdim=True",
+            inputs,
+            outputs,
+        )?;
+        let next = self.next_value(g, 1.0);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("grad_output", &act, g),
+                self.input_of("output", &act, cur),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf(
+            "aten::_softmax_backward_data",
+            "default",
+            "dim=-1",
+            inputs,
+            outputs,
+        )?;
+        g = next;
+        // The normalization's backward resets the scale (no underflow
+        // over thousands of layers).
+        let next = self.next_value(Val { x: 1e-3, ..g }, 1.0);
+        let (inputs, outputs) = (
+            vec![
+                self.input_of("grad_out", &act, g),
+                self.input_of("input", &act, cur),
+            ],
+            vec![self.output_of("0", &act, next)],
+        );
+        self.w.leaf(
+            "aten::native_layer_norm_backward",
+            "default",
+            "normalized_shape=[4]",
+            inputs,
+            outputs,
+        )?;
+        Ok(next)
+    }
+
+    /// One foreach op over a list of parameters: p - lr * g.
+    fn optimizer(&mut self, grad: Val) -> opdump_format::Result<()> {
+        let wgt = self.wgt();
+        let n_params = 4;
+        // The update's relative error is a small part of the gradient's.
+        let update = Val {
+            x: 0.0199,
+            err: grad.err * 0.05,
+            nan: grad.nan,
+        };
+        let listed = |mut t: TensorRecord, p: i32| {
+            t.list_index = Some(p);
+            t
+        };
+        let params = (0..n_params).map(|p| listed(self.input_of("self", &wgt, PARAMS), p));
+        let grads = (0..n_params).map(|p| listed(self.input_of("other", &wgt, grad), p));
+        let inputs: Vec<TensorRecord> = params.chain(grads).collect();
+        let outputs: Vec<TensorRecord> = (0..n_params)
+            .map(|p| listed(self.output_of("self", &wgt, update), p))
+            .collect();
+        self.w.leaf(
+            "aten::_foreach_add_",
+            "List",
+            "alpha=-0.001",
+            inputs,
+            outputs,
+        )?;
+        Ok(())
+    }
 }

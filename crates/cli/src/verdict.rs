@@ -121,17 +121,6 @@ impl OpVerdict {
         }
     }
 
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    pub fn from_code(c: u8) -> OpVerdict {
-        OpVerdict::ALL
-            .get(c as usize)
-            .copied()
-            .unwrap_or(OpVerdict::Ok)
-    }
-
     pub fn diverged(self) -> bool {
         matches!(self, OpVerdict::Introduced | OpVerdict::Inherited)
     }

@@ -2,7 +2,8 @@
 
 /// Where an op call ran: the autograd engine's backward functions, inside
 /// `Optimizer.step`, or anywhere else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum Phase {
     Forward,
     Backward,
@@ -30,6 +31,7 @@ impl Phase {
 /// The tensor's place in the call. `None` marks the single row of an op
 /// without tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Role {
     Input,
     Output,
@@ -57,6 +59,7 @@ impl Role {
 /// Why the statistics of a tensor are what they are; a reader uses it to tell
 /// a null statistic that was never measured from one that cannot exist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum StatsStatus {
     /// Measured on the tensor's device.
     Computed,
@@ -102,7 +105,10 @@ impl StatsStatus {
     }
     /// Whether the statistics columns hold measured values.
     pub fn has_values(self) -> bool {
-        matches!(self, StatsStatus::Computed | StatsStatus::Reused | StatsStatus::View)
+        matches!(
+            self,
+            StatsStatus::Computed | StatsStatus::Reused | StatsStatus::View
+        )
     }
 }
 

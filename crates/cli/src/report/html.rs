@@ -8,10 +8,8 @@
 
 use std::fmt::Write;
 
-use super::model::{CompareReport, OnlyIn, OpReport, StatsReport};
+use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
 use super::terminal::{num, thousands};
-use crate::compare::Compared;
-use crate::dump::NONE;
 use crate::verdict::OpVerdict;
 
 const BINS: usize = 1200;
@@ -50,58 +48,105 @@ fn full(op: &str, ov: &str) -> String {
     }
 }
 
+/// The worst verdict in a column of the plot, in the order it is drawn over.
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Worst {
+    #[default]
+    Ok,
+    Inherited,
+    Introduced,
+}
+
+impl Worst {
+    fn of(v: OpVerdict) -> Self {
+        match v {
+            OpVerdict::Introduced => Worst::Introduced,
+            OpVerdict::Inherited => Worst::Inherited,
+            _ => Worst::Ok,
+        }
+    }
+}
+
+/// One column of the plot: the pairs `first_pair..first_pair + count`.
 #[derive(Clone, Copy, Default)]
 struct Bin {
     max_err: f64,
-    /// 0 ok, 1 inherited, 2 introduced.
-    worst: u8,
+    worst: Worst,
     first_pair: usize,
+    /// The pair named in the column's tooltip: of the worst verdict, then
+    /// of the largest error.
     worst_pair: usize,
     count: usize,
 }
 
-fn plot(c: &Compared) -> String {
-    let n = c.alignment.pairs.len();
-    let mut s = String::new();
-    let pw = W - LEFT - 10.0;
-    let ph = H - TOP - BOTTOM;
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" class="plot">"#
-    );
-    if n == 0 {
-        s.push_str("<text x=\"60\" y=\"40\">no aligned op calls</text></svg>");
-        return s;
-    }
+/// Cuts the pairs into at most `BINS` columns of consecutive pairs.
+fn bins(pairs: &AlignedPairs<'_>) -> Vec<Bin> {
+    let n = pairs.len();
     let bins = n.min(BINS);
     let mut b = vec![Bin::default(); bins];
-    let mut seen = vec![false; bins];
     for k in 0..n {
-        let bi = k * bins / n;
-        let e = c.out_err[k] as f64;
-        let v = c.op_verdict(k);
-        let rank = match v {
-            OpVerdict::Introduced => 2,
-            OpVerdict::Inherited => 1,
-            _ => 0,
-        };
-        let bin = &mut b[bi];
-        if !seen[bi] {
-            seen[bi] = true;
+        let bin = &mut b[k * bins / n];
+        let e = pairs.out_err(k);
+        let worst = Worst::of(pairs.verdict(k));
+        if bin.count == 0 {
             bin.first_pair = k;
             bin.worst_pair = k;
         }
         bin.count += 1;
-        if rank > bin.worst || (rank == bin.worst && e > bin.max_err) {
+        if worst > bin.worst || (worst == bin.worst && e > bin.max_err) {
             bin.worst_pair = k;
         }
-        bin.worst = bin.worst.max(rank);
+        bin.worst = bin.worst.max(worst);
         if e > bin.max_err {
             bin.max_err = e;
         }
     }
-    // Y range in decades, from the smallest to the largest finite error.
-    let finite: Vec<f64> = b
+    b
+}
+
+/// The top band holds infinite errors (NaN/Inf counts or shapes differ).
+const INF_BAND: f64 = 14.0;
+
+/// Where things go in the plot: x by pair, y by error on a log scale of
+/// whole decades `lo..=hi`.
+struct Frame {
+    n: usize,
+    /// Plot area width and height.
+    pw: f64,
+    ph: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl Frame {
+    fn new(n: usize, bins: &[Bin]) -> Self {
+        let (lo, hi) = decades(bins);
+        Frame {
+            n,
+            pw: W - LEFT - 10.0,
+            ph: H - TOP - BOTTOM,
+            lo,
+            hi,
+        }
+    }
+
+    fn x_of(&self, k: usize) -> f64 {
+        LEFT + (k as f64 + 0.5) / self.n as f64 * self.pw
+    }
+
+    fn y_of(&self, e: f64) -> f64 {
+        if !e.is_finite() {
+            TOP + INF_BAND / 2.0
+        } else {
+            let t = ((e.log10() - self.lo) / (self.hi - self.lo)).clamp(0.0, 1.0);
+            TOP + INF_BAND + (1.0 - t) * (self.ph - INF_BAND)
+        }
+    }
+}
+
+/// Y range in decades, from the smallest to the largest finite error.
+fn decades(bins: &[Bin]) -> (f64, f64) {
+    let finite: Vec<f64> = bins
         .iter()
         .map(|x| x.max_err)
         .filter(|e| e.is_finite() && *e > 0.0)
@@ -120,32 +165,53 @@ fn plot(c: &Compared) -> String {
         .log10()
         .ceil()
         .min(6.0);
-    let (lo, hi) = if finite.is_empty() {
+    if finite.is_empty() {
         (-8.0, 0.0)
     } else if hi <= lo {
         (lo - 1.0, lo + 1.0)
     } else {
         (lo, hi)
-    };
-    // The top band holds infinite errors (NaN/Inf counts or shapes differ).
-    let inf_band = 14.0;
-    let y_of = |e: f64| -> f64 {
-        if !e.is_finite() {
-            TOP + inf_band / 2.0
-        } else {
-            let t = ((e.log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
-            TOP + inf_band + (1.0 - t) * (ph - inf_band)
-        }
-    };
-    let x_of = |k: usize| LEFT + (k as f64 + 0.5) / n as f64 * pw;
-    // Grid: one line per decade.
-    let mut d = lo as i32;
-    while d as f64 <= hi {
-        let y = y_of(10f64.powi(d));
+    }
+}
+
+fn plot(pairs: &AlignedPairs<'_>) -> String {
+    let n = pairs.len();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" class="plot">"#
+    );
+    if pairs.is_empty() {
+        s.push_str("<text x=\"60\" y=\"40\">no aligned op calls</text></svg>");
+        return s;
+    }
+    let bins = bins(pairs);
+    let f = Frame::new(n, &bins);
+    draw_grid(&mut s, &f);
+    draw_step_marks(&mut s, &f, pairs);
+    draw_points(&mut s, &f, &bins, pairs);
+    draw_markers(&mut s, &f, pairs);
+    let _ = write!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{}" height="{}" fill="none" stroke="#999"/><text x="{}" y="{}" class="ax" text-anchor="middle">aligned op calls in A's call order ({} ops)</text></svg>"##,
+        f.pw,
+        f.ph,
+        LEFT + f.pw / 2.0,
+        H - 4.0,
+        thousands(n as u64)
+    );
+    s
+}
+
+/// One line per decade, and the label of the infinite band.
+fn draw_grid(s: &mut String, f: &Frame) {
+    let mut d = f.lo as i32;
+    while d as f64 <= f.hi {
+        let y = f.y_of(10f64.powi(d));
         let _ = write!(
             s,
             r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{}" y="{:.1}" class="ax" text-anchor="end">1e{d}</text>"##,
-            LEFT + pw,
+            LEFT + f.pw,
             LEFT - 4.0,
             y + 3.0
         );
@@ -155,43 +221,50 @@ fn plot(c: &Compared) -> String {
         s,
         r#"<text x="{}" y="{}" class="ax" text-anchor="end">NaN/Inf</text>"#,
         LEFT - 4.0,
-        TOP + inf_band / 2.0 + 3.0
+        TOP + INF_BAND / 2.0 + 3.0
     );
-    // Step boundaries.
+}
+
+/// A dashed line where a new step begins (at most 60: more would hide the
+/// points).
+fn draw_step_marks(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     let mut last_step = None;
     let mut marks = 0;
-    for k in 0..n {
-        let st = c.a.step[c.alignment.pairs[k].a as usize];
-        if last_step != Some(st) && c.a.parent[c.alignment.pairs[k].a as usize] == NONE {
+    for k in 0..f.n {
+        let st = pairs.step_a(k);
+        if last_step != Some(st) && pairs.is_top_level(k) {
             if last_step.is_some() && marks < 60 {
-                let x = x_of(k);
+                let x = f.x_of(k);
                 let _ = write!(
                     s,
                     r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{x:.1}" y="{}" class="ax">step {st}</text>"##,
-                    TOP + ph,
-                    TOP + ph + 36.0
+                    TOP + f.ph,
+                    TOP + f.ph + 36.0
                 );
                 marks += 1;
             }
             last_step = Some(st);
         }
     }
-    // Points.
-    for bin in b.iter().filter(|x| x.count > 0 && x.max_err > 0.0) {
-        let k = bin.worst_pair;
-        let p = c.alignment.pairs[k];
-        let x = x_of(bin.first_pair + bin.count / 2);
-        let y = y_of(bin.max_err);
-        let (color, shape) = match bin.worst {
-            2 => ("#d62728", "tri"),
-            1 => ("#ff9f1c", "dot"),
-            _ => ("#4a78b5", "dot"),
+}
+
+/// A point per column with an error: a triangle when some op in it
+/// introduced an error, with the worst op named in its tooltip.
+fn draw_points(s: &mut String, f: &Frame, bins: &[Bin], pairs: &AlignedPairs<'_>) {
+    for bin in bins.iter().filter(|x| x.count > 0 && x.max_err > 0.0) {
+        let x = f.x_of(bin.first_pair + bin.count / 2);
+        let y = f.y_of(bin.max_err);
+        let color = match bin.worst {
+            Worst::Introduced => "#d62728",
+            Worst::Inherited => "#ff9f1c",
+            Worst::Ok => "#4a78b5",
         };
+        let label = pairs.label(bin.worst_pair);
         let title = format!(
             "{} seq A {} / B {}: rel err {}{}",
-            c.a.full_name(p.a),
-            c.a.seq[p.a as usize],
-            c.b.seq[p.b as usize],
+            label.name,
+            label.seq_a,
+            label.seq_b,
             num(bin.max_err),
             if bin.count > 1 {
                 format!(" (max of {} ops)", bin.count)
@@ -199,7 +272,7 @@ fn plot(c: &Compared) -> String {
                 String::new()
             }
         );
-        if shape == "tri" {
+        if bin.worst == Worst::Introduced {
             let _ = write!(
                 s,
                 r#"<path d="M{:.1},{:.1} l5,9 l-10,0 z" fill="{color}"><title>{}</title></path>"#,
@@ -215,40 +288,36 @@ fn plot(c: &Compared) -> String {
             );
         }
     }
-    // Labels on two rows below the plot, so that they never overlap when
-    // the first divergence is the first introduced one.
+}
+
+/// Lines at the first introduced and the first divergence, labelled on two
+/// rows below the plot so that the labels never overlap when both are the
+/// same op.
+fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     for (row, (k, label, color)) in [
-        (c.first_introduced, "first introduced", "#d62728"),
-        (c.first_divergence, "first divergence", "#ff9f1c"),
+        (pairs.first_introduced(), "first introduced", "#d62728"),
+        (pairs.first_divergence(), "first divergence", "#ff9f1c"),
     ]
     .into_iter()
     .enumerate()
     {
         if let Some(k) = k {
-            let x = x_of(k);
+            let x = f.x_of(k);
             let _ = write!(
                 s,
                 r#"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="{color}" stroke-width="1.5"/><text x="{:.1}" y="{}" class="ax" fill="{color}">{label}</text>"#,
-                TOP + ph,
+                TOP + f.ph,
                 x + 3.0,
-                TOP + ph + 12.0 + 12.0 * row as f64
+                TOP + f.ph + 12.0 + 12.0 * row as f64
             );
         }
     }
-    let _ = write!(
-        s,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/><text x="{}" y="{}" class="ax" text-anchor="middle">aligned op calls in A's call order ({} ops)</text></svg>"##,
-        LEFT + pw / 2.0,
-        H - 4.0,
-        thousands(n as u64)
-    );
-    s
 }
 
 fn stats_cells(s: &Option<StatsReport>) -> String {
     match s {
         None => "<td colspan=\"10\">absent</td>".into(),
-        Some(s) if !matches!(s.status, Some("computed" | "reused" | "view")) => {
+        Some(s) if !s.has_values => {
             format!("<td colspan=\"10\">{} (numel {})</td>", esc(s.status.unwrap_or("no stats")), s.numel)
         }
         Some(s) => format!(
@@ -374,7 +443,8 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
     out.push_str("</table>");
 }
 
-pub fn render(c: &Compared, r: &CompareReport) -> String {
+/// The page: `r` for the tables, `pairs` for the plot of every pair.
+pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
     let mut o = String::new();
     o.push_str(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare</title><style>\
@@ -419,7 +489,7 @@ pub fn render(c: &Compared, r: &CompareReport) -> String {
         }
     );
     o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics); hover for the op</span></p>");
-    o.push_str(&plot(c));
+    o.push_str(&plot(pairs));
     op_section(&mut o, "First introduced divergence", &r.first_introduced);
     op_section(&mut o, "First divergence", &r.first_divergence);
     if !r.top_introduced.is_empty() {

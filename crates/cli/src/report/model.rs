@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde::{Serialize, Serializer};
 
 use crate::compare::{Compared, UnmatchedChange};
-use crate::dump::{phase_name, role_name, status_of, Dump, NONE};
+use crate::dump::{Dump, NONE};
 use crate::intern::FxMap;
-use crate::metrics::{OpCmp, TensorCmp, CANCELLATION_FLOOR};
+use crate::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
 use crate::verdict::{OpVerdict, TensorVerdict};
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
@@ -21,13 +21,6 @@ pub fn finite<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(*v)
     } else {
         s.serialize_none()
-    }
-}
-
-pub fn finite_opt<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(x) if x.is_finite() => s.serialize_f64(*x),
-        _ => s.serialize_none(),
     }
 }
 
@@ -115,7 +108,7 @@ impl OpBrief {
             overload: d.overload_name(i).to_string(),
             seq: d.seq[i as usize],
             step: d.step[i as usize],
-            phase: phase_name(d.phase[i as usize]),
+            phase: d.phase[i as usize].as_str(),
             depth: d.depth[i as usize],
             parent_op: p.map(|p| d.full_name(p)),
             parent_seq: p.map(|p| d.seq[p as usize]),
@@ -216,6 +209,9 @@ pub struct StatsReport {
     pub posinf_count: i64,
     pub neginf_count: i64,
     pub zero_count: i64,
+    /// Whether the statistics hold measured values (else they are NaN).
+    #[serde(skip)]
+    pub has_values: bool,
 }
 
 impl StatsReport {
@@ -225,7 +221,7 @@ impl StatsReport {
         let has = x.has_values(t);
         let v = |c: &Vec<f64>| if has { c[i] } else { f64::NAN };
         StatsReport {
-            status: status_of(x.status[i]).map(|s| s.as_str()),
+            status: x.status[i].map(|s| s.as_str()),
             numel: x.numel(t),
             min: v(&x.min),
             max: v(&x.max),
@@ -237,6 +233,7 @@ impl StatsReport {
             posinf_count: x.nonfinite_counts(t)[1],
             neginf_count: x.nonfinite_counts(t)[2],
             zero_count: x.zero[i],
+            has_values: has,
         }
     }
 }
@@ -279,33 +276,25 @@ pub struct TensorReport {
 
 impl TensorReport {
     pub fn of(c: &Compared, t: &TensorCmp) -> Self {
-        let (a, b) = (&c.a, &c.b);
-        let name = |d: &Dump, t: u32| d.arg_name(t).to_string();
+        let row = TensorRow::of(c, t);
         TensorReport {
-            role: role_name(t.role),
-            arg: t
-                .ta
-                .map(|x| name(a, x))
-                .or_else(|| t.tb.map(|x| name(b, x)))
-                .unwrap_or_default(),
-            list_index: t
-                .ta
-                .and_then(|x| a.list_index(x))
-                .or_else(|| t.tb.and_then(|x| b.list_index(x))),
-            verdict: t.verdict,
-            evidence: t.evidence,
-            dtype_a: t.ta.map(|x| a.dtype(x).name.to_string()),
-            dtype_b: t.tb.map(|x| b.dtype(x).name.to_string()),
-            shape_a: t.ta.map(|x| a.shape(x).to_vec()),
-            shape_b: t.tb.map(|x| b.shape(x).to_vec()),
-            a: t.ta.map(|x| StatsReport::of(a, x)),
-            b: t.tb.map(|x| StatsReport::of(b, x)),
-            abs_bound: t.measure.l2_bound,
-            linf_bound: t.measure.linf_bound,
-            rel_l2: t.rel_l2,
-            rel_linf: t.rel_linf,
-            rel_err: t.rel_err,
-            tolerance: t.tolerance,
+            role: row.role,
+            arg: row.arg.unwrap_or_default().to_string(),
+            list_index: row.list_index,
+            verdict: row.verdict,
+            evidence: row.evidence,
+            dtype_a: row.a.as_ref().map(|s| s.dtype.to_string()),
+            dtype_b: row.b.as_ref().map(|s| s.dtype.to_string()),
+            shape_a: row.a.as_ref().map(|s| s.shape.to_vec()),
+            shape_b: row.b.as_ref().map(|s| s.shape.to_vec()),
+            a: row.a.map(|s| s.stats),
+            b: row.b.map(|s| s.stats),
+            abs_bound: row.abs_bound,
+            linf_bound: row.linf_bound,
+            rel_l2: row.rel_l2,
+            rel_linf: row.rel_linf,
+            rel_err: row.rel_err,
+            tolerance: row.tolerance,
             allowed: t.allowed,
         }
     }
@@ -390,8 +379,8 @@ impl OpReport {
             seq_b: b.seq[ib as usize],
             step_a: a.step[ia as usize],
             step_b: b.step[ib as usize],
-            phase_a: phase_name(a.phase[ia as usize]),
-            phase_b: phase_name(b.phase[ib as usize]),
+            phase_a: a.phase[ia as usize].as_str(),
+            phase_b: b.phase[ib as usize].as_str(),
             depth: a.depth[ia as usize],
             parent_a: op_ref(a, a.parent_of(ia)),
             parent_b: op_ref(b, b.parent_of(ib)),
@@ -556,5 +545,208 @@ impl CompareReport {
                 .collect(),
             notes: c.notes.clone(),
         }
+    }
+}
+
+/// Every aligned pair in A's call order, for the reports that show them all
+/// (the HTML plot, the Parquet table). Built once from a [`Compared`]; it
+/// borrows, and measures a pair's tensors again only when asked
+/// ([`PairDetails`]): a million pairs cost no copy.
+pub struct AlignedPairs<'a> {
+    c: &'a Compared,
+}
+
+/// What names a pair in a tooltip.
+pub struct PairLabel {
+    /// `aten::add.Tensor`.
+    pub name: String,
+    pub seq_a: i64,
+    pub seq_b: i64,
+}
+
+impl<'a> AlignedPairs<'a> {
+    pub fn of(c: &'a Compared) -> Self {
+        AlignedPairs { c }
+    }
+
+    pub fn len(&self) -> usize {
+        self.c.alignment.pairs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rank compared (A's; B's may differ).
+    pub fn rank(&self) -> u32 {
+        self.c.a.rank
+    }
+
+    /// The final verdict of pair `k`.
+    pub fn verdict(&self, k: usize) -> OpVerdict {
+        self.c.op_verdict(k)
+    }
+
+    /// The largest relative error of an output of pair `k`, as the main
+    /// pass kept it (in f32).
+    pub fn out_err(&self, k: usize) -> f64 {
+        self.c.out_err[k] as f64
+    }
+
+    fn a_index(&self, k: usize) -> usize {
+        self.c.alignment.pairs[k].a as usize
+    }
+
+    pub fn step_a(&self, k: usize) -> i64 {
+        self.c.a.step[self.a_index(k)]
+    }
+
+    /// Whether pair `k` is a top-level call (in A).
+    pub fn is_top_level(&self, k: usize) -> bool {
+        self.c.a.parent[self.a_index(k)] == NONE
+    }
+
+    pub fn label(&self, k: usize) -> PairLabel {
+        let p = self.c.alignment.pairs[k];
+        PairLabel {
+            name: self.c.a.full_name(p.a),
+            seq_a: self.c.a.seq[p.a as usize],
+            seq_b: self.c.b.seq[p.b as usize],
+        }
+    }
+
+    /// Pair of the first divergence (see [`CompareReport::first_divergence`]).
+    pub fn first_divergence(&self) -> Option<usize> {
+        self.c.first_divergence
+    }
+
+    /// Pair of the headline (see [`CompareReport::first_introduced`]).
+    pub fn first_introduced(&self) -> Option<usize> {
+        self.c.first_introduced
+    }
+
+    /// A reader of the pairs in full, one at a time.
+    pub fn details(&self) -> PairDetails<'a> {
+        PairDetails {
+            c: self.c,
+            ctx: self.c.ctx(),
+            cmp: OpCmp::default(),
+        }
+    }
+}
+
+/// The pairs in full, one at a time: [`PairDetails::load`] measures a pair
+/// again (with the verdicts of the main pass), [`PairDetails::tensors`]
+/// reads its tensor pairs. Buffers are reused from pair to pair.
+pub struct PairDetails<'a> {
+    c: &'a Compared,
+    ctx: Ctx<'a>,
+    cmp: OpCmp,
+}
+
+/// An aligned op pair, as each of its tensor rows repeats it.
+pub struct OpRow<'a> {
+    pub seq_a: i64,
+    pub seq_b: i64,
+    pub step_a: i64,
+    pub step_b: i64,
+    /// A's.
+    pub phase: &'static str,
+    pub depth: i32,
+    pub op: &'a str,
+    pub overload: &'a str,
+    pub verdict: OpVerdict,
+    /// As in [`OpReport`].
+    pub rel_err: f64,
+    pub amplification: f64,
+    pub shapes_differ: bool,
+}
+
+/// One side of a tensor pair.
+pub struct TensorSide<'a> {
+    pub dtype: &'a str,
+    pub shape: &'a [i64],
+    pub stats: StatsReport,
+}
+
+/// A tensor pair, as [`TensorReport`] has it, with borrowed names.
+pub struct TensorRow<'a> {
+    pub role: &'static str,
+    /// The argument name, from A, else from B.
+    pub arg: Option<&'a str>,
+    pub list_index: Option<i32>,
+    pub verdict: TensorVerdict,
+    pub evidence: &'static str,
+    pub a: Option<TensorSide<'a>>,
+    pub b: Option<TensorSide<'a>>,
+    pub abs_bound: f64,
+    pub linf_bound: f64,
+    pub rel_l2: f64,
+    pub rel_linf: f64,
+    pub rel_err: f64,
+    pub tolerance: f64,
+}
+
+impl<'a> TensorRow<'a> {
+    fn of(c: &'a Compared, t: &TensorCmp) -> Self {
+        let (a, b) = (&c.a, &c.b);
+        let side = |d: &'a Dump, x: u32| TensorSide {
+            dtype: &d.dtype(x).name,
+            shape: d.shape(x),
+            stats: StatsReport::of(d, x),
+        };
+        TensorRow {
+            role: t.role.as_str(),
+            arg: t
+                .ta
+                .map(|x| a.arg_name(x))
+                .or_else(|| t.tb.map(|x| b.arg_name(x))),
+            list_index: t
+                .ta
+                .and_then(|x| a.list_index(x))
+                .or_else(|| t.tb.and_then(|x| b.list_index(x))),
+            verdict: t.verdict,
+            evidence: t.evidence,
+            a: t.ta.map(|x| side(a, x)),
+            b: t.tb.map(|x| side(b, x)),
+            abs_bound: t.measure.l2_bound,
+            linf_bound: t.measure.linf_bound,
+            rel_l2: t.rel_l2,
+            rel_linf: t.rel_linf,
+            rel_err: t.rel_err,
+            tolerance: t.tolerance,
+        }
+    }
+}
+
+impl<'a> PairDetails<'a> {
+    /// Measures pair `k` and returns it; its tensor pairs follow from
+    /// [`PairDetails::tensors`].
+    pub fn load(&mut self, k: usize) -> OpRow<'a> {
+        let c = self.c;
+        c.detail_into(k, &self.ctx, &mut self.cmp);
+        let p = c.alignment.pairs[k];
+        let (a, b) = (&c.a, &c.b);
+        let (ia, ib) = (p.a as usize, p.b as usize);
+        OpRow {
+            seq_a: a.seq[ia],
+            seq_b: b.seq[ib],
+            step_a: a.step[ia],
+            step_b: b.step[ib],
+            phase: a.phase[ia].as_str(),
+            depth: a.depth[ia],
+            op: a.op_name(p.a),
+            overload: a.overload_name(p.a),
+            verdict: c.op_verdict(k),
+            rel_err: self.cmp.out_err,
+            amplification: self.cmp.amplification,
+            shapes_differ: p.loose,
+        }
+    }
+
+    /// The tensor pairs of the pair loaded last.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorRow<'a>> + '_ {
+        let c = self.c;
+        self.cmp.tensors.iter().map(move |t| TensorRow::of(c, t))
     }
 }

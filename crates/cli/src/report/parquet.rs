@@ -12,15 +12,13 @@ use arrow_array::builder::{
     BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use crate::compare::Compared;
-use crate::dump::{phase_name, role_name, status_of, Dump};
+use super::model::{AlignedPairs, OpRow, TensorRow, TensorSide};
 use crate::error::{CliError, Result};
-use crate::metrics::OpCmp;
 use crate::output;
 use crate::progress::Progress;
 
@@ -81,6 +79,7 @@ fn schema() -> SchemaRef {
     Arc::new(Schema::new(f))
 }
 
+/// The columns of one side (a or b) of a tensor pair.
 struct Side {
     dtype: StringBuilder,
     shape: ListBuilder<Int64Builder>,
@@ -102,8 +101,10 @@ impl Side {
         }
     }
 
-    fn push(&mut self, d: &Dump, t: Option<u32>) {
-        let Some(t) = t else {
+    /// A side without the tensor is null throughout; statistics that were
+    /// not measured (or do not exist) are null, never NaN.
+    fn push(&mut self, side: Option<&TensorSide<'_>>) {
+        let Some(side) = side else {
             self.dtype.append_null();
             self.shape.append_null();
             self.numel.append_null();
@@ -112,30 +113,20 @@ impl Side {
             self.counts.iter_mut().for_each(|b| b.append_null());
             return;
         };
-        let x = &d.tensors;
-        let i = t as usize;
-        self.dtype.append_value(&d.dtype(t).name);
-        self.shape.values().append_slice(d.shape(t));
+        let s = &side.stats;
+        self.dtype.append_value(side.dtype);
+        self.shape.values().append_slice(side.shape);
         self.shape.append(true);
-        self.numel.append_value(x.numel(t));
-        self.status
-            .append_option(status_of(x.status[i]).map(|s| s.as_str()));
-        let has = x.has_values(t);
-        let vals = [
-            x.min[i],
-            x.max[i],
-            x.mean[i],
-            x.std[i],
-            x.l2[i],
-            x.absmax[i],
-        ];
+        self.numel.append_value(s.numel);
+        self.status.append_option(s.status);
+        // Unmeasured statistics are NaN in the report model.
+        let vals = [s.min, s.max, s.mean, s.std, s.l2, s.absmax];
         for (b, v) in self.stats.iter_mut().zip(vals) {
-            b.append_option((has && !v.is_nan()).then_some(v));
+            b.append_option((!v.is_nan()).then_some(v));
         }
-        let [nan, pos, neg] = x.nonfinite_counts(t);
-        let counts = [nan, pos, neg, x.zero[i]];
+        let counts = [s.nan_count, s.posinf_count, s.neginf_count, s.zero_count];
         for (b, v) in self.counts.iter_mut().zip(counts) {
-            b.append_option(has.then_some(v));
+            b.append_option(s.has_values.then_some(v));
         }
     }
 
@@ -157,116 +148,156 @@ fn opt(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
+/// The columns of [`schema`], filled row by row until a batch is full.
+struct Columns {
+    /// rank, seq_a, seq_b, step_a, step_b.
+    i64s: [Int64Builder; 5],
+    phase: StringBuilder,
+    depth: Int32Builder,
+    op: StringBuilder,
+    overload: StringBuilder,
+    op_verdict: StringBuilder,
+    op_err: Float64Builder,
+    op_amp: Float64Builder,
+    loose: BooleanBuilder,
+    role: StringBuilder,
+    arg: StringBuilder,
+    list_index: Int32Builder,
+    verdict: StringBuilder,
+    evidence: StringBuilder,
+    a: Side,
+    b: Side,
+    /// abs_bound, linf_bound, rel_l2, rel_linf, rel_err, tolerance.
+    metrics: [Float64Builder; 6],
+    rows: usize,
+}
+
+impl Columns {
+    fn new() -> Self {
+        Columns {
+            i64s: std::array::from_fn(|_| Int64Builder::new()),
+            phase: StringBuilder::new(),
+            depth: Int32Builder::new(),
+            op: StringBuilder::new(),
+            overload: StringBuilder::new(),
+            op_verdict: StringBuilder::new(),
+            op_err: Float64Builder::new(),
+            op_amp: Float64Builder::new(),
+            loose: BooleanBuilder::new(),
+            role: StringBuilder::new(),
+            arg: StringBuilder::new(),
+            list_index: Int32Builder::new(),
+            verdict: StringBuilder::new(),
+            evidence: StringBuilder::new(),
+            a: Side::new(),
+            b: Side::new(),
+            metrics: std::array::from_fn(|_| Float64Builder::new()),
+            rows: 0,
+        }
+    }
+
+    /// One row: a tensor pair `t` of the op pair `op`.
+    fn push(&mut self, rank: u32, op: &OpRow<'_>, t: &TensorRow<'_>) {
+        let ids = [rank as i64, op.seq_a, op.seq_b, op.step_a, op.step_b];
+        for (bld, v) in self.i64s.iter_mut().zip(ids) {
+            bld.append_value(v);
+        }
+        self.phase.append_value(op.phase);
+        self.depth.append_value(op.depth);
+        self.op.append_value(op.op);
+        self.overload.append_value(op.overload);
+        self.op_verdict.append_value(op.verdict.as_str());
+        self.op_err.append_option(opt(op.rel_err));
+        self.op_amp.append_option(opt(op.amplification));
+        self.loose.append_value(op.shapes_differ);
+        self.role.append_value(t.role);
+        self.arg.append_option(t.arg);
+        self.list_index.append_option(t.list_index);
+        self.verdict.append_value(t.verdict.as_str());
+        self.evidence.append_value(t.evidence);
+        self.a.push(t.a.as_ref());
+        self.b.push(t.b.as_ref());
+        let m = [
+            t.abs_bound,
+            t.linf_bound,
+            t.rel_l2,
+            t.rel_linf,
+            t.rel_err,
+            t.tolerance,
+        ];
+        for (bld, v) in self.metrics.iter_mut().zip(m) {
+            bld.append_option(opt(v));
+        }
+        self.rows += 1;
+    }
+
+    /// The rows pushed since the last batch, as a batch; the builders start
+    /// empty again.
+    fn finish(&mut self, schema: &SchemaRef) -> std::result::Result<RecordBatch, ArrowError> {
+        let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for bld in &mut self.i64s {
+            cols.push(Arc::new(bld.finish()));
+        }
+        // Order as in `schema()`: rank, seq_a, seq_b, step_a, step_b, ...
+        cols.push(Arc::new(self.phase.finish()));
+        cols.push(Arc::new(self.depth.finish()));
+        cols.push(Arc::new(self.op.finish()));
+        cols.push(Arc::new(self.overload.finish()));
+        cols.push(Arc::new(self.op_verdict.finish()));
+        cols.push(Arc::new(self.op_err.finish()));
+        cols.push(Arc::new(self.op_amp.finish()));
+        cols.push(Arc::new(self.loose.finish()));
+        cols.push(Arc::new(self.role.finish()));
+        cols.push(Arc::new(self.arg.finish()));
+        cols.push(Arc::new(self.list_index.finish()));
+        cols.push(Arc::new(self.verdict.finish()));
+        cols.push(Arc::new(self.evidence.finish()));
+        self.a.finish(&mut cols);
+        self.b.finish(&mut cols);
+        for bld in &mut self.metrics {
+            cols.push(Arc::new(bld.finish()));
+        }
+        self.rows = 0;
+        RecordBatch::try_new(schema.clone(), cols)
+    }
+}
+
 /// Writes `DIR/compare.parquet` (see [`crate::output`]: mode 0600, a
 /// symlink there is replaced, never followed).
-pub fn write(c: &Compared, dir: &Path, progress: &Progress) -> Result<std::path::PathBuf> {
+pub fn write(
+    pairs: &AlignedPairs<'_>,
+    dir: &Path,
+    progress: &Progress,
+) -> Result<std::path::PathBuf> {
     output::create_dir(dir)?;
     let path = dir.join(FILE_NAME);
-    output::write_file(&path, |file| write_rows(c, &path, file, progress))?;
+    output::write_file(&path, |file| write_rows(pairs, &path, file, progress))?;
     Ok(path)
 }
 
-fn write_rows(c: &Compared, path: &Path, file: &mut File, progress: &Progress) -> Result<()> {
+fn write_rows(
+    pairs: &AlignedPairs<'_>,
+    path: &Path,
+    file: &mut File,
+    progress: &Progress,
+) -> Result<()> {
     let err = |e: &dyn std::fmt::Display| CliError::new(format!("{}: {e}", path.display()));
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .build();
     let schema = schema();
     let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| err(&e))?;
-
-    let mut i64s: [Int64Builder; 5] = std::array::from_fn(|_| Int64Builder::new());
-    let mut phase = StringBuilder::new();
-    let mut depth = Int32Builder::new();
-    let mut op = StringBuilder::new();
-    let mut overload = StringBuilder::new();
-    let mut op_verdict = StringBuilder::new();
-    let mut op_err = Float64Builder::new();
-    let mut op_amp = Float64Builder::new();
-    let mut loose = BooleanBuilder::new();
-    let mut role = StringBuilder::new();
-    let mut arg = StringBuilder::new();
-    let mut list_index = Int32Builder::new();
-    let mut verdict = StringBuilder::new();
-    let mut evidence = StringBuilder::new();
-    let (mut sa, mut sb) = (Side::new(), Side::new());
-    let mut metrics: [Float64Builder; 6] = std::array::from_fn(|_| Float64Builder::new());
-    let mut rows = 0usize;
-
-    let (a, b) = (&c.a, &c.b);
-    let ctx = c.ctx();
-    let mut cmp = OpCmp::default();
-    let n = c.alignment.pairs.len();
-    for (k, p) in c.alignment.pairs.iter().enumerate() {
-        c.detail_into(k, &ctx, &mut cmp);
-        let (ia, ib) = (p.a as usize, p.b as usize);
-        for t in &cmp.tensors {
-            for (bld, v) in
-                i64s.iter_mut()
-                    .zip([a.rank as i64, a.seq[ia], b.seq[ib], a.step[ia], b.step[ib]])
-            {
-                bld.append_value(v);
-            }
-            phase.append_value(phase_name(a.phase[ia]));
-            depth.append_value(a.depth[ia]);
-            op.append_value(a.op_name(p.a));
-            overload.append_value(a.overload_name(p.a));
-            op_verdict.append_value(c.op_verdict(k).as_str());
-            op_err.append_option(opt(cmp.out_err));
-            op_amp.append_option(opt(cmp.amplification));
-            loose.append_value(p.loose);
-            role.append_value(role_name(t.role));
-            let name =
-                t.ta.map(|x| a.arg_name(x))
-                    .or_else(|| t.tb.map(|x| b.arg_name(x)));
-            arg.append_option(name);
-            list_index.append_option(
-                t.ta.and_then(|x| a.list_index(x))
-                    .or_else(|| t.tb.and_then(|x| b.list_index(x))),
-            );
-            verdict.append_value(t.verdict.as_str());
-            evidence.append_value(t.evidence);
-            sa.push(a, t.ta);
-            sb.push(b, t.tb);
-            let m = [
-                t.measure.l2_bound,
-                t.measure.linf_bound,
-                t.rel_l2,
-                t.rel_linf,
-                t.rel_err,
-                t.tolerance,
-            ];
-            for (bld, v) in metrics.iter_mut().zip(m) {
-                bld.append_option(opt(v));
-            }
-            rows += 1;
+    let mut cols = Columns::new();
+    let mut details = pairs.details();
+    let n = pairs.len();
+    for k in 0..n {
+        let op = details.load(k);
+        for t in details.tensors() {
+            cols.push(pairs.rank(), &op, &t);
         }
-        if rows >= BATCH_ROWS || k + 1 == n {
-            let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-            for bld in &mut i64s {
-                cols.push(Arc::new(bld.finish()));
-            }
-            // Order as in `schema()`: rank, seq_a, seq_b, step_a, step_b, ...
-            cols.push(Arc::new(phase.finish()));
-            cols.push(Arc::new(depth.finish()));
-            cols.push(Arc::new(op.finish()));
-            cols.push(Arc::new(overload.finish()));
-            cols.push(Arc::new(op_verdict.finish()));
-            cols.push(Arc::new(op_err.finish()));
-            cols.push(Arc::new(op_amp.finish()));
-            cols.push(Arc::new(loose.finish()));
-            cols.push(Arc::new(role.finish()));
-            cols.push(Arc::new(arg.finish()));
-            cols.push(Arc::new(list_index.finish()));
-            cols.push(Arc::new(verdict.finish()));
-            cols.push(Arc::new(evidence.finish()));
-            sa.finish(&mut cols);
-            sb.finish(&mut cols);
-            for bld in &mut metrics {
-                cols.push(Arc::new(bld.finish()));
-            }
-            let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| err(&e))?;
+        if cols.rows >= BATCH_ROWS || k + 1 == n {
+            let batch = cols.finish(&schema).map_err(|e| err(&e))?;
             w.write(&batch).map_err(|e| err(&e))?;
-            rows = 0;
             progress.update(|| format!("writing {FILE_NAME}: {}/{n} op pairs", k + 1));
         }
     }
