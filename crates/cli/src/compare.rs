@@ -648,7 +648,7 @@ fn is_first_cause(
     first_introduced_outer: Option<usize>,
 ) -> bool {
     first_divergence.is_some_and(|d| d >= ch.pair)
-        && first_introduced_outer.map_or(true, |k| ch.pair < k)
+        && first_introduced_outer.is_none_or(|k| ch.pair < k)
 }
 
 /// B fed an aligned op an input that its aligned producer did not make (A's
