@@ -8,6 +8,7 @@
 //! The plugin (`src/`) writes with it and `opdump compare` (`crates/cli`) reads with it.
 
 pub mod error;
+pub mod fsguard;
 pub mod reader;
 pub mod record;
 pub mod schema;
