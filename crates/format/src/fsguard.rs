@@ -110,11 +110,6 @@ impl fmt::Display for DescriptorLost {
 
 impl std::error::Error for DescriptorLost {}
 
-/// True when `e` says that a descriptor stopped being opdump's.
-pub fn is_descriptor_lost(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<DescriptorLost>())
-}
-
 /// A descriptor opdump opened, with the identity of what it opened.
 #[derive(Debug)]
 pub struct GuardedFd {
