@@ -227,16 +227,10 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
     if let Some(s) = SINK.get() {
         return Some(s);
     }
-    if let Err(e) = opdump_format::writer::create_dir(&rt.dir, rt.config.dir_mode()) {
-        say(&format!("OPDUMP_DIR={} cannot be created ({e}); set OPDUMP_DIR to a writable directory. Dumping stays off", rt.dir.display()));
-        return None;
-    }
-    let writable = std::ffi::CString::new(rt.dir.as_os_str().as_encoded_bytes())
-        // SAFETY: access(2) on a valid C string.
-        .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0)
-        .unwrap_or(false);
-    if !writable {
-        say(&format!("OPDUMP_DIR={} is not writable; set OPDUMP_DIR to a writable directory. Dumping stays off", rt.dir.display()));
+    // Created if missing; refused if it is not a directory we can write,
+    // another user's, or writable by others (see opdump_format::fsguard).
+    if let Err(problem) = opdump_format::writer::check_dump_dir(&rt.dir, rt.config.dir_mode()) {
+        say(&format!("{problem}. Dumping stays off"));
         return None;
     }
     match Sink::start(&rt.config, setup(rt, None)) {

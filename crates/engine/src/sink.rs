@@ -99,7 +99,13 @@ impl Sink {
         };
         let handle = std::thread::Builder::new()
             .name("opdump-writer".into())
-            .spawn(move || worker.run(rx))?;
+            .spawn(move || {
+                // First, before any write: a write past a file-size limit then
+                // fails with EFBIG (handled as a full disk) instead of SIGXFSZ
+                // killing the job. It cannot fail for a valid signal set.
+                let _ = opdump_format::writer::block_file_size_signal();
+                worker.run(rx)
+            })?;
         Ok(Sink {
             tx,
             worker: Mutex::new(Some(handle)),
@@ -250,15 +256,9 @@ impl Worker {
         let opts = &self.opts;
         self.writers.entry(key.clone()).or_insert_with(|| {
             let rank = (s.rank)();
-            let dir = s
-                .dir
-                .join(format!("rank={rank}"))
-                .join(format!("device={key}"));
-            let accumulate = if device.starts_with("mps") {
-                "float32"
-            } else {
-                "float64"
-            };
+            // Created and entered below OPDUMP_DIR without following links.
+            let levels = vec![format!("rank={rank}"), format!("device={key}")];
+            let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
             let metadata = vec![
                 (
                     meta::PLUGIN_VERSION.to_string(),
@@ -275,7 +275,7 @@ impl Worker {
             if let Some(parent) = s.forked_from {
                 metadata.push((meta::FORKED_FROM.to_string(), parent.to_string()));
             }
-            RotatingWriter::new(dir, format!("part-{}", s.pid), opts.clone(), metadata)
+            RotatingWriter::in_partition(&s.dir, levels, format!("part-{}", s.pid), opts.clone(), metadata)
         })
     }
 

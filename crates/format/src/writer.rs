@@ -6,10 +6,17 @@
 //! `part-<pid>-<NNNNN>.parquet` after `max_rows` rows, after `max_age`, or on
 //! [`RotatingWriter::close_file`]. A crash therefore loses at most the file
 //! being written, and every visible `.parquet` file reads back.
+//!
+//! The job around opdump may close opdump's descriptors and reuse their
+//! numbers, or plant links and foreign directories under `OPDUMP_DIR`: every
+//! descriptor is checked before use and every directory judged before it is
+//! trusted (see [`crate::fsguard`]). A file whose descriptor stopped being
+//! opdump's is abandoned: never written again, never closed, never published.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{CStr, CString};
+use std::fs;
 use std::io::BufWriter;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,6 +27,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
+use crate::fsguard::{self, c_name, CheckedFile, DirRefused, GuardedFd, Identity};
 use crate::record::OpRecord;
 use crate::schema::{col, meta, schema, BatchBuilder, SCHEMA_VERSION};
 
@@ -65,9 +73,14 @@ impl Default for RotateOptions {
 }
 
 struct OpenFile {
-    writer: ArrowWriter<BufWriter<File>>,
+    writer: ArrowWriter<BufWriter<CheckedFile>>,
+    /// The hidden and the final name, in the partition directory.
+    tmp_name: CString,
+    dest_name: CString,
+    /// The hidden name as a path, for messages.
     tmp: PathBuf,
-    dest: PathBuf,
+    /// What was created as `tmp_name`: only that file is published or removed.
+    id: Identity,
     opened: Instant,
     rows: u64,
     op_calls: u64,
@@ -78,7 +91,13 @@ struct OpenFile {
 /// Writes the records of one partition (`rank=<R>/device=<D>/`) into a
 /// sequence of complete Parquet files.
 pub struct RotatingWriter {
+    /// `OPDUMP_DIR`, and the levels below it that make the partition.
+    root: PathBuf,
+    levels: Vec<String>,
+    /// `root` joined with `levels`, for messages.
     dir: PathBuf,
+    /// The partition directory, opened at the first file.
+    part: Option<GuardedFd>,
     prefix: String,
     opts: RotateOptions,
     metadata: Vec<(String, String)>,
@@ -92,7 +111,8 @@ pub struct RotatingWriter {
     lost_unreported: u64,
 }
 
-/// Creates `dir` and its missing parents with the given mode.
+/// Creates `dir` and its missing parents with the given mode. It judges
+/// nothing: the plugin uses [`check_dump_dir`].
 pub fn create_dir(dir: &Path, mode: u32) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -101,18 +121,96 @@ pub fn create_dir(dir: &Path, mode: u32) -> Result<()> {
         .map_err(|e| Error::io(dir, e))
 }
 
+/// Creates `OPDUMP_DIR` if it is missing and checks that opdump may trust it
+/// (see [`crate::fsguard`]): owned by this user, not writable by others, no
+/// file in its place. The error is one sentence that names the directory,
+/// the problem and the fix, e.g. `OPDUMP_DIR=/tmp/x is writable by other
+/// users (mode 0777, no sticky bit), ...; use a directory only you can write,
+/// or chmod g-w,o-w it`.
+pub fn check_dump_dir(dir: &Path, dir_mode: u32) -> std::result::Result<(), String> {
+    match fsguard::open_dump_root(dir, dir_mode) {
+        Ok(_) => Ok(()),
+        Err(r) => Err(format!("OPDUMP_DIR={} {}", r.path.display(), r.problem)),
+    }
+}
+
+/// Blocks SIGXFSZ on the calling thread, so that a write past a file-size
+/// limit fails with EFBIG instead of killing the job. See
+/// [`fsguard::block_file_size_signal`].
+pub fn block_file_size_signal() -> std::io::Result<()> {
+    fsguard::block_file_size_signal()
+}
+
+fn refused(r: DirRefused) -> Error {
+    let kind = std::io::ErrorKind::PermissionDenied;
+    Error::io(r.path, std::io::Error::new(kind, r.problem.to_string()))
+}
+
+/// Opens `root` and then each of `levels` inside it (creating what is
+/// missing), judging each (see [`crate::fsguard`]); returns the last.
+fn open_partition(root: &Path, levels: &[String], dir_mode: u32) -> Result<GuardedFd> {
+    let mut dir = fsguard::open_dump_root(root, dir_mode).map_err(refused)?;
+    let mut path = root.to_path_buf();
+    for name in levels {
+        // The parent is closed here, while it is still known to be ours.
+        dir = fsguard::enter_dir(&mut dir, &path, name, dir_mode).map_err(refused)?;
+        path.push(name);
+    }
+    Ok(dir)
+}
+
+/// The partition directory in `part`, opened (again) when it is not open or
+/// its descriptor stopped being ours. Dropping a lost descriptor closes
+/// nothing, and nothing was written through it, so nothing is lost.
+fn partition_dir<'a>(
+    part: &'a mut Option<GuardedFd>,
+    root: &Path,
+    levels: &[String],
+    dir_mode: u32,
+) -> Result<&'a mut GuardedFd> {
+    let mut dir = part.take();
+    if dir.as_mut().is_some_and(|d| d.check().is_err()) {
+        dir = None;
+    }
+    let dir = match dir {
+        Some(d) => d,
+        None => open_partition(root, levels, dir_mode)?,
+    };
+    Ok(part.insert(dir))
+}
+
 impl RotatingWriter {
-    /// `prefix` names the files (`part-<pid>`); `metadata` goes into every
-    /// file's key-value metadata beside the schema version and the counts.
-    /// Nothing touches the disk until the first record.
+    /// A writer into `dir` itself, created with its missing parents; see
+    /// [`RotatingWriter::in_partition`].
     pub fn new(
         dir: impl Into<PathBuf>,
         prefix: impl Into<String>,
         opts: RotateOptions,
         metadata: Vec<(String, String)>,
     ) -> Self {
+        Self::in_partition(dir, Vec::new(), prefix, opts, metadata)
+    }
+
+    /// A writer into `root/<levels...>` (`OPDUMP_DIR/rank=<R>/device=<D>`).
+    /// `root` is created with its missing parents; the levels are created
+    /// and entered relative to it, never through a symbolic link.
+    /// `prefix` names the files (`part-<pid>`); `metadata` goes into every
+    /// file's key-value metadata beside the schema version and the counts.
+    /// Nothing touches the disk until the first record.
+    pub fn in_partition(
+        root: impl Into<PathBuf>,
+        levels: Vec<String>,
+        prefix: impl Into<String>,
+        opts: RotateOptions,
+        metadata: Vec<(String, String)>,
+    ) -> Self {
+        let root = root.into();
+        let dir = levels.iter().fold(root.clone(), |p, l| p.join(l));
         RotatingWriter {
-            dir: dir.into(),
+            root,
+            levels,
+            dir,
+            part: None,
             prefix: prefix.into(),
             opts,
             metadata,
@@ -149,27 +247,30 @@ impl RotatingWriter {
         self.file.as_ref().map_or(0, |f| f.rows)
     }
 
+    /// The partition directory; see [`partition_dir`].
+    fn partition(&mut self) -> Result<&mut GuardedFd> {
+        partition_dir(&mut self.part, &self.root, &self.levels, self.opts.dir_mode)
+    }
+
     fn open(&mut self) -> Result<&mut OpenFile> {
-        create_dir(&self.dir, self.opts.dir_mode)?;
-        let (tmp, dest, file) = loop {
+        let (file_mode, dir_path) = (self.opts.file_mode, self.dir.clone());
+        let name_error = |e| Error::io(&dir_path, e);
+        let (tmp_name, dest_name, tmp, file) = loop {
             let name = format!("{}-{:05}.parquet", self.prefix, self.next_index);
             self.next_index += 1;
-            let dest = self.dir.join(&name);
-            let tmp = self.dir.join(format!(".{name}.tmp"));
-            if dest.exists() {
+            let tmp = format!(".{name}.tmp");
+            let (dest_name, tmp_name) = (c_name(&name).map_err(name_error)?, c_name(&tmp).map_err(name_error)?);
+            let dir = self.partition()?;
+            if fsguard::name_exists(dir, &dest_name).map_err(name_error)? {
                 continue; // left by an earlier process with the same pid
             }
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(self.opts.file_mode)
-                .open(&tmp)
-            {
-                Ok(f) => break (tmp, dest, f),
+            match CheckedFile::create_new(dir, &tmp_name, file_mode) {
+                Ok(f) => break (tmp_name, dest_name, dir_path.join(tmp), f),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(&tmp, e)),
+                Err(e) => return Err(Error::io(dir_path.join(tmp), e)),
             }
         };
+        let id = file.identity();
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(64 * 1024));
@@ -183,8 +284,10 @@ impl RotatingWriter {
             .map_err(|e| Error::parquet(&tmp, e))?;
         Ok(self.file.insert(OpenFile {
             writer,
+            tmp_name,
+            dest_name,
             tmp,
-            dest,
+            id,
             opened: Instant::now(),
             rows: 0,
             op_calls: 0,
@@ -197,7 +300,14 @@ impl RotatingWriter {
     pub fn append(&mut self, rec: &OpRecord) -> Result<()> {
         let file = match self.file {
             Some(ref mut f) => f,
-            None => self.open()?,
+            None => match self.open() {
+                Ok(f) => f,
+                Err(e) => {
+                    // No file took this op call: count it, or it is lost silently.
+                    self.lost_unreported += 1;
+                    return Err(e);
+                }
+            },
         };
         file.rows += rec.row_count() as u64;
         file.op_calls += 1;
@@ -244,8 +354,12 @@ impl RotatingWriter {
 
     fn finish_open_file(&mut self) -> Result<()> {
         let Some(f) = self.file.take() else { return Ok(()) };
-        let (tmp, rows, op_calls) = (f.tmp.clone(), f.rows, f.op_calls);
-        match Self::complete(&self.metadata, f) {
+        let (tmp_name, id, rows, op_calls) = (f.tmp_name.clone(), f.id, f.rows, f.op_calls);
+        let completed = match partition_dir(&mut self.part, &self.root, &self.levels, self.opts.dir_mode) {
+            Ok(dir) => Self::complete(&self.metadata, dir, f),
+            Err(e) => Err(e),
+        };
+        match completed {
             Ok(()) => {
                 self.rows_written += rows;
                 self.ops_written += op_calls;
@@ -253,15 +367,16 @@ impl RotatingWriter {
                 Ok(())
             }
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
+                self.remove_hidden(&tmp_name, id);
                 self.lost_unreported += op_calls;
                 Err(e)
             }
         }
     }
 
-    /// Adds the metadata, writes the footer, and renames the file into view.
-    fn complete(metadata: &[(String, String)], mut f: OpenFile) -> Result<()> {
+    /// Adds the metadata, writes the footer, and renames the file into view,
+    /// only if its descriptor and its hidden name are still the file created.
+    fn complete(metadata: &[(String, String)], dir: &mut GuardedFd, mut f: OpenFile) -> Result<()> {
         let counts = [
             (meta::SCHEMA_VERSION, SCHEMA_VERSION.to_string()),
             (meta::ROWS, f.rows.to_string()),
@@ -273,9 +388,17 @@ impl RotatingWriter {
             f.writer.append_key_value_metadata(KeyValue::new(k.to_string(), v));
         }
         let buf = f.writer.into_inner().map_err(|e| Error::parquet(&f.tmp, e))?;
-        let file = buf.into_inner().map_err(|e| Error::io(&f.tmp, e.into_error()))?;
-        drop(file);
-        fs::rename(&f.tmp, &f.dest).map_err(|e| Error::io(&f.dest, e))
+        let mut file = buf.into_inner().map_err(|e| Error::io(&f.tmp, e.into_error()))?;
+        fsguard::publish(dir, &mut file, &f.tmp_name, &f.dest_name).map_err(|e| Error::io(&f.tmp, e))
+        // `file` is closed here if it is still ours.
+    }
+
+    /// Removes the hidden file `name` if it is still the file `id`. Best
+    /// effort: a hidden file left behind is invisible to readers.
+    fn remove_hidden(&mut self, name: &CStr, id: Identity) {
+        if let Ok(dir) = self.partition() {
+            let _ = fsguard::remove_if(dir, name, id);
+        }
     }
 
     /// Drops the open file and its buffered rows without making anything
@@ -285,9 +408,11 @@ impl RotatingWriter {
         let earlier = std::mem::take(&mut self.lost_unreported);
         earlier + match self.file.take() {
             Some(f) => {
-                let (lost, tmp) = (f.op_calls, f.tmp.clone());
+                let (lost, name, id) = (f.op_calls, f.tmp_name.clone(), f.id);
+                // Dropping the writer flushes its buffers through the
+                // checked file: a descriptor that is not ours is not written.
                 drop(f);
-                let _ = fs::remove_file(tmp);
+                self.remove_hidden(&name, id);
                 lost
             }
             None => 0,
