@@ -258,7 +258,11 @@ impl Worker {
             let rank = (s.rank)();
             // Created and entered below OPDUMP_DIR without following links.
             let levels = vec![format!("rank={rank}"), format!("device={key}")];
-            let accumulate = if device.starts_with("mps") { "float32" } else { "float64" };
+            let accumulate = if device.starts_with("mps") {
+                "float32"
+            } else {
+                "float64"
+            };
             let metadata = vec![
                 (
                     meta::PLUGIN_VERSION.to_string(),
@@ -275,7 +279,13 @@ impl Worker {
             if let Some(parent) = s.forked_from {
                 metadata.push((meta::FORKED_FROM.to_string(), parent.to_string()));
             }
-            RotatingWriter::in_partition(&s.dir, levels, format!("part-{}", s.pid), opts.clone(), metadata)
+            RotatingWriter::in_partition(
+                &s.dir,
+                levels,
+                format!("part-{}", s.pid),
+                opts.clone(),
+                metadata,
+            )
         })
     }
 

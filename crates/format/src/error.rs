@@ -5,32 +5,55 @@ use std::path::PathBuf;
 
 #[derive(Debug)]
 pub enum Error {
-    Io { path: PathBuf, source: std::io::Error },
-    Parquet { path: PathBuf, source: parquet::errors::ParquetError },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Parquet {
+        path: PathBuf,
+        source: parquet::errors::ParquetError,
+    },
     Arrow(arrow_schema::ArrowError),
     /// The file is readable but is not a dump this version understands.
-    Format { path: PathBuf, message: String },
+    Format {
+        path: PathBuf,
+        message: String,
+    },
     /// A directory holds no dump files.
-    NoDump { path: PathBuf },
+    NoDump {
+        path: PathBuf,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
     pub fn parquet(path: impl Into<PathBuf>, source: parquet::errors::ParquetError) -> Self {
-        Error::Parquet { path: path.into(), source }
+        Error::Parquet {
+            path: path.into(),
+            source,
+        }
     }
     pub fn format(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Error::Format { path: path.into(), message: message.into() }
+        Error::Format {
+            path: path.into(),
+            message: message.into(),
+        }
     }
     /// The OS error code behind an I/O failure (ENOSPC, EACCES, ...), if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Error::Io { source, .. } => source.raw_os_error(),
-            Error::Parquet { source: parquet::errors::ParquetError::External(e), .. } => e
+            Error::Parquet {
+                source: parquet::errors::ParquetError::External(e),
+                ..
+            } => e
                 .downcast_ref::<std::io::Error>()
                 .and_then(|e| e.raw_os_error()),
             _ => None,

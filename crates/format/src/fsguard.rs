@@ -48,7 +48,10 @@ pub struct Identity {
 impl Identity {
     #[allow(clippy::unnecessary_cast)] // the field types differ between platforms
     fn of(st: &libc::stat) -> Identity {
-        Identity { dev: st.st_dev as u64, ino: st.st_ino as u64 }
+        Identity {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+        }
     }
 }
 
@@ -88,7 +91,8 @@ fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
 
 /// A file name for the `*at` calls. Names opdump makes never hold a NUL.
 pub(crate) fn c_name(name: &str) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a file name holds a NUL byte"))
+    CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a file name holds a NUL byte"))
 }
 
 /// The error of a descriptor that is no longer opdump's.
@@ -123,7 +127,11 @@ impl GuardedFd {
     /// Takes ownership of `fd`, just returned by open/openat.
     fn adopt(fd: RawFd) -> io::Result<GuardedFd> {
         match fstat(fd) {
-            Ok(st) => Ok(GuardedFd { fd, id: Identity::of(&st), lost: false }),
+            Ok(st) => Ok(GuardedFd {
+                fd,
+                id: Identity::of(&st),
+                lost: false,
+            }),
             Err(e) => {
                 // SAFETY: fd was opened by our caller a moment ago and is ours.
                 unsafe { libc::close(fd) };
@@ -177,10 +185,13 @@ impl CheckedFile {
     /// existing file or follows a link.
     pub fn create_new(dir: &mut GuardedFd, name: &CStr, mode: u32) -> io::Result<CheckedFile> {
         let dirfd = dir.check()?;
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         // SAFETY: a checked directory descriptor and a valid C string.
         let fd = cvt(unsafe { libc::openat(dirfd, name.as_ptr(), flags, mode as libc::c_uint) })?;
-        Ok(CheckedFile { fd: GuardedFd::adopt(fd)? })
+        Ok(CheckedFile {
+            fd: GuardedFd::adopt(fd)?,
+        })
     }
 
     pub fn identity(&self) -> Identity {
@@ -233,7 +244,12 @@ pub fn name_exists(dir: &mut GuardedFd, name: &CStr) -> io::Result<bool> {
 /// Makes the complete file `file`, now named `from` in `dir`, visible as
 /// `to`: only while the descriptor and the name both still refer to the file
 /// opdump wrote, and never over an existing `to`.
-pub fn publish(dir: &mut GuardedFd, file: &mut CheckedFile, from: &CStr, to: &CStr) -> io::Result<()> {
+pub fn publish(
+    dir: &mut GuardedFd,
+    file: &mut CheckedFile,
+    from: &CStr,
+    to: &CStr,
+) -> io::Result<()> {
     let id = file.identity();
     file.guard().check()?;
     if !name_is(dir, from, id)? {
@@ -250,7 +266,14 @@ pub fn publish(dir: &mut GuardedFd, file: &mut CheckedFile, from: &CStr, to: &CS
 fn rename_noreplace(dir: RawFd, from: &CStr, to: &CStr) -> io::Result<()> {
     // SAFETY: renameat2 with valid C strings and a checked descriptor.
     let rc = unsafe {
-        libc::syscall(libc::SYS_renameat2, dir, from.as_ptr(), dir, to.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::syscall(
+            libc::SYS_renameat2,
+            dir,
+            from.as_ptr(),
+            dir,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     if rc == 0 {
         return Ok(());
@@ -360,7 +383,10 @@ fn judge(st: &libc::stat, dir_mode: u32) -> Result<(), DirProblem> {
     }
     let euid = euid();
     if st.st_uid != euid {
-        return Err(DirProblem::OwnedByOther { uid: st.st_uid, euid });
+        return Err(DirProblem::OwnedByOther {
+            uid: st.st_uid,
+            euid,
+        });
     }
     let mode = st.st_mode & 0o7777;
     let extra = mode & 0o022 & !allowed_write(dir_mode);
@@ -382,16 +408,27 @@ fn adopt_dir(fd: RawFd, dir_mode: u32) -> Result<GuardedFd, DirProblem> {
 /// and checks that opdump may trust it: owned by this user, not writable by
 /// others (see the module notes), writable by us.
 pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefused> {
-    let refuse = |problem| DirRefused { path: path.to_path_buf(), problem };
+    let refuse = |problem| DirRefused {
+        path: path.to_path_buf(),
+        problem,
+    };
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true).mode(dir_mode);
     if let Err(e) = builder.create(path) {
         return Err(refuse(DirProblem::CannotCreate(e)));
     }
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| refuse(DirProblem::CannotOpen(io::Error::from(io::ErrorKind::InvalidInput))))?;
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        refuse(DirProblem::CannotOpen(io::Error::from(
+            io::ErrorKind::InvalidInput,
+        )))
+    })?;
     // SAFETY: a valid C string. The path may hold links: it is the user's.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
     let fd = cvt(fd).map_err(|e| {
         refuse(match e.raw_os_error() {
             Some(libc::ENOTDIR) => DirProblem::NotDirectory,
@@ -403,7 +440,12 @@ pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefuse
     // read-only: say so now rather than at the first file.
     // SAFETY: a descriptor we own and a static C string.
     let writable = unsafe {
-        libc::faccessat(dir.fd, c".".as_ptr(), libc::W_OK | libc::X_OK, libc::AT_EACCESS)
+        libc::faccessat(
+            dir.fd,
+            c".".as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        )
     } == 0;
     if !writable {
         return Err(refuse(DirProblem::NotWritable));
@@ -413,10 +455,20 @@ pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefuse
 
 /// Opens (creating it with `dir_mode` if missing) the directory `name`
 /// inside `parent`, never through a symbolic link, and judges it.
-pub fn enter_dir(parent: &mut GuardedFd, parent_path: &Path, name: &str, dir_mode: u32) -> Result<GuardedFd, DirRefused> {
+pub fn enter_dir(
+    parent: &mut GuardedFd,
+    parent_path: &Path,
+    name: &str,
+    dir_mode: u32,
+) -> Result<GuardedFd, DirRefused> {
     let path = parent_path.join(name);
-    let refuse = |problem| DirRefused { path: path.clone(), problem };
-    let pfd = parent.check().map_err(|e| refuse(DirProblem::CannotOpen(e)))?;
+    let refuse = |problem| DirRefused {
+        path: path.clone(),
+        problem,
+    };
+    let pfd = parent
+        .check()
+        .map_err(|e| refuse(DirProblem::CannotOpen(e)))?;
     let c = c_name(name).map_err(|e| refuse(DirProblem::CannotOpen(e)))?;
     // SAFETY: a checked descriptor and a valid C string.
     let made = unsafe { libc::mkdirat(pfd, c.as_ptr(), dir_mode as libc::mode_t) };

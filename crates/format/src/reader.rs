@@ -29,23 +29,33 @@ fn partition_value<'a>(name: &'a str, key: &str) -> Option<&'a str> {
 /// (`rank=abc`, `rank=-1`, `rank=0x1`, `rank=`, `rank=01`) is an error naming
 /// the directory: read as rank 0, it would merge silently with rank 0.
 fn parse_rank(dir: &Path, v: &str) -> Result<u32> {
-    let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && (v == "0" || !v.starts_with('0'));
+    let plain =
+        !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && (v == "0" || !v.starts_with('0'));
     match v.parse() {
         Ok(r) if plain => Ok(r),
-        _ => Err(Error::format(dir, format!("bad partition directory rank={v:?}: expected rank=<number>"))),
+        _ => Err(Error::format(
+            dir,
+            format!("bad partition directory rank={v:?}: expected rank=<number>"),
+        )),
     }
 }
 
 /// `device=<D>`: D must not be empty.
 fn parse_device<'a>(dir: &Path, v: &'a str) -> Result<&'a str> {
     if v.is_empty() {
-        return Err(Error::format(dir, "bad partition directory device=: expected device=<name>"));
+        return Err(Error::format(
+            dir,
+            "bad partition directory device=: expected device=<name>",
+        ));
     }
     Ok(v)
 }
 
 fn not_regular(path: &Path) -> Error {
-    Error::format(path, "not a regular file (a FIFO, socket or device?); only regular files are read")
+    Error::format(
+        path,
+        "not a regular file (a FIFO, socket or device?); only regular files are read",
+    )
 }
 
 /// Opens a dump file for reading. Only a regular file is read: a FIFO named
@@ -71,7 +81,12 @@ pub fn open_regular(path: &Path) -> Result<File> {
 /// `dir` may be the dump root, a `rank=<R>` directory or a `device=<D>`
 /// directory. Hidden files (in-progress `.part-*.tmp`) are skipped.
 pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
-    fn walk(dir: &Path, rank: Option<u32>, device: Option<&str>, out: &mut Vec<DumpFile>) -> Result<()> {
+    fn walk(
+        dir: &Path,
+        rank: Option<u32>,
+        device: Option<&str>,
+        out: &mut Vec<DumpFile>,
+    ) -> Result<()> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
             .filter_map(|e| e.ok())
@@ -96,22 +111,38 @@ pub fn list_files(dir: &Path) -> Result<Vec<DumpFile>> {
                 if !meta.map_err(|e| Error::io(&path, e))?.is_file() {
                     return Err(not_regular(&path));
                 }
-                out.push(DumpFile { path, rank, device: device.map(str::to_owned) });
+                out.push(DumpFile {
+                    path,
+                    rank,
+                    device: device.map(str::to_owned),
+                });
             }
         }
         Ok(())
     }
     if !dir.is_dir() {
-        return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory")));
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        ));
     }
     let mut out = Vec::new();
     // Partition keys of the directory itself, when given a sub-directory.
-    let own = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let rank = partition_value(&own, "rank").map(|r| parse_rank(dir, r)).transpose()?;
-    let device = partition_value(&own, "device").map(|d| parse_device(dir, d).map(str::to_owned)).transpose()?;
+    let own = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rank = partition_value(&own, "rank")
+        .map(|r| parse_rank(dir, r))
+        .transpose()?;
+    let device = partition_value(&own, "device")
+        .map(|d| parse_device(dir, d).map(str::to_owned))
+        .transpose()?;
     walk(dir, rank, device.as_deref(), &mut out)?;
     if out.is_empty() {
-        return Err(Error::NoDump { path: dir.to_path_buf() });
+        return Err(Error::NoDump {
+            path: dir.to_path_buf(),
+        });
     }
     Ok(out)
 }
@@ -126,13 +157,20 @@ fn key_values(builder: &ParquetRecordBatchReaderBuilder<File>) -> HashMap<String
         .metadata()
         .file_metadata()
         .key_value_metadata()
-        .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
+        .map(|kvs| {
+            kvs.iter()
+                .filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
     let Some(v) = kv.get(meta::SCHEMA_VERSION) else {
-        return Err(Error::format(path, "not an opdump file (no opdump.schema_version in its metadata)"));
+        return Err(Error::format(
+            path,
+            "not an opdump file (no opdump.schema_version in its metadata)",
+        ));
     };
     let v: u32 = v
         .parse()
@@ -161,15 +199,21 @@ fn check_row_counts(
 ) -> Result<()> {
     let md = builder.metadata();
     let claimed = md.file_metadata().num_rows();
-    let in_groups = md
-        .row_groups()
-        .iter()
-        .try_fold(0i64, |n, g| if g.num_rows() < 0 { None } else { n.checked_add(g.num_rows()) });
+    let in_groups = md.row_groups().iter().try_fold(0i64, |n, g| {
+        if g.num_rows() < 0 {
+            None
+        } else {
+            n.checked_add(g.num_rows())
+        }
+    });
     if claimed < 0 || in_groups != Some(claimed) {
-        return Err(Error::format(path, format!(
-            "corrupt footer: it claims {claimed} rows, its row groups hold {}",
-            in_groups.map_or("an invalid number of".to_string(), |n| n.to_string())
-        )));
+        return Err(Error::format(
+            path,
+            format!(
+                "corrupt footer: it claims {claimed} rows, its row groups hold {}",
+                in_groups.map_or("an invalid number of".to_string(), |n| n.to_string())
+            ),
+        ));
     }
     let count = |key: &str| -> Result<Option<i64>> {
         kv.get(key)
@@ -181,16 +225,24 @@ fn check_row_counts(
     };
     if let Some(rows) = count(meta::ROWS)? {
         if rows != claimed {
-            return Err(Error::format(path, format!(
-                "corrupt footer: it claims {claimed} rows, {} says {rows}", meta::ROWS
-            )));
+            return Err(Error::format(
+                path,
+                format!(
+                    "corrupt footer: it claims {claimed} rows, {} says {rows}",
+                    meta::ROWS
+                ),
+            ));
         }
     }
     if let Some(calls) = count(meta::OP_CALLS)? {
         if calls > claimed {
-            return Err(Error::format(path, format!(
-                "corrupt footer: it claims {claimed} rows, {} says {calls} op calls", meta::OP_CALLS
-            )));
+            return Err(Error::format(
+                path,
+                format!(
+                    "corrupt footer: it claims {claimed} rows, {} says {calls} op calls",
+                    meta::OP_CALLS
+                ),
+            ));
         }
     }
     Ok(())
@@ -201,7 +253,8 @@ fn check_row_counts(
 /// small.
 pub fn open_batches(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = open_regular(path)?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
     let kv = key_values(&builder);
     check_version(path, &kv)?;
     check_row_counts(path, &builder, &kv)?;
@@ -230,30 +283,62 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
         let f64c = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_primitive::<Float64Type>()) };
         let strc = |n| -> Result<_> { Ok(column(path, &batch, n)?.as_string::<i32>()) };
         let (seq, parent, depth, pid, thread, step) = (
-            i64c(col::SEQ)?, i64c(col::PARENT_SEQ)?, i32c(col::DEPTH)?, i32c(col::PID)?,
-            i64c(col::THREAD)?, i64c(col::STEP)?,
+            i64c(col::SEQ)?,
+            i64c(col::PARENT_SEQ)?,
+            i32c(col::DEPTH)?,
+            i32c(col::PID)?,
+            i64c(col::THREAD)?,
+            i64c(col::STEP)?,
         );
         let (phase, op, overload, args, error, role, arg) = (
-            strc(col::PHASE)?, strc(col::OP)?, strc(col::OVERLOAD)?, strc(col::ARGS)?,
-            strc(col::ERROR)?, strc(col::ROLE)?, strc(col::ARG)?,
+            strc(col::PHASE)?,
+            strc(col::OP)?,
+            strc(col::OVERLOAD)?,
+            strc(col::ARGS)?,
+            strc(col::ERROR)?,
+            strc(col::ROLE)?,
+            strc(col::ARG)?,
         );
         let (start, dur, list_index, dtype, device, numel, status) = (
-            i64c(col::START_NS)?, i64c(col::DURATION_NS)?, i32c(col::LIST_INDEX)?,
-            strc(col::DTYPE)?, strc(col::TENSOR_DEVICE)?, i64c(col::NUMEL)?, strc(col::STATS_STATUS)?,
+            i64c(col::START_NS)?,
+            i64c(col::DURATION_NS)?,
+            i32c(col::LIST_INDEX)?,
+            strc(col::DTYPE)?,
+            strc(col::TENSOR_DEVICE)?,
+            i64c(col::NUMEL)?,
+            strc(col::STATS_STATUS)?,
         );
         let shape = column(path, &batch, col::SHAPE)?.as_list::<i32>();
         let stride = column(path, &batch, col::STRIDE)?.as_list::<i32>();
-        let f = [col::MIN, col::MAX, col::MEAN, col::STD, col::L2, col::ABSMAX]
-            .map(f64c);
+        let f = [
+            col::MIN,
+            col::MAX,
+            col::MEAN,
+            col::STD,
+            col::L2,
+            col::ABSMAX,
+        ]
+        .map(f64c);
         let [fmin, fmax, fmean, fstd, fl2, fabs] = f;
         let (fmin, fmax, fmean, fstd, fl2, fabs) = (fmin?, fmax?, fmean?, fstd?, fl2?, fabs?);
-        let counts = [col::NAN_COUNT, col::POSINF_COUNT, col::NEGINF_COUNT, col::ZERO_COUNT].map(i64c);
+        let counts = [
+            col::NAN_COUNT,
+            col::POSINF_COUNT,
+            col::NEGINF_COUNT,
+            col::ZERO_COUNT,
+        ]
+        .map(i64c);
         let [cnan, cpos, cneg, czero] = counts;
         let (cnan, cpos, cneg, czero) = (cnan?, cpos?, cneg?, czero?);
-        let fv = |a: &arrow_array::Float64Array, i| if a.is_null(i) { f64::NAN } else { a.value(i) };
+        let fv =
+            |a: &arrow_array::Float64Array, i| if a.is_null(i) { f64::NAN } else { a.value(i) };
         let iv = |a: &arrow_array::Int64Array, i| if a.is_null(i) { 0 } else { a.value(i) };
         let ints = |l: &arrow_array::ListArray, i| -> Vec<i64> {
-            if l.is_null(i) { Vec::new() } else { l.value(i).as_primitive::<Int64Type>().values().to_vec() }
+            if l.is_null(i) {
+                Vec::new()
+            } else {
+                l.value(i).as_primitive::<Int64Type>().values().to_vec()
+            }
         };
         for i in 0..batch.num_rows() {
             let s = seq.value(i);
@@ -265,8 +350,9 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                     pid: pid.value(i),
                     thread: thread.value(i),
                     step: step.value(i),
-                    phase: Phase::parse(phase.value(i))
-                        .ok_or_else(|| Error::format(path, format!("bad phase {:?}", phase.value(i))))?,
+                    phase: Phase::parse(phase.value(i)).ok_or_else(|| {
+                        Error::format(path, format!("bad phase {:?}", phase.value(i)))
+                    })?,
                     op: op.value(i).to_owned(),
                     overload: overload.value(i).to_owned(),
                     args: args.value(i).to_owned(),
@@ -281,8 +367,9 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
             if role_v == Role::None {
                 continue;
             }
-            let status_v = StatsStatus::parse(status.value(i))
-                .ok_or_else(|| Error::format(path, format!("bad stats_status {:?}", status.value(i))))?;
+            let status_v = StatsStatus::parse(status.value(i)).ok_or_else(|| {
+                Error::format(path, format!("bad stats_status {:?}", status.value(i)))
+            })?;
             let Some(rec) = out.last_mut() else { continue };
             rec.tensors.push(TensorRecord {
                 role: role_v,
@@ -296,10 +383,16 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                 status: status_v,
                 stats: if status_v.has_values() {
                     Stats {
-                        min: fv(fmin, i), max: fv(fmax, i), mean: fv(fmean, i), std: fv(fstd, i),
-                        l2: fv(fl2, i), absmax: fv(fabs, i),
-                        nan_count: iv(cnan, i), posinf_count: iv(cpos, i),
-                        neginf_count: iv(cneg, i), zero_count: iv(czero, i),
+                        min: fv(fmin, i),
+                        max: fv(fmax, i),
+                        mean: fv(fmean, i),
+                        std: fv(fstd, i),
+                        l2: fv(fl2, i),
+                        absmax: fv(fabs, i),
+                        nan_count: iv(cnan, i),
+                        posinf_count: iv(cpos, i),
+                        neginf_count: iv(cneg, i),
+                        zero_count: iv(czero, i),
                     }
                 } else {
                     Stats::NONE

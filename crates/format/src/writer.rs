@@ -259,7 +259,10 @@ impl RotatingWriter {
             let name = format!("{}-{:05}.parquet", self.prefix, self.next_index);
             self.next_index += 1;
             let tmp = format!(".{name}.tmp");
-            let (dest_name, tmp_name) = (c_name(&name).map_err(name_error)?, c_name(&tmp).map_err(name_error)?);
+            let (dest_name, tmp_name) = (
+                c_name(&name).map_err(name_error)?,
+                c_name(&tmp).map_err(name_error)?,
+            );
             let dir = self.partition()?;
             if fsguard::name_exists(dir, &dest_name).map_err(name_error)? {
                 continue; // left by an earlier process with the same pid
@@ -280,8 +283,12 @@ impl RotatingWriter {
             props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
         }
         let props = props.build();
-        let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema(), Some(props))
-            .map_err(|e| Error::parquet(&tmp, e))?;
+        let writer = ArrowWriter::try_new(
+            BufWriter::with_capacity(1 << 20, file),
+            schema(),
+            Some(props),
+        )
+        .map_err(|e| Error::parquet(&tmp, e))?;
         Ok(self.file.insert(OpenFile {
             writer,
             tmp_name,
@@ -325,12 +332,16 @@ impl RotatingWriter {
     }
 
     fn encode_batch(&mut self) -> Result<()> {
-        let Some(file) = self.file.as_mut() else { return Ok(()) };
+        let Some(file) = self.file.as_mut() else {
+            return Ok(());
+        };
         if self.builder.rows() == 0 {
             return Ok(());
         }
         let batch = self.builder.finish()?;
-        file.writer.write(&batch).map_err(|e| Error::parquet(&file.tmp, e))
+        file.writer
+            .write(&batch)
+            .map_err(|e| Error::parquet(&file.tmp, e))
     }
 
     /// Completes the open file if it is older than `max_age`.
@@ -353,12 +364,15 @@ impl RotatingWriter {
     }
 
     fn finish_open_file(&mut self) -> Result<()> {
-        let Some(f) = self.file.take() else { return Ok(()) };
-        let (tmp_name, id, rows, op_calls) = (f.tmp_name.clone(), f.id, f.rows, f.op_calls);
-        let completed = match partition_dir(&mut self.part, &self.root, &self.levels, self.opts.dir_mode) {
-            Ok(dir) => Self::complete(&self.metadata, dir, f),
-            Err(e) => Err(e),
+        let Some(f) = self.file.take() else {
+            return Ok(());
         };
+        let (tmp_name, id, rows, op_calls) = (f.tmp_name.clone(), f.id, f.rows, f.op_calls);
+        let completed =
+            match partition_dir(&mut self.part, &self.root, &self.levels, self.opts.dir_mode) {
+                Ok(dir) => Self::complete(&self.metadata, dir, f),
+                Err(e) => Err(e),
+            };
         match completed {
             Ok(()) => {
                 self.rows_written += rows;
@@ -384,12 +398,23 @@ impl RotatingWriter {
             (meta::SEQ_MIN, f.seq_min.to_string()),
             (meta::SEQ_MAX, f.seq_max.to_string()),
         ];
-        for (k, v) in metadata.iter().map(|(k, v)| (k.as_str(), v.clone())).chain(counts) {
-            f.writer.append_key_value_metadata(KeyValue::new(k.to_string(), v));
+        for (k, v) in metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .chain(counts)
+        {
+            f.writer
+                .append_key_value_metadata(KeyValue::new(k.to_string(), v));
         }
-        let buf = f.writer.into_inner().map_err(|e| Error::parquet(&f.tmp, e))?;
-        let mut file = buf.into_inner().map_err(|e| Error::io(&f.tmp, e.into_error()))?;
-        fsguard::publish(dir, &mut file, &f.tmp_name, &f.dest_name).map_err(|e| Error::io(&f.tmp, e))
+        let buf = f
+            .writer
+            .into_inner()
+            .map_err(|e| Error::parquet(&f.tmp, e))?;
+        let mut file = buf
+            .into_inner()
+            .map_err(|e| Error::io(&f.tmp, e.into_error()))?;
+        fsguard::publish(dir, &mut file, &f.tmp_name, &f.dest_name)
+            .map_err(|e| Error::io(&f.tmp, e))
         // `file` is closed here if it is still ours.
     }
 
@@ -406,17 +431,18 @@ impl RotatingWriter {
     pub fn abandon(&mut self) -> u64 {
         let _ = self.builder.finish();
         let earlier = std::mem::take(&mut self.lost_unreported);
-        earlier + match self.file.take() {
-            Some(f) => {
-                let (lost, name, id) = (f.op_calls, f.tmp_name.clone(), f.id);
-                // Dropping the writer flushes its buffers through the
-                // checked file: a descriptor that is not ours is not written.
-                drop(f);
-                self.remove_hidden(&name, id);
-                lost
+        earlier
+            + match self.file.take() {
+                Some(f) => {
+                    let (lost, name, id) = (f.op_calls, f.tmp_name.clone(), f.id);
+                    // Dropping the writer flushes its buffers through the
+                    // checked file: a descriptor that is not ours is not written.
+                    drop(f);
+                    self.remove_hidden(&name, id);
+                    lost
+                }
+                None => 0,
             }
-            None => 0,
-        }
     }
 }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 use opdump_format::reader::{file_metadata, list_files, read_records};
 use opdump_format::schema::meta;
 use opdump_format::writer::check_dump_dir;
-use opdump_format::{OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord};
+use opdump_format::{
+    OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
+};
 
 fn record(seq: i64) -> OpRecord {
     let t = |role, arg: &str| TensorRecord {
@@ -57,7 +59,12 @@ fn record(seq: i64) -> OpRecord {
 }
 
 fn opts() -> RotateOptions {
-    RotateOptions { max_rows: 1_000_000, max_age: Duration::from_secs(3600), batch_rows: 64, ..Default::default() }
+    RotateOptions {
+        max_rows: 1_000_000,
+        max_age: Duration::from_secs(3600),
+        batch_rows: 64,
+        ..Default::default()
+    }
 }
 
 /// A private directory for one test (0700, ours).
@@ -114,7 +121,13 @@ fn replace_fd(fd: i32, with: &impl AsRawFd) {
 fn a_reused_file_descriptor_is_never_written_closed_or_published() {
     let tmp = private_dir();
     let dir = tmp.path().join("dump");
-    let mut w = RotatingWriter::in_partition(&dir, vec!["rank=0".into(), "device=cpu".into()], "part-42", opts(), vec![]);
+    let mut w = RotatingWriter::in_partition(
+        &dir,
+        vec!["rank=0".into(), "device=cpu".into()],
+        "part-42",
+        opts(),
+        vec![],
+    );
     for seq in 0..10 {
         w.append(&record(seq)).unwrap();
     }
@@ -125,7 +138,12 @@ fn a_reused_file_descriptor_is_never_written_closed_or_published() {
     let part = dir.join("rank=0/device=cpu");
     let tmp_fd = fds_under(&part)
         .into_iter()
-        .find(|&fd| fs::read_link(format!("/proc/self/fd/{fd}")).unwrap().to_string_lossy().ends_with(".tmp"))
+        .find(|&fd| {
+            fs::read_link(format!("/proc/self/fd/{fd}"))
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
         .expect("the hidden file is open");
 
     // The job's own file takes the writer's number.
@@ -136,7 +154,11 @@ fn a_reused_file_descriptor_is_never_written_closed_or_published() {
 
     let err = w.close_file().unwrap_err().to_string();
     assert!(err.contains("no longer refers"), "{err}");
-    assert_eq!(w.abandon(), 290, "the op calls of the abandoned file are counted");
+    assert_eq!(
+        w.abandon(),
+        290,
+        "the op calls of the abandoned file are counted"
+    );
     drop(w);
 
     // Not written: the job's file holds only what the job wrote.
@@ -144,7 +166,8 @@ fn a_reused_file_descriptor_is_never_written_closed_or_published() {
     // Not closed: the number still works for the job.
     assert!(fd_is_open(tmp_fd));
     // SAFETY: writing a few bytes to the job's descriptor.
-    assert_eq!(unsafe { libc::write(tmp_fd, b"more\n".as_ptr().cast(), 5) }, 5);
+    let written = unsafe { libc::write(tmp_fd, b"more\n".as_ptr().cast(), 5) };
+    assert_eq!(written, 5);
     assert_eq!(fs::read(&job_path).unwrap(), b"the job's data\nmore\n");
     // SAFETY: the test's own duplicate, closed once.
     unsafe { libc::close(tmp_fd) };
@@ -162,10 +185,16 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
     // completes: the write after the swap is refused.
     let tmp = private_dir();
     let dir = tmp.path().join("dump");
-    let o = RotateOptions { batch_rows: 4096, ..opts() };
+    let o = RotateOptions {
+        batch_rows: 4096,
+        ..opts()
+    };
     let mut w = RotatingWriter::new(&dir, "part-42", o, vec![]);
     w.append(&record(0)).unwrap();
-    let hidden = entries(&dir).into_iter().find(|p| p.to_string_lossy().ends_with(".tmp")).unwrap();
+    let hidden = entries(&dir)
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(".tmp"))
+        .unwrap();
     let mut seq = 1;
     while fs::metadata(&hidden).unwrap().len() == 0 {
         w.append(&record(seq)).unwrap();
@@ -174,7 +203,12 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
     }
     let tmp_fd = fds_under(&dir)
         .into_iter()
-        .find(|&fd| fs::read_link(format!("/proc/self/fd/{fd}")).unwrap().to_string_lossy().ends_with(".tmp"))
+        .find(|&fd| {
+            fs::read_link(format!("/proc/self/fd/{fd}"))
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
         .expect("the hidden file is open");
     let other = tmp.path().join("other.txt");
     let job = fs::File::create(&other).unwrap();
@@ -191,7 +225,11 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
     assert!(failed.contains("no longer refers"), "{failed}");
     w.abandon();
     drop(w);
-    assert_eq!(fs::metadata(&other).unwrap().len(), 0, "nothing reached the job's file");
+    assert_eq!(
+        fs::metadata(&other).unwrap().len(),
+        0,
+        "nothing reached the job's file"
+    );
     assert!(fd_is_open(tmp_fd));
     // SAFETY: the test's own duplicate, closed once.
     unsafe { libc::close(tmp_fd) };
@@ -202,7 +240,13 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
 fn a_reused_directory_descriptor_is_never_used_or_closed() {
     let tmp = private_dir();
     let dir = tmp.path().join("dump");
-    let mut w = RotatingWriter::in_partition(&dir, vec!["rank=0".into(), "device=cpu".into()], "part-42", opts(), vec![]);
+    let mut w = RotatingWriter::in_partition(
+        &dir,
+        vec!["rank=0".into(), "device=cpu".into()],
+        "part-42",
+        opts(),
+        vec![],
+    );
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     // Between files the writer keeps only the partition directory open.
@@ -219,7 +263,10 @@ fn a_reused_directory_descriptor_is_never_used_or_closed() {
     assert_eq!(w.ops_written(), 2);
     drop(w);
     assert!(entries(&elsewhere).is_empty(), "{:?}", entries(&elsewhere));
-    assert!(fd_is_open(dir_fd[0]), "the job's directory descriptor was closed");
+    assert!(
+        fd_is_open(dir_fd[0]),
+        "the job's directory descriptor was closed"
+    );
     // SAFETY: the test's own duplicate, closed once.
     unsafe { libc::close(dir_fd[0]) };
     assert_eq!(list_files(&dir).unwrap().len(), 2);
@@ -240,16 +287,25 @@ fn a_world_or_group_writable_dump_dir_is_refused() {
     fs::create_dir(&dir).unwrap();
     chmod(&dir, 0o777);
     let msg = check_dump_dir(&dir, 0o700).unwrap_err();
-    assert!(msg.starts_with(&format!("OPDUMP_DIR={} ", dir.display())), "{msg}");
+    assert!(
+        msg.starts_with(&format!("OPDUMP_DIR={} ", dir.display())),
+        "{msg}"
+    );
     assert!(msg.contains("writable by other users (mode 0777"), "{msg}");
     assert!(msg.contains("chmod g-w,o-w"), "{msg}");
     chmod(&dir, 0o770);
-    assert!(check_dump_dir(&dir, 0o700).unwrap_err().contains("mode 0770"));
+    assert!(check_dump_dir(&dir, 0o700)
+        .unwrap_err()
+        .contains("mode 0770"));
     // The writer refuses it too, and writes nothing.
     let mut w = RotatingWriter::new(&dir, "part-1", opts(), vec![]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(err.contains("writable by other users"), "{err}");
-    assert_eq!(w.abandon(), 1, "the record that could not be written is counted");
+    assert_eq!(
+        w.abandon(),
+        1,
+        "the record that could not be written is counted"
+    );
     assert!(entries(&dir).is_empty());
 }
 
@@ -282,7 +338,10 @@ fn a_missing_dump_dir_is_created_private() {
     let msg = check_dump_dir(&blocker, 0o700).unwrap_err();
     assert!(msg.contains("writable directory"), "{msg}");
     let msg = check_dump_dir(&blocker.join("dump"), 0o700).unwrap_err();
-    assert!(msg.contains("cannot be created") && msg.contains("writable directory"), "{msg}");
+    assert!(
+        msg.contains("cannot be created") && msg.contains("writable directory"),
+        "{msg}"
+    );
 }
 
 /// Another user's uid, when this process may give files away (root).
@@ -303,15 +362,27 @@ fn a_dump_dir_of_another_user_is_refused() {
     std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).unwrap();
     // Root may write there (access() says yes): only the owner check refuses it.
     let msg = check_dump_dir(&dir, 0o700).unwrap_err();
-    assert!(msg.contains(&format!("owned by another user (uid {uid}")), "{msg}");
+    assert!(
+        msg.contains(&format!("owned by another user (uid {uid}")),
+        "{msg}"
+    );
     // A level below OPDUMP_DIR owned by someone else is refused as well.
     let root = tmp.path().join("ours");
     fs::create_dir(&root).unwrap();
     fs::create_dir(root.join("rank=0")).unwrap();
     std::os::unix::fs::chown(root.join("rank=0"), Some(uid), Some(uid)).unwrap();
-    let mut w = RotatingWriter::in_partition(&root, vec!["rank=0".into(), "device=cpu".into()], "part-1", opts(), vec![]);
+    let mut w = RotatingWriter::in_partition(
+        &root,
+        vec!["rank=0".into(), "device=cpu".into()],
+        "part-1",
+        opts(),
+        vec![],
+    );
     let err = w.append(&record(0)).unwrap_err().to_string();
-    assert!(err.contains("rank=0") && err.contains("owned by another user"), "{err}");
+    assert!(
+        err.contains("rank=0") && err.contains("owned by another user"),
+        "{err}"
+    );
     assert!(entries(&root.join("rank=0")).is_empty());
 }
 
@@ -324,13 +395,23 @@ fn planted_links_inside_the_dump_are_never_followed() {
     fs::create_dir(&elsewhere).unwrap();
     // A level that is a link: refused.
     std::os::unix::fs::symlink(&elsewhere, root.join("rank=0")).unwrap();
-    let mut w = RotatingWriter::in_partition(&root, vec!["rank=0".into(), "device=cpu".into()], "part-1", opts(), vec![]);
+    let mut w = RotatingWriter::in_partition(
+        &root,
+        vec!["rank=0".into(), "device=cpu".into()],
+        "part-1",
+        opts(),
+        vec![],
+    );
     let err = w.append(&record(0)).unwrap_err().to_string();
-    assert!(err.contains("rank=0") && err.contains("symbolic link"), "{err}");
+    assert!(
+        err.contains("rank=0") && err.contains("symbolic link"),
+        "{err}"
+    );
     assert!(entries(&elsewhere).is_empty());
     // A level that is a file: refused.
     fs::write(root.join("rank=1"), b"x").unwrap();
-    let mut w = RotatingWriter::in_partition(&root, vec!["rank=1".into()], "part-1", opts(), vec![]);
+    let mut w =
+        RotatingWriter::in_partition(&root, vec!["rank=1".into()], "part-1", opts(), vec![]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(err.contains("not a directory"), "{err}");
     // Links at the names of the files: neither the hidden nor the final
@@ -341,13 +422,19 @@ fn planted_links_inside_the_dump_are_never_followed() {
     fs::write(&victim, b"keep").unwrap();
     std::os::unix::fs::symlink(&victim, part.join(".part-1-00000.parquet.tmp")).unwrap();
     std::os::unix::fs::symlink(&victim, part.join("part-1-00001.parquet")).unwrap();
-    let mut w = RotatingWriter::in_partition(&root, vec!["rank=2".into()], "part-1", opts(), vec![]);
+    let mut w =
+        RotatingWriter::in_partition(&root, vec!["rank=2".into()], "part-1", opts(), vec![]);
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     drop(w);
     assert_eq!(fs::read(&victim).unwrap(), b"keep");
     assert!(part.join("part-1-00002.parquet").is_file());
-    assert_eq!(read_records(&part.join("part-1-00002.parquet")).unwrap().len(), 1);
+    assert_eq!(
+        read_records(&part.join("part-1-00002.parquet"))
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[test]
@@ -356,9 +443,13 @@ fn a_writable_level_below_the_dump_dir_is_refused() {
     let root = tmp.path().join("dump");
     fs::create_dir_all(root.join("rank=0")).unwrap();
     chmod(&root.join("rank=0"), 0o777);
-    let mut w = RotatingWriter::in_partition(&root, vec!["rank=0".into()], "part-1", opts(), vec![]);
+    let mut w =
+        RotatingWriter::in_partition(&root, vec!["rank=0".into()], "part-1", opts(), vec![]);
     let err = w.append(&record(0)).unwrap_err().to_string();
-    assert!(err.contains("rank=0") && err.contains("writable by other users"), "{err}");
+    assert!(
+        err.contains("rank=0") && err.contains("writable by other users"),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -373,7 +464,10 @@ fn xfsz_child(mode: &str) {
     let dir = PathBuf::from(std::env::var("OPDUMP_TEST_XFSZ_DIR").unwrap());
     // SAFETY: setting this process's limit and a signal's default action.
     unsafe {
-        let lim = libc::rlimit { rlim_cur: 16 * 1024, rlim_max: 16 * 1024 };
+        let lim = libc::rlimit {
+            rlim_cur: 16 * 1024,
+            rlim_max: 16 * 1024,
+        };
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
         libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
     }
@@ -407,7 +501,12 @@ fn xfsz_child(mode: &str) {
 fn run_xfsz_child(mode: &str) -> std::process::Output {
     let tmp = private_dir();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigxfsz_is_blocked_on_the_writer_thread", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "sigxfsz_is_blocked_on_the_writer_thread",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(XFSZ_CHILD, mode)
         .env("OPDUMP_TEST_XFSZ_DIR", tmp.path())
         .output()
@@ -432,7 +531,12 @@ fn sigxfsz_is_blocked_on_the_writer_thread() {
     use std::os::unix::process::ExitStatusExt;
     let out = run_xfsz_child("blocked");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains("XFSZ-CHILD-OK"), "{:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("XFSZ-CHILD-OK"),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The control: without the block the same writer kills the process, so
     // the test above can fail.
     let out = run_xfsz_child("unblocked");

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use opdump_format::reader::{file_metadata, list_files, read_records};
 use opdump_format::schema::meta;
-use opdump_format::{OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord};
+use opdump_format::{
+    OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
+};
 
 fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
     TensorRecord {
@@ -49,16 +51,28 @@ fn record(seq: i64) -> OpRecord {
         start_ns: 1000 + seq,
         duration_ns: 5,
         error: None,
-        tensors: vec![tensor(Role::Input, "self", seq as f64), tensor(Role::Output, "0", seq as f64 + 1.0)],
+        tensors: vec![
+            tensor(Role::Input, "self", seq as f64),
+            tensor(Role::Output, "0", seq as f64 + 1.0),
+        ],
     }
 }
 
 fn opts(max_rows: u64) -> RotateOptions {
-    RotateOptions { max_rows, max_age: Duration::from_secs(3600), batch_rows: 16, ..Default::default() }
+    RotateOptions {
+        max_rows,
+        max_age: Duration::from_secs(3600),
+        batch_rows: 16,
+        ..Default::default()
+    }
 }
 
 fn read_all(dir: &Path) -> Vec<OpRecord> {
-    let mut out: Vec<OpRecord> = list_files(dir).unwrap().iter().flat_map(|f| read_records(&f.path).unwrap()).collect();
+    let mut out: Vec<OpRecord> = list_files(dir)
+        .unwrap()
+        .iter()
+        .flat_map(|f| read_records(&f.path).unwrap())
+        .collect();
     out.sort_by_key(|r| r.seq);
     out
 }
@@ -67,7 +81,12 @@ fn read_all(dir: &Path) -> Vec<OpRecord> {
 fn records_read_back_equal() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("rank=0/device=cpu");
-    let mut w = RotatingWriter::new(&dir, "part-42", opts(1_000_000), vec![("opdump.pid".into(), "42".into())]);
+    let mut w = RotatingWriter::new(
+        &dir,
+        "part-42",
+        opts(1_000_000),
+        vec![("opdump.pid".into(), "42".into())],
+    );
     let mut recs: Vec<OpRecord> = (0..100).map(record).collect();
     // An op without tensors, an op that raised, a tensor without values.
     recs[3].tensors.clear();
@@ -120,7 +139,10 @@ fn rotates_by_age() {
     // old at `now + max_age`, and younger than an hour at `now`.
     let tmp = tempfile::tempdir().unwrap();
     let max_age = Duration::from_secs(3600);
-    let o = RotateOptions { max_age, ..opts(1_000_000) };
+    let o = RotateOptions {
+        max_age,
+        ..opts(1_000_000)
+    };
     let mut w = RotatingWriter::new(tmp.path(), "part-1", o, vec![]);
     w.append(&record(0)).unwrap();
     w.tick(Instant::now()).unwrap(); // too young: stays hidden
@@ -147,7 +169,12 @@ fn stopped_writer_leaves_only_complete_visible_files() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(names.iter().any(|n| n.starts_with(".part-9-") && n.ends_with(".parquet.tmp")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with(".part-9-") && n.ends_with(".parquet.tmp")),
+        "{names:?}"
+    );
     let back = read_all(tmp.path());
     // 2 rows per op and 40 rows per file: two complete files of 20 ops.
     assert_eq!(back.len(), 40, "the completed files hold the first 40 ops");
@@ -174,24 +201,32 @@ fn files_are_private_by_default() {
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     let f = &list_files(&dir).unwrap()[0].path;
-    assert_eq!(std::fs::metadata(f).unwrap().permissions().mode() & 0o777, 0o600);
-    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::metadata(f).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
 }
 
 #[test]
 fn reader_rejects_foreign_and_newer_files() {
-    use std::sync::Arc;
     use arrow_array::{Int64Array, RecordBatch};
     use arrow_schema::{DataType, Field, Schema};
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
+    use std::sync::Arc;
 
     let tmp = tempfile::tempdir().unwrap();
     let write = |name: &str, version: Option<&str>| {
         let schema = Arc::new(Schema::new(vec![Field::new("seq", DataType::Int64, false)]));
-        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1]))])
+            .unwrap();
         let path = tmp.path().join(name);
-        let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
         w.write(&batch).unwrap();
         if let Some(v) = version {
             w.append_key_value_metadata(KeyValue::new(meta::SCHEMA_VERSION.into(), v.to_string()));
@@ -209,5 +244,8 @@ fn reader_rejects_foreign_and_newer_files() {
     std::fs::write(&truncated, b"PAR1garbage").unwrap();
     assert!(file_metadata(&truncated).is_err());
     let empty = tempfile::tempdir().unwrap();
-    assert!(list_files(empty.path()).unwrap_err().to_string().contains("no opdump files"));
+    assert!(list_files(empty.path())
+        .unwrap_err()
+        .to_string()
+        .contains("no opdump files"));
 }
