@@ -456,12 +456,12 @@ fn a_writable_level_below_the_dump_dir_is_refused() {
 // SIGXFSZ
 // ---------------------------------------------------------------------------
 
-const XFSZ_CHILD: &str = "OPDUMP_TEST_XFSZ_CHILD";
+const XFSZ_CHILD: &str = "XFSZ_TEST_CHILD";
 
 /// In a child process: a file-size limit, SIGXFSZ at its default action,
 /// and a writer thread that blocks SIGXFSZ (or not, with "unblocked").
 fn xfsz_child(mode: &str) {
-    let dir = PathBuf::from(std::env::var("OPDUMP_TEST_XFSZ_DIR").unwrap());
+    let dir = PathBuf::from(std::env::var("XFSZ_TEST_DIR").unwrap());
     // SAFETY: setting this process's limit and a signal's default action.
     unsafe {
         let lim = libc::rlimit {
@@ -508,7 +508,7 @@ fn run_xfsz_child(mode: &str) -> std::process::Output {
             "--test-threads=1",
         ])
         .env(XFSZ_CHILD, mode)
-        .env("OPDUMP_TEST_XFSZ_DIR", tmp.path())
+        .env("XFSZ_TEST_DIR", tmp.path())
         .output()
         .unwrap();
     // No partial file, visible or hidden, whatever happened.
