@@ -35,17 +35,18 @@ def test_dataloader_fork_and_many_forks(run):
     job = run("""
     import threading
     from torch.utils.data import DataLoader, TensorDataset
+    # The ops' dispatcher handles are function-local statics: a fork while
+    # another thread is inside their first initialisation leaves the child
+    # waiting on that guard for ever, with or without opdump. Initialise the
+    # ones the thread and the children call before any of it, and before
+    # recording (the children's `sub` must not appear in the dump).
+    torch.ones(8).add(1).mul(0.5).sub(1)
     torch.ops.opdump.enable()
     ds = TensorDataset(torch.arange(64.0).reshape(32, 2))
     total = 0.0
     for (b,) in DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork"):
         total += float(b.sum())
     stop = threading.Event()
-    # The ops' dispatcher handles are function-local statics: a fork while
-    # another thread is inside their first initialisation leaves the child
-    # waiting on that guard for ever, with or without opdump. Initialise
-    # them here, before the thread starts, so the test sees opdump's locks only.
-    torch.ones(8).add(1).mul(0.5).sub(1)
     def busy():
         x = torch.ones(8)
         while not stop.is_set():
