@@ -206,15 +206,23 @@ fn plot(pairs: &AlignedPairs<'_>) -> String {
 /// One line per decade, and the label of the infinite band.
 fn draw_grid(s: &mut String, f: &Frame) {
     let mut d = f.lo as i32;
+    let band_label_y = TOP + INF_BAND / 2.0;
     while d as f64 <= f.hi {
         let y = f.y_of(10f64.powi(d));
         let _ = write!(
             s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{}" y="{:.1}" class="ax" text-anchor="end">1e{d}</text>"##,
-            LEFT + f.pw,
-            LEFT - 4.0,
-            y + 3.0
+            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/>"##,
+            LEFT + f.pw
         );
+        // A decade label that would overprint the band's label is left out.
+        if y - band_label_y >= 10.0 {
+            let _ = write!(
+                s,
+                r#"<text x="{}" y="{:.1}" class="ax" text-anchor="end">1e{d}</text>"#,
+                LEFT - 4.0,
+                y + 3.0
+            );
+        }
         d += 1;
     }
     let _ = write!(
@@ -235,9 +243,15 @@ fn draw_step_marks(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
         if last_step != Some(st) && pairs.is_top_level(k) {
             if last_step.is_some() && marks < 60 {
                 let x = f.x_of(k);
+                // Near the right edge the label ends at its line, inside the plot.
+                let anchor = if x > LEFT + 0.9 * f.pw {
+                    "end"
+                } else {
+                    "start"
+                };
                 let _ = write!(
                     s,
-                    r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{x:.1}" y="{}" class="ax">step {st}</text>"##,
+                    r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{x:.1}" y="{}" class="ax" text-anchor="{anchor}">step {st}</text>"##,
                     TOP + f.ph,
                     TOP + f.ph + 36.0
                 );
