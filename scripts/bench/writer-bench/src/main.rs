@@ -9,7 +9,7 @@
 //! - `writer`: build + `RotatingWriter::append` on one thread, then close;
 //! - `channel + writer thread`: build on this thread, send through a bounded
 //!   crossbeam channel (16384, the plugin's OPDUMP_QUEUE) to a writer thread
-//!   that appends, as `src/sink.rs` does; timed until the last file is complete.
+//!   that appends, as `crates/engine/src/sink.rs` does; timed until the last file is complete.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
