@@ -446,7 +446,7 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
             for cmp in batch.iter_mut() {
                 ctx.judge(cmp, |tc| input_taint_from(ctx, &prov, tc, k, &first_change));
                 j.record(k, cmp, &mut prov);
-                if k % 65536 == 0 {
+                if k.is_multiple_of(65536) {
                     progress.update(|| format!("measuring: {k}/{n} op pairs"));
                 }
                 k += 1;

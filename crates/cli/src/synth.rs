@@ -488,7 +488,7 @@ impl<'a> SyntheticRun<'a> {
             && self
                 .v
                 .extra_copy_every
-                .is_some_and(|n| linear_index % n == 0)
+                .is_some_and(|n| linear_index.is_multiple_of(n))
     }
 
     /// A `_to_copy` to float32 that leaves the values as they are: an extra

@@ -227,21 +227,6 @@ fn error_lines_escape_control_characters() {
 
 // --- Forged footers --------------------------------------------------------
 
-/// Thrift compact zigzag varint of an i64.
-fn varint(n: i64) -> Vec<u8> {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    let mut out = Vec::new();
-    loop {
-        let b = (z & 0x7f) as u8;
-        z >>= 7;
-        if z == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
-
 /// The file with its footer's `num_rows` (FileMetaData field 3, an i64
 /// after the schema list, before the row group list) set to `rows`.
 fn with_footer_rows(bytes: &[u8], rows_now: i64, rows: i64) -> Vec<u8> {

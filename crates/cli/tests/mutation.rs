@@ -152,21 +152,6 @@ fn mutate(rng: &mut Rng, good: &[u8]) -> (Vec<u8>, String) {
     (b, what)
 }
 
-/// Thrift compact zigzag varint of an i64.
-fn varint(n: i64) -> Vec<u8> {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    let mut out = Vec::new();
-    loop {
-        let b = (z & 0x7f) as u8;
-        z >>= 7;
-        if z == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
-
 /// The file with the value of a random i64 field of its footer (a field
 /// header byte of type 6, then a varint) replaced by `v`, the footer's
 /// length updated; and where the field was.

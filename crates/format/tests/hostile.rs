@@ -89,6 +89,19 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The descriptor of the writer's open hidden file under `dir`.
+fn hidden_file_fd(dir: &Path) -> i32 {
+    fds_under(dir)
+        .into_iter()
+        .find(|&fd| {
+            fs::read_link(format!("/proc/self/fd/{fd}"))
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
+        .expect("the hidden file is open")
+}
+
 /// The descriptor numbers of this process that refer to a path under `dir`.
 fn fds_under(dir: &Path) -> Vec<i32> {
     let dir = fs::canonicalize(dir).unwrap();
@@ -136,15 +149,7 @@ fn a_reused_file_descriptor_is_never_written_closed_or_published() {
         w.append(&record(seq)).unwrap();
     }
     let part = dir.join("rank=0/device=cpu");
-    let tmp_fd = fds_under(&part)
-        .into_iter()
-        .find(|&fd| {
-            fs::read_link(format!("/proc/self/fd/{fd}"))
-                .unwrap()
-                .to_string_lossy()
-                .ends_with(".tmp")
-        })
-        .expect("the hidden file is open");
+    let tmp_fd = hidden_file_fd(&part);
 
     // The job's own file takes the writer's number.
     let job_path = tmp.path().join("job.txt");
@@ -201,15 +206,7 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
         seq += 1;
         assert!(seq < 2_000_000, "nothing reached the file");
     }
-    let tmp_fd = fds_under(&dir)
-        .into_iter()
-        .find(|&fd| {
-            fs::read_link(format!("/proc/self/fd/{fd}"))
-                .unwrap()
-                .to_string_lossy()
-                .ends_with(".tmp")
-        })
-        .expect("the hidden file is open");
+    let tmp_fd = hidden_file_fd(&dir);
     let other = tmp.path().join("other.txt");
     let job = fs::File::create(&other).unwrap();
     replace_fd(tmp_fd, &job);

@@ -293,3 +293,19 @@ pub fn record(seq: i64, parent_seq: Option<i64>, op: &str, x: f64) -> OpRecord {
         ],
     }
 }
+
+/// Thrift compact zigzag varint of an i64: how a Parquet footer stores the
+/// integers the hostile-input and mutation tests forge.
+pub fn varint(n: i64) -> Vec<u8> {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut out = Vec::new();
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
