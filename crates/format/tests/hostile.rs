@@ -89,6 +89,13 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// A writer of `part-1` files in the partition `levels` below `root`, with
+/// the tests' options and no metadata.
+fn partition_writer(root: &Path, levels: &[&str]) -> RotatingWriter {
+    let levels = levels.iter().map(|l| l.to_string()).collect();
+    RotatingWriter::in_partition(root, levels, "part-1", opts(), vec![])
+}
+
 /// The descriptor of the writer's open hidden file under `dir`.
 fn hidden_file_fd(dir: &Path) -> i32 {
     fds_under(dir)
@@ -134,13 +141,7 @@ fn replace_fd(fd: i32, with: &impl AsRawFd) {
 fn a_reused_file_descriptor_is_never_written_closed_or_published() {
     let tmp = private_dir();
     let dir = tmp.path().join("dump");
-    let mut w = RotatingWriter::in_partition(
-        &dir,
-        vec!["rank=0".into(), "device=cpu".into()],
-        "part-42",
-        opts(),
-        vec![],
-    );
+    let mut w = partition_writer(&dir, &["rank=0", "device=cpu"]);
     for seq in 0..10 {
         w.append(&record(seq)).unwrap();
     }
@@ -237,13 +238,7 @@ fn a_reused_file_descriptor_is_caught_in_the_middle_of_a_file() {
 fn a_reused_directory_descriptor_is_never_used_or_closed() {
     let tmp = private_dir();
     let dir = tmp.path().join("dump");
-    let mut w = RotatingWriter::in_partition(
-        &dir,
-        vec!["rank=0".into(), "device=cpu".into()],
-        "part-42",
-        opts(),
-        vec![],
-    );
+    let mut w = partition_writer(&dir, &["rank=0", "device=cpu"]);
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     // Between files the writer keeps only the partition directory open.
@@ -318,7 +313,7 @@ fn writable_bits_that_the_file_mode_grants_or_a_sticky_bit_are_accepted() {
     // A sticky directory (as /tmp): others cannot rename or remove our entries.
     chmod(&dir, 0o1777);
     check_dump_dir(&dir, 0o700).unwrap();
-    let mut w = RotatingWriter::in_partition(&dir, vec!["rank=0".into()], "part-1", opts(), vec![]);
+    let mut w = partition_writer(&dir, &["rank=0"]);
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     assert_eq!(w.files_written(), 1);
@@ -368,13 +363,7 @@ fn a_dump_dir_of_another_user_is_refused() {
     fs::create_dir(&root).unwrap();
     fs::create_dir(root.join("rank=0")).unwrap();
     std::os::unix::fs::chown(root.join("rank=0"), Some(uid), Some(uid)).unwrap();
-    let mut w = RotatingWriter::in_partition(
-        &root,
-        vec!["rank=0".into(), "device=cpu".into()],
-        "part-1",
-        opts(),
-        vec![],
-    );
+    let mut w = partition_writer(&root, &["rank=0", "device=cpu"]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(
         err.contains("rank=0") && err.contains("owned by another user"),
@@ -392,13 +381,7 @@ fn planted_links_inside_the_dump_are_never_followed() {
     fs::create_dir(&elsewhere).unwrap();
     // A level that is a link: refused.
     std::os::unix::fs::symlink(&elsewhere, root.join("rank=0")).unwrap();
-    let mut w = RotatingWriter::in_partition(
-        &root,
-        vec!["rank=0".into(), "device=cpu".into()],
-        "part-1",
-        opts(),
-        vec![],
-    );
+    let mut w = partition_writer(&root, &["rank=0", "device=cpu"]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(
         err.contains("rank=0") && err.contains("symbolic link"),
@@ -407,8 +390,7 @@ fn planted_links_inside_the_dump_are_never_followed() {
     assert!(entries(&elsewhere).is_empty());
     // A level that is a file: refused.
     fs::write(root.join("rank=1"), b"x").unwrap();
-    let mut w =
-        RotatingWriter::in_partition(&root, vec!["rank=1".into()], "part-1", opts(), vec![]);
+    let mut w = partition_writer(&root, &["rank=1"]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(err.contains("not a directory"), "{err}");
     // Links at the names of the files: neither the hidden nor the final
@@ -419,8 +401,7 @@ fn planted_links_inside_the_dump_are_never_followed() {
     fs::write(&victim, b"keep").unwrap();
     std::os::unix::fs::symlink(&victim, part.join(".part-1-00000.parquet.tmp")).unwrap();
     std::os::unix::fs::symlink(&victim, part.join("part-1-00001.parquet")).unwrap();
-    let mut w =
-        RotatingWriter::in_partition(&root, vec!["rank=2".into()], "part-1", opts(), vec![]);
+    let mut w = partition_writer(&root, &["rank=2"]);
     w.append(&record(0)).unwrap();
     w.close_file().unwrap();
     drop(w);
@@ -440,8 +421,7 @@ fn a_writable_level_below_the_dump_dir_is_refused() {
     let root = tmp.path().join("dump");
     fs::create_dir_all(root.join("rank=0")).unwrap();
     chmod(&root.join("rank=0"), 0o777);
-    let mut w =
-        RotatingWriter::in_partition(&root, vec!["rank=0".into()], "part-1", opts(), vec![]);
+    let mut w = partition_writer(&root, &["rank=0"]);
     let err = w.append(&record(0)).unwrap_err().to_string();
     assert!(
         err.contains("rank=0") && err.contains("writable by other users"),
