@@ -108,7 +108,7 @@ def main():
     print("$ opdump compare", a.name, b.name, flush=True)
     p = subprocess.run(cmd)
     print(f"\nReport: {out / 'report.html'}; per-tensor table: {out / 'compare.parquet'}")
-    sys.exit(0 if p.returncode in (0, 1) else p.returncode)
+    sys.exit(0 if p.returncode in (0, 1, 3) else p.returncode)
 
 
 if __name__ == "__main__":

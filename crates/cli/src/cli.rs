@@ -27,6 +27,8 @@ use crate::tolerance::{Tolerances, DEFAULT_MIN_AMPLIFICATION};
 pub const EXIT_SAME: u8 = 0;
 pub const EXIT_DIVERGED: u8 = 1;
 pub const EXIT_ERROR: u8 = 2;
+/// Outputs diverged, but no op introduced the divergence.
+pub const EXIT_DRIFT: u8 = 3;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -185,11 +187,7 @@ fn compare_cmd(a: CompareArgs) -> Result<u8> {
     }
     progress.finish();
     print_report(a.json, &report, terminal::render)?;
-    Ok(if report.divergence {
-        EXIT_DIVERGED
-    } else {
-        EXIT_SAME
-    })
+    Ok(report.exit_status)
 }
 
 fn summary_cmd(a: SummaryArgs) -> Result<u8> {

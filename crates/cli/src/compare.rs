@@ -55,8 +55,12 @@ pub struct Compared {
     pub tensor_pairs: u64,
     pub dtype_differs: u64,
     pub first_divergence: Option<usize>,
-    /// The deepest introduced op inside that subtree: the headline.
+    /// The first introduced op in call order (the deepest introduced op
+    /// inside the first introduced subtree).
     pub first_introduced: Option<usize>,
+    /// The op the verdict names: the first introduced, unless a later one
+    /// is [`HEADLINE_DOMINANCE`] times stronger (see [`headline`]).
+    pub headline: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<usize>,
     /// Values changed by calls only in B before an aligned op consumed them,
@@ -109,6 +113,56 @@ impl Compared {
 
     pub fn divergence_found(&self) -> bool {
         self.first_divergence.is_some()
+    }
+
+    /// What the exit status says: an op introduced a divergence (aligned,
+    /// or only in B), outputs diverged with no op to blame, or neither.
+    pub fn outcome(&self) -> Outcome {
+        if self.headline.is_some() || self.first_unmatched_change.is_some() {
+            Outcome::Introduced
+        } else if self.divergence_found() {
+            Outcome::DriftOnly
+        } else {
+            Outcome::Agree
+        }
+    }
+}
+
+/// The three answers of a comparison, one exit status each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every aligned op agrees within what rounding explains.
+    Agree,
+    /// Some op's kernel made an error its inputs do not explain.
+    Introduced,
+    /// Outputs diverged, but every diverged op inherited it: from inputs
+    /// that differ from the start, random or discontinuous ops, or calls
+    /// only in A. No kernel to blame.
+    DriftOnly,
+}
+
+/// A later introduced op at least this many times stronger, by
+/// amplification, than the first one in call order takes the headline.
+/// Two orders of magnitude: an op that rounding or a condition number
+/// explains badly still amplifies by tens to hundreds, while a faulty
+/// kernel fed with rounding-level inputs amplifies by 10^4 and more, so a
+/// weak false alarm early in the run cannot hide a real fault after it.
+pub const HEADLINE_DOMINANCE: f64 = 100.0;
+
+/// The headline among introduced ops: the first in call order, unless the
+/// strongest (`leaves` is sorted by amplification, strongest first) is
+/// [`HEADLINE_DOMINANCE`] times stronger. Amplifications compare as
+/// computed: infinite (NaN or Inf from finite inputs) beats any finite.
+pub fn headline(first: Option<usize>, leaves: &[usize], amplification: &[f32]) -> Option<usize> {
+    let first = first?;
+    match leaves.first() {
+        Some(&strong)
+            if amplification[strong] as f64 >= HEADLINE_DOMINANCE * amplification[first] as f64
+                && amplification[strong] > amplification[first] =>
+        {
+            Some(strong)
+        }
+        _ => Some(first),
     }
 }
 
@@ -266,7 +320,9 @@ pub fn compare_dumps(
     let first_divergence = verdict.iter().position(|v| v.diverged());
     let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
     let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
-    let top_introduced = top_introduced(&tree, &verdict, &amplification, top);
+    let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
+    let headline = headline(first_introduced, &top_introduced, &amplification);
+    top_introduced.truncate(top);
     let first_unmatched_change = unmatched_change
         .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
         .map(|ch| UnmatchedChange {
@@ -296,6 +352,7 @@ pub fn compare_dumps(
         dtype_differs,
         first_divergence,
         first_introduced,
+        headline,
         top_introduced,
         first_unmatched_change,
         notes,
@@ -606,14 +663,13 @@ fn mark_absorbed(tree: &PairTree<'_>, verified: &[bool], verdict: &mut [OpVerdic
     }
 }
 
-/// Introduced ops without an introduced descendant, the `top` largest
+/// Introduced ops without an introduced descendant, the largest
 /// amplifications first. Introduced ops with an introduced descendant are
 /// the parents of the real culprit (`linear` over `addmm`): left out.
-fn top_introduced(
+fn introduced_leaves(
     tree: &PairTree<'_>,
     verdict: &[OpVerdict],
     amplification: &[f32],
-    top: usize,
 ) -> Vec<usize> {
     let introduced = |k: &usize| verdict[*k] == OpVerdict::Introduced;
     let mut has_introduced_below = vec![false; verdict.len()];
@@ -635,7 +691,6 @@ fn top_introduced(
             .total_cmp(&amplification[x])
             .then(x.cmp(&y))
     });
-    top_list.truncate(top);
     top_list
 }
 

@@ -10,6 +10,14 @@
 //! - `Contraction` / `Normalization`: continuous ops that reduce along a
 //!   dimension the numel ratio of inputs to outputs does not reveal (matmul's
 //!   inner dimension, softmax's row); the tolerance needs that length.
+//! - `Sum` / `Mean`: linear reductions, each output the sum (or the mean)
+//!   of K input elements. Their result may cancel to far below the partial
+//!   sums it went through, and rounding is relative to those (see
+//!   `metrics::output_floor`).
+//! - `Movement`: ops that only select, move, copy or repeat elements (views,
+//!   indexing, concatenation, copies). They do no arithmetic, so they cannot
+//!   make an error, only concentrate one that their input already holds (a
+//!   selected row can hold more of the error than the whole tensor).
 //!
 //! Names are matched without namespace and without a trailing `_` (in-place)
 //! so `aten::normal_` and `aten::normal` are both random.
@@ -21,6 +29,9 @@ pub enum OpClass {
     Discontinuous,
     Contraction,
     Normalization,
+    Sum,
+    Mean,
+    Movement,
 }
 
 impl OpClass {
@@ -31,6 +42,9 @@ impl OpClass {
             OpClass::Discontinuous => "discontinuous",
             OpClass::Contraction => "contraction",
             OpClass::Normalization => "normalization",
+            OpClass::Sum => "sum",
+            OpClass::Mean => "mean",
+            OpClass::Movement => "movement",
         }
     }
 }
@@ -200,6 +214,88 @@ const NORMALIZATION: &[&str] = &[
     "std_mean",
 ];
 
+const SUM: &[&str] = &["sum", "nansum", "sum_to_size", "_sum_to"];
+
+const MEAN: &[&str] = &[
+    "mean",
+    "nanmean",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool3d",
+];
+
+/// Ops whose every output element is a copy of an input element (or a
+/// constant such as the zeros of `triu` or of padding), possibly cast to
+/// another dtype.
+const MOVEMENT: &[&str] = &[
+    "alias",
+    "as_strided",
+    "as_strided_scatter",
+    "cat",
+    "_cat",
+    "chunk",
+    "clone",
+    "constant_pad_nd",
+    "contiguous",
+    "copy",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "_to_copy",
+    "_to_cpu",
+    "to",
+    "detach",
+    "diagonal",
+    "embedding",
+    "expand",
+    "expand_as",
+    "flatten",
+    "flip",
+    "gather",
+    "index",
+    "index_select",
+    "lift_fresh",
+    "lift_fresh_copy",
+    "masked_select",
+    "movedim",
+    "moveaxis",
+    "narrow",
+    "narrow_copy",
+    "pad",
+    "permute",
+    "repeat",
+    "repeat_interleave",
+    "reshape",
+    "_reshape_alias",
+    "roll",
+    "select",
+    "slice",
+    "split",
+    "split_with_sizes",
+    "squeeze",
+    "stack",
+    "t",
+    "take",
+    "take_along_dim",
+    "tile",
+    "transpose",
+    "tril",
+    "triu",
+    "unbind",
+    "unflatten",
+    "unfold",
+    "unsafe_split",
+    "unsafe_chunk",
+    "unsqueeze",
+    "view",
+    "_unsafe_view",
+    "view_as",
+];
+
 /// The bare name: `aten::normal_` -> `normal`.
 pub fn base_name(op: &str) -> &str {
     let name = op.rsplit("::").next().unwrap_or(op);
@@ -224,6 +320,12 @@ pub fn classify(op: &str) -> OpClass {
         OpClass::Contraction
     } else if is(NORMALIZATION) {
         OpClass::Normalization
+    } else if is(SUM) {
+        OpClass::Sum
+    } else if is(MEAN) {
+        OpClass::Mean
+    } else if is(MOVEMENT) {
+        OpClass::Movement
     } else {
         OpClass::Plain
     }
@@ -251,6 +353,11 @@ mod tests {
         assert_eq!(classify("aten::addmm"), OpClass::Contraction);
         assert_eq!(classify("aten::_softmax"), OpClass::Normalization);
         assert_eq!(classify("aten::add_"), OpClass::Plain);
+        assert_eq!(classify("aten::sum"), OpClass::Sum);
+        assert_eq!(classify("aten::mean"), OpClass::Mean);
+        assert_eq!(classify("aten::as_strided"), OpClass::Movement);
+        assert_eq!(classify("aten::copy_"), OpClass::Movement);
+        assert_eq!(classify("aten::embedding"), OpClass::Movement);
         assert_eq!(classify("aten::__and__"), OpClass::Plain);
         assert_eq!(classify("mylib::custom"), OpClass::Plain);
         assert!(args_make_discontinuous(

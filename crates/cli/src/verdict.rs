@@ -142,12 +142,16 @@ pub struct OpErrors {
     /// Some output of a random / discontinuous op differs.
     pub legit_rng: bool,
     pub legit_discontinuous: bool,
+    /// The op only selects, moves or copies elements (`OpClass::Movement`).
+    pub moves_only: bool,
 }
 
 /// The op verdict: an op *introduced* an error when an output diverged and
 /// its output error is more than `min_amplification` times the largest
 /// error of an input that had itself diverged (inputs identical or merely
-/// close cannot explain it); else it *inherited* it.
+/// close cannot explain it); else it *inherited* it. An op that only moves
+/// elements inherits whatever error an input brings, however concentrated:
+/// it introduces one only from inputs that agree (a wrong index).
 pub fn op_verdict(e: &OpErrors, min_amplification: f64) -> OpVerdict {
     if !e.out_diverged {
         return if e.legit_rng {
@@ -158,7 +162,7 @@ pub fn op_verdict(e: &OpErrors, min_amplification: f64) -> OpVerdict {
             OpVerdict::Ok
         };
     }
-    if e.diverged_in_err.is_infinite() {
+    if e.diverged_in_err.is_infinite() || (e.moves_only && e.diverged_in_err > 0.0) {
         return OpVerdict::Inherited;
     }
     if e.out_err > min_amplification * e.diverged_in_err {
@@ -186,6 +190,7 @@ mod tests {
             out_diverged: true,
             legit_rng: false,
             legit_discontinuous: false,
+            moves_only: false,
         }
     }
 
@@ -201,6 +206,21 @@ mod tests {
         assert_eq!(
             op_verdict(&e(f64::INFINITY, f64::INFINITY), 32.0),
             OpVerdict::Inherited
+        );
+        let moving = OpErrors {
+            moves_only: true,
+            ..e(0.5, 0.011)
+        };
+        assert_eq!(op_verdict(&moving, 32.0), OpVerdict::Inherited);
+        assert_eq!(
+            op_verdict(
+                &OpErrors {
+                    moves_only: true,
+                    ..e(0.5, 0.0)
+                },
+                32.0
+            ),
+            OpVerdict::Introduced
         );
         let ok = OpErrors {
             out_diverged: false,

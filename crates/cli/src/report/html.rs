@@ -309,7 +309,7 @@ fn draw_points(s: &mut String, f: &Frame, bins: &[Bin], pairs: &AlignedPairs<'_>
 /// same op.
 fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     for (row, (k, label, color)) in [
-        (pairs.first_introduced(), "first introduced", "#d62728"),
+        (pairs.headline(), "introduced", "#d62728"),
         (pairs.first_divergence(), "first divergence", "#ff9f1c"),
     ]
     .into_iter()
@@ -491,19 +491,27 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
         thousands(r.aligned.op_calls),
         thousands(r.aligned.top_level_calls),
         thousands(r.aligned.tensor_pairs),
-        if r.first_introduced.is_some() { "introduced" } else { "" },
-        match (&r.first_introduced, r.divergence) {
+        if r.headline.is_some() { "introduced" } else { "" },
+        match (&r.headline, r.divergence) {
             _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
                 Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
                 None => "first introduced by calls only in B".into(),
             },
+            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), amplifying at least {:.0} times more than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, crate::compare::HEADLINE_DOMINANCE),
             (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
-            (None, true) => "diverged, no op introduced it".into(),
+            (None, true) => "diverged, no op introduced it (exit status 3)".into(),
             (None, false) => "no divergence".into(),
         }
     );
     o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics); hover for the op</span></p>");
     o.push_str(&plot(pairs));
+    if r.headline_rule == Some("dominant") {
+        op_section(
+            &mut o,
+            "Strongest introduced divergence (the headline)",
+            &r.headline,
+        );
+    }
     op_section(&mut o, "First introduced divergence", &r.first_introduced);
     op_section(&mut o, "First divergence", &r.first_divergence);
     if !r.top_introduced.is_empty() {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Serialize, Serializer};
 
-use crate::compare::{Compared, UnmatchedChange};
+use crate::compare::{Compared, Outcome, UnmatchedChange};
 use crate::dump::{Dump, NONE};
 use crate::intern::FxMap;
 use crate::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
@@ -477,13 +477,21 @@ pub struct CompareReport {
     pub tensor_verdicts: BTreeMap<&'static str, u64>,
     /// Aligned op calls per verdict.
     pub op_verdicts: BTreeMap<&'static str, u64>,
-    /// Some aligned op's outputs diverged (exit status 1).
+    /// Some aligned op's outputs diverged.
     pub divergence: bool,
+    /// 0: the runs agree; 1: an op introduced a divergence; 3: outputs
+    /// diverged but no op introduced it (see the README's exit statuses).
+    pub exit_status: u8,
     /// The first op call, in A's call order, whose outputs diverge.
     pub first_divergence: Option<OpReport>,
     /// The deepest op that introduced an error, inside the first introduced
-    /// subtree: the headline answer.
+    /// subtree.
     pub first_introduced: Option<OpReport>,
+    /// The op the verdict names: `first_introduced`, unless a later
+    /// introduced op amplifies 100 times more (`headline_rule`).
+    pub headline: Option<OpReport>,
+    /// Why `headline` was chosen: `"first"` or `"dominant"`.
+    pub headline_rule: Option<&'static str>,
     /// Set instead, when calls only in B introduced the divergence before
     /// any aligned op did.
     pub first_introduced_unmatched: Option<UnmatchedReport>,
@@ -532,8 +540,17 @@ impl CompareReport {
                 .map(|v| (v.as_str(), c.op_counts[*v as usize]))
                 .collect(),
             divergence: c.divergence_found(),
+            exit_status: exit_status(c.outcome()),
             first_divergence: c.first_divergence.map(|k| OpReport::of(c, k)),
             first_introduced: c.first_introduced.map(|k| OpReport::of(c, k)),
+            headline: c.headline.map(|k| OpReport::of(c, k)),
+            headline_rule: c.headline.map(|k| {
+                if Some(k) == c.first_introduced {
+                    "first"
+                } else {
+                    "dominant"
+                }
+            }),
             first_introduced_unmatched: c
                 .first_unmatched_change
                 .as_ref()
@@ -545,6 +562,16 @@ impl CompareReport {
                 .collect(),
             notes: c.notes.clone(),
         }
+    }
+}
+
+/// The exit status of `opdump compare` for an outcome.
+pub fn exit_status(o: Outcome) -> u8 {
+    use crate::cli::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_SAME};
+    match o {
+        Outcome::Agree => EXIT_SAME,
+        Outcome::Introduced => EXIT_DIVERGED,
+        Outcome::DriftOnly => EXIT_DRIFT,
     }
 }
 
@@ -620,9 +647,9 @@ impl<'a> AlignedPairs<'a> {
         self.c.first_divergence
     }
 
-    /// Pair of the headline (see [`CompareReport::first_introduced`]).
-    pub fn first_introduced(&self) -> Option<usize> {
-        self.c.first_introduced
+    /// Pair of the headline (see [`CompareReport::headline`]).
+    pub fn headline(&self) -> Option<usize> {
+        self.c.headline
     }
 
     /// A reader of the pairs in full, one at a time.

@@ -399,6 +399,17 @@ pub fn render(r: &CompareReport) -> String {
         (Some(i), _) => op_block(&mut out, "First introduced", i),
         (None, _) => out.push_str("First introduced: none\n"),
     }
+    if let (Some(h), Some("dominant")) = (&r.headline, r.headline_rule) {
+        out.push('\n');
+        op_block(
+            &mut out,
+            &format!(
+                "Strongest introduced (the headline: it amplifies at least {:.0} times more than the first)",
+                crate::compare::HEADLINE_DOMINANCE
+            ),
+            h,
+        );
+    }
     if !r.top_introduced.is_empty() {
         out.push_str("\nIntroduced divergences by amplification:\n");
         let _ = writeln!(
@@ -423,7 +434,7 @@ pub fn render(r: &CompareReport) -> String {
         }
     }
     out.push('\n');
-    match (&r.first_introduced, r.divergence) {
+    match (&r.headline, r.divergence) {
         _ if r.first_introduced_unmatched.is_some() => {
             if let Some(u) = &r.first_introduced_unmatched {
                 let _ = match &u.op {
@@ -447,7 +458,12 @@ pub fn render(r: &CompareReport) -> String {
         (Some(i), _) => {
             let _ = writeln!(
                 out,
-                "Verdict: DIVERGED. First introduced at {} (seq A {}, seq B {}, step {}).",
+                "Verdict: DIVERGED. {} at {} (seq A {}, seq B {}, step {}).",
+                if r.headline_rule == Some("dominant") {
+                    "Introduced"
+                } else {
+                    "First introduced"
+                },
                 full_name(&i.op, &i.overload),
                 i.seq_a,
                 i.seq_b,
@@ -455,7 +471,7 @@ pub fn render(r: &CompareReport) -> String {
             );
         }
         (None, true) => {
-            out.push_str("Verdict: DIVERGED, but no op introduced it (inherited from random, discontinuous or unmatched ops).\n");
+            out.push_str("Verdict: DRIFT. Outputs diverged, but no op introduced it: every diverged op inherited the difference (from inputs that differ from the start, random or discontinuous ops, or calls only in A). Exit status 3.\n");
         }
         (None, false) => {
             out.push_str("Verdict: no divergence: every aligned op agrees within tolerance.\n")
