@@ -169,6 +169,52 @@ def test_forward_backward_match_cpu_exactly(case):
         assert bits_equal(gd, gc)
 
 
+@pytest.mark.parametrize(
+    "norm, shape", [(nn.BatchNorm1d, (8, 4)), (nn.BatchNorm1d, (8, 4, 6)), (nn.BatchNorm2d, (4, 4, 5, 5))]
+)
+def test_batch_norm_matches_cpu_with_its_running_statistics(norm, shape):
+    """native_batch_norm updates running_mean/var in place though its schema
+    does not say so: they must move on testdev as on the CPU."""
+    (x,) = _inputs(9, shape)
+    x = x * 2 + 3  # statistics far from the initial 0 and 1, so a missed update shows
+
+    def train_then_eval(device):
+        torch.manual_seed(0)
+        bn = norm(4).to(device)
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-1, 1)
+        out, grads = run(bn, [x], device)
+        bn(x.to(device))
+        bn.eval()
+        return bn, out, grads, bn(x.to(device))
+
+    bn_d, out_d, grads_d, eval_d = train_then_eval(D)
+    bn_c, out_c, grads_c, eval_c = train_then_eval("cpu")
+    assert bits_equal(out_d, out_c) and bits_equal(grads_d[0], grads_c[0])
+    assert bits_equal(bn_d.weight.grad, bn_c.weight.grad) and bits_equal(bn_d.bias.grad, bn_c.bias.grad)
+    assert not bits_equal(bn_c.running_mean, torch.zeros(4))
+    for name, v in bn_c.state_dict().items():
+        assert bits_equal(bn_d.state_dict()[name], v), name
+    assert bits_equal(eval_d, eval_c)
+
+
+def test_native_batch_norm_legit_matches_cpu():
+    """The functional batch norm op (what decompositions and export use) marks
+    its running statistics as written."""
+    x, w, b = _inputs(10, (4, 3, 5, 5), (3,), (3,))
+
+    def go(device):
+        stats = [torch.zeros(3, device=device), torch.ones(3, device=device)]
+        out = torch.ops.aten._native_batch_norm_legit(
+            x.to(device), w.to(device), b.to(device), *stats, True, 0.1, 1e-5
+        )
+        return list(out) + stats
+
+    for td, tc in zip(go(D), go("cpu")):
+        assert bits_equal(td, tc)
+
+
 def _row_ulps(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest difference in units of the dtype's eps times the row's largest magnitude."""
     a64, b64 = a.double(), b.double()
@@ -439,6 +485,33 @@ def test_fault_applies_in_backward_on_the_device_thread():
     _, (grad,) = run(F.gelu, [x], D)
     assert bits_equal(grad, clean_grad * 2)
     assert testdev.fault_counts() == {"aten::gelu_backward": 1}
+
+
+def test_fault_on_batch_norm_forward_and_backward():
+    """native_batch_norm's outputs include the running statistics it updates."""
+    (x,) = _inputs(11, (4, 3, 5, 5))
+    x = x.to(D)
+    bn = nn.BatchNorm2d(3).to(D)
+    clean = bn(x)
+    clean_mean, clean_var = bn.running_mean.clone(), bn.running_var.clone()
+    bn.reset_running_stats()
+    testdev.set_fault("native_batch_norm=scale:2")
+    assert bits_equal(bn(x), clean * 2)
+    assert bits_equal(bn.running_mean, clean_mean * 2) and bits_equal(bn.running_var, clean_var * 2)
+    assert testdev.fault_counts() == {"aten::native_batch_norm": 1}
+
+    def fn(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True)
+
+    inputs = [x] + _inputs(12, (3,), (3,))
+    testdev.set_fault(None)
+    out_c, grads_c = run(fn, inputs, D)
+    testdev.set_fault("native_batch_norm_backward=scale:2")
+    out, grads = run(fn, inputs, D)
+    assert bits_equal(out, out_c)
+    for g, gc in zip(grads, grads_c):
+        assert bits_equal(g, gc * 2)
+    assert testdev.fault_counts() == {"aten::native_batch_norm_backward": 1}
 
 
 def test_observer_bookkeeping_is_not_faulted():
