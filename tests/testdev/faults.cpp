@@ -434,9 +434,14 @@ std::vector<std::pair<std::string, int64_t>> traced_ops() {
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu(op, op, stack);
+}
+
+void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& op,
+                torch::jit::Stack* stack) {
   State& s = st();
   if (s.trace.load(std::memory_order_relaxed)) {
-    const auto& on = op.operator_name();
+    const auto& on = reached.operator_name();
     std::string key = on.overload_name.empty() ? on.name : on.name + "." + on.overload_name;
     std::lock_guard<std::mutex> lock(s.trace_mu);
     if (s.trace.load()) ++s.traced[key];
@@ -450,7 +455,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::TESTING_ONLY_GenericMode)) {
     cfg = current();
     if (cfg) {
-      auto it = cfg->by_op.find(strip_inplace(op.operator_name().name));
+      auto it = cfg->by_op.find(strip_inplace(reached.operator_name().name));
       if (it != cfg->by_op.end()) fault = it->second;
     }
   }
