@@ -460,6 +460,61 @@ def test_small_cnn_trains_like_cpu_bitwise():
         assert bits_equal(state_d[name], v), name
 
 
+class _TiedLM(nn.Module):
+    """An embedding and an LM head that share one Parameter."""
+
+    def __init__(self, vocab=30, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.fc = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.fc(self.emb(idx))))
+
+
+def test_module_to_device_keeps_tied_weights():
+    """Module._apply keeps each Parameter (param.data = moved) only when the
+    CPU and testdev tensors are shallow-copy compatible; testdev says they
+    are, as PyTorch leaves PrivateUse1 backends to say."""
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1), torch.zeros(1, device=D))
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1, device=D), torch.zeros(1))
+    model = _TiedLM()
+    tied, w = model.emb.weight, model.emb.weight.detach().clone()
+    model.to(D)
+    assert model.head.weight is model.emb.weight is tied
+    assert tied.device.type == D and isinstance(tied, nn.Parameter) and bits_equal(tied, w)
+    assert len(list(model.parameters())) == 3
+    model.cpu()
+    assert model.head.weight is model.emb.weight is tied and tied.device.type == "cpu"
+
+
+def _train_tied(device, steps=2):
+    torch.manual_seed(0)
+    model = _TiedLM()
+    idx = torch.randint(0, 30, (4, 9))
+    model.to(device)
+    idx = idx.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def test_tied_weights_train_like_cpu_bitwise():
+    """Both uses of the shared weight add into one gradient and one update, as
+    on the CPU. Untied copies would each get half of it and drift apart."""
+    model_d, model_c = _train_tied(D), _train_tied("cpu")
+    assert model_d.head.weight is model_d.emb.weight
+    state_d = model_d.state_dict()
+    for name, v in model_c.state_dict().items():
+        assert bits_equal(state_d[name], v), name
+
+
 # ---- planted faults -----------------------------------------------------------
 
 

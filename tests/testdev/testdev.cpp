@@ -304,6 +304,21 @@ void convolution_backward_overrideable(const c10::OperatorHandle& op,
   run_on_cpu(op, cpu_op, stack);
 }
 
+// Module._apply (module.to("testdev")) assigns param.data = moved, keeping
+// the Parameter object and so weights tied by sharing one, only when this
+// says the two tensors are shallow-copy compatible. Otherwise it makes new
+// Parameters, one per module, which unties them. TensorImpl's own rule lists
+// the built-in dense backends only and leaves PrivateUse1 to override this
+// op. testdev tensors are dense host tensors, as interchangeable with CPU
+// ones as CUDA tensors are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_host = [](c10::DispatchKeySet ks) {
+    return ks.has(c10::DispatchKey::CPU) || ks.has(c10::DispatchKey::PrivateUse1);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense_host(self.key_set()) && dense_host(from.key_set()));
+}
+
 // Everything else reaches the CPU fallback. Ops are listed here only when the
 // fallback would be wrong for them, which is the case for:
 //  - allocation (the fallback calls these itself);
@@ -315,7 +330,8 @@ void convolution_backward_overrideable(const c10::OperatorHandle& op,
 //    would change a CPU copy);
 //  - copies across devices and .item();
 //  - ops whose generic kernel stands in front of the fallback and does the
-//    wrong thing for testdev: the convolution hooks (they raise).
+//    wrong thing for testdev: the convolution hooks (they raise) and
+//    _has_compatible_shallow_copy_type (it says no).
 void register_device_kernels(torch::Library& m) {
   // Allocation: tensors get host memory from g_alloc.
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
@@ -345,6 +361,8 @@ void register_device_kernels(torch::Library& m) {
          torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
+  // Module.to("testdev") keeps Parameters, and so tied weights.
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 // ---- control ops: torch.ops.testdev.* (wrapped by __init__.py) ---------------
