@@ -169,6 +169,126 @@ def test_forward_backward_match_cpu_exactly(case):
         assert bits_equal(gd, gc)
 
 
+def _bn(x, w, b):
+    """Batch norm in training mode over dim 1, updating running statistics."""
+    c = x.shape[1]
+    stats = torch.zeros(c, device=x.device), torch.ones(c, device=x.device)
+    return F.batch_norm(x, *stats, w, b, training=True)
+
+
+CONV_CASES = {
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=1), lambda: _inputs(20, (4, 3, 20), (5, 3, 3), (5,))),
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b, padding=1), lambda: _inputs(21, (2, 3, 9, 9), (4, 3, 3, 3), (4,))),
+    "depthwise": (  # groups = channels
+        lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=6),
+        lambda: _inputs(22, (2, 6, 9, 9), (6, 1, 3, 3), (6,)),
+    ),
+    "conv_transpose2d": (
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1),
+        lambda: _inputs(23, (2, 4, 5, 5), (4, 3, 3, 3), (3,)),
+    ),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b), lambda: _inputs(29, (2, 2, 5, 5, 5), (3, 2, 3, 3, 3), (3,))),
+    "conv2d_float64": (
+        lambda x, w: F.conv2d(x, w, stride=2),
+        lambda: _inputs(24, (2, 3, 9, 9), (4, 3, 3, 3), dtype=torch.float64),
+    ),
+    "conv1d_bn1d": (
+        lambda x, w, b, g, h: _bn(F.conv1d(x, w, b, stride=2, dilation=2), g, h),
+        lambda: _inputs(25, (4, 3, 20), (5, 3, 3), (5,), (5,), (5,)),
+    ),
+    "conv2d_bn2d": (
+        lambda x, w, b, g, h: _bn(F.conv2d(x, w, b), g, h),
+        lambda: _inputs(26, (4, 3, 9, 9), (4, 3, 3, 3), (4,), (4,), (4,)),
+    ),
+    "depthwise_bn2d": (
+        lambda x, w, g, h: _bn(F.conv2d(x, w, padding=1, groups=6), g, h),
+        lambda: _inputs(27, (4, 6, 9, 9), (6, 1, 3, 3), (6,), (6,)),
+    ),
+}
+
+POOL_CASES = {
+    "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), "aten::max_pool2d_with_indices.out"),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 2, 1), "aten::avg_pool2d.out"),
+    "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, 3), "aten::_adaptive_avg_pool2d"),
+    "adaptive_avg_pool2d_1": (lambda x: F.adaptive_avg_pool2d(x, 1), "aten::mean.out"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_convolutions_match_cpu_exactly(case):
+    """Convolutions reach the device as PyTorch's hooks for out-of-tree
+    devices, which testdev runs as the CPU's convolution: bit-identical,
+    forward and every gradient."""
+    fn, make = CONV_CASES[case]
+    testdev.trace(True)
+    out_d, grads_d = run(fn, make(), D)
+    traced = testdev.traced_ops()
+    out_c, grads_c = run(fn, make(), "cpu")
+    assert traced.get("aten::convolution_overrideable") == 1
+    assert traced.get("aten::convolution_backward_overrideable") == 1
+    assert bits_equal(out_d, out_c)
+    assert all(g is not None for g in grads_c)
+    for gd, gc in zip(grads_d, grads_c):
+        assert bits_equal(gd, gc)
+
+
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_pooling_matches_cpu_exactly(case):
+    fn, op = POOL_CASES[case]
+    inputs = _inputs(28, (2, 3, 8, 8))
+    testdev.trace(True)
+    out_d, grads_d = run(fn, inputs, D)
+    assert op in testdev.traced_ops()
+    out_c, grads_c = run(fn, inputs, "cpu")
+    assert bits_equal(out_d, out_c) and bits_equal(grads_d[0], grads_c[0])
+
+
+@pytest.mark.parametrize(
+    "norm, shape", [(nn.BatchNorm1d, (8, 4)), (nn.BatchNorm1d, (8, 4, 6)), (nn.BatchNorm2d, (4, 4, 5, 5))]
+)
+def test_batch_norm_matches_cpu_with_its_running_statistics(norm, shape):
+    """native_batch_norm updates running_mean/var in place though its schema
+    does not say so: they must move on testdev as on the CPU."""
+    (x,) = _inputs(9, shape)
+    x = x * 2 + 3  # statistics far from the initial 0 and 1, so a missed update shows
+
+    def train_then_eval(device):
+        torch.manual_seed(0)
+        bn = norm(4).to(device)
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-1, 1)
+        out, grads = run(bn, [x], device)
+        bn(x.to(device))
+        bn.eval()
+        return bn, out, grads, bn(x.to(device))
+
+    bn_d, out_d, grads_d, eval_d = train_then_eval(D)
+    bn_c, out_c, grads_c, eval_c = train_then_eval("cpu")
+    assert bits_equal(out_d, out_c) and bits_equal(grads_d[0], grads_c[0])
+    assert bits_equal(bn_d.weight.grad, bn_c.weight.grad) and bits_equal(bn_d.bias.grad, bn_c.bias.grad)
+    assert not bits_equal(bn_c.running_mean, torch.zeros(4))
+    for name, v in bn_c.state_dict().items():
+        assert bits_equal(bn_d.state_dict()[name], v), name
+    assert bits_equal(eval_d, eval_c)
+
+
+def test_native_batch_norm_legit_matches_cpu():
+    """The functional batch norm op (what decompositions and export use) marks
+    its running statistics as written."""
+    x, w, b = _inputs(10, (4, 3, 5, 5), (3,), (3,))
+
+    def go(device):
+        stats = [torch.zeros(3, device=device), torch.ones(3, device=device)]
+        out = torch.ops.aten._native_batch_norm_legit(
+            x.to(device), w.to(device), b.to(device), *stats, True, 0.1, 1e-5
+        )
+        return list(out) + stats
+
+    for td, tc in zip(go(D), go("cpu")):
+        assert bits_equal(td, tc)
+
+
 def _row_ulps(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest difference in units of the dtype's eps times the row's largest magnitude."""
     a64, b64 = a.double(), b.double()
@@ -289,6 +409,110 @@ def test_small_model_trains_with_adamw_like_cpu():
         # Adam moves a parameter by about lr per step whatever the gradient's
         # size, so tiny gradient differences show up as up to ~lr apart.
         torch.testing.assert_close(pd.detach().cpu(), pc.detach(), rtol=0, atol=3e-3)
+
+
+class _TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pointwise = nn.Conv2d(8, 16, 1)
+        self.conv1d = nn.Conv1d(16, 16, 3, padding=1)
+        self.bn3 = nn.BatchNorm1d(16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv(x))), 2)
+        x = F.avg_pool2d(F.relu(self.bn2(self.depthwise(x))), 2)
+        x = F.relu(self.bn3(self.conv1d(self.pointwise(x).flatten(2))))
+        return self.head(F.adaptive_avg_pool1d(x, 1).flatten(1))
+
+
+def _train_cnn(device, steps=3):
+    torch.manual_seed(0)
+    model = _TinyCNN()
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    model.to(device)
+    x, y = x.to(device), y.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_small_cnn_trains_like_cpu_bitwise():
+    """Convolutions (1-d, 2-d, depthwise), BatchNorm, pooling: every op runs
+    the CPU's kernel, so training matches the CPU bit for bit, running
+    statistics included."""
+    model_d, losses_d = _train_cnn(D)
+    model_c, losses_c = _train_cnn("cpu")
+    assert losses_d == losses_c and losses_c[-1] < losses_c[0]
+    state_d = model_d.state_dict()
+    for name, v in model_c.state_dict().items():
+        assert state_d[name].device.type == D
+        assert bits_equal(state_d[name], v), name
+
+
+class _TiedLM(nn.Module):
+    """An embedding and an LM head that share one Parameter."""
+
+    def __init__(self, vocab=30, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.fc = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.fc(self.emb(idx))))
+
+
+def test_module_to_device_keeps_tied_weights():
+    """Module._apply keeps each Parameter (param.data = moved) only when the
+    CPU and testdev tensors are shallow-copy compatible; testdev says they
+    are, as PyTorch leaves PrivateUse1 backends to say."""
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1), torch.zeros(1, device=D))
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1, device=D), torch.zeros(1))
+    model = _TiedLM()
+    tied, w = model.emb.weight, model.emb.weight.detach().clone()
+    model.to(D)
+    assert model.head.weight is model.emb.weight is tied
+    assert tied.device.type == D and isinstance(tied, nn.Parameter) and bits_equal(tied, w)
+    assert len(list(model.parameters())) == 3
+    model.cpu()
+    assert model.head.weight is model.emb.weight is tied and tied.device.type == "cpu"
+
+
+def _train_tied(device, steps=2):
+    torch.manual_seed(0)
+    model = _TiedLM()
+    idx = torch.randint(0, 30, (4, 9))
+    model.to(device)
+    idx = idx.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def test_tied_weights_train_like_cpu_bitwise():
+    """Both uses of the shared weight add into one gradient and one update, as
+    on the CPU. Untied copies would each get half of it and drift apart."""
+    model_d, model_c = _train_tied(D), _train_tied("cpu")
+    assert model_d.head.weight is model_d.emb.weight
+    state_d = model_d.state_dict()
+    for name, v in model_c.state_dict().items():
+        assert bits_equal(state_d[name], v), name
 
 
 # ---- planted faults -----------------------------------------------------------
@@ -439,6 +663,60 @@ def test_fault_applies_in_backward_on_the_device_thread():
     _, (grad,) = run(F.gelu, [x], D)
     assert bits_equal(grad, clean_grad * 2)
     assert testdev.fault_counts() == {"aten::gelu_backward": 1}
+
+
+@pytest.mark.parametrize("case", ["conv1d", "conv2d", "depthwise"])
+def test_fault_on_convolution_forward_and_backward(case):
+    """A convolution reaches the device as convolution_overrideable, its
+    backward as convolution_backward_overrideable: faults name those.
+    aten::convolution itself has a generic kernel and never reaches it."""
+    fn, make = CONV_CASES[case]
+    out_c, grads_c = run(fn, make(), D)
+    testdev.set_fault("convolution=scale:2;convolution_backward=scale:2")
+    out, grads = run(fn, make(), D)
+    assert bits_equal(out, out_c) and all(bits_equal(g, gc) for g, gc in zip(grads, grads_c))
+    assert testdev.fault_counts() == {"aten::convolution": 0, "aten::convolution_backward": 0}
+
+    testdev.set_fault("convolution_overrideable=scale:2")
+    out, grads = run(fn, make(), D)
+    assert bits_equal(out, out_c * 2)
+    # The backward does not read the forward's output: the gradients stay clean.
+    assert all(bits_equal(g, gc) for g, gc in zip(grads, grads_c))
+    assert testdev.fault_counts() == {"aten::convolution_overrideable": 1}
+
+    testdev.set_fault("convolution_backward_overrideable=scale:2")
+    out, grads = run(fn, make(), D)
+    assert bits_equal(out, out_c)
+    for g, gc in zip(grads, grads_c):  # input, weight and bias
+        assert bits_equal(g, gc * 2)
+    assert testdev.fault_counts() == {"aten::convolution_backward_overrideable": 1}
+
+
+def test_fault_on_batch_norm_forward_and_backward():
+    """native_batch_norm's outputs include the running statistics it updates."""
+    (x,) = _inputs(11, (4, 3, 5, 5))
+    x = x.to(D)
+    bn = nn.BatchNorm2d(3).to(D)
+    clean = bn(x)
+    clean_mean, clean_var = bn.running_mean.clone(), bn.running_var.clone()
+    bn.reset_running_stats()
+    testdev.set_fault("native_batch_norm=scale:2")
+    assert bits_equal(bn(x), clean * 2)
+    assert bits_equal(bn.running_mean, clean_mean * 2) and bits_equal(bn.running_var, clean_var * 2)
+    assert testdev.fault_counts() == {"aten::native_batch_norm": 1}
+
+    def fn(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True)
+
+    inputs = [x] + _inputs(12, (3,), (3,))
+    testdev.set_fault(None)
+    out_c, grads_c = run(fn, inputs, D)
+    testdev.set_fault("native_batch_norm_backward=scale:2")
+    out, grads = run(fn, inputs, D)
+    assert bits_equal(out, out_c)
+    for g, gc in zip(grads, grads_c):
+        assert bits_equal(g, gc * 2)
+    assert testdev.fault_counts() == {"aten::native_batch_norm_backward": 1}
 
 
 def test_observer_bookkeeping_is_not_faulted():

@@ -19,6 +19,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/ops/_copy_from_and_resize.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -351,6 +352,20 @@ void apply_fault(Fault& f, const std::vector<at::Tensor>& tensors) {
   }
 }
 
+// The arguments of this call that the op writes though its schema does not
+// mark them (Tensor(a!)). cpu_fallback copies back only the marked ones, so
+// the CPU kernel would update CPU copies that are then dropped.
+// native_batch_norm (and its out= overload) updates running_mean and
+// running_var, arguments 3 and 4, in place when training (argument 5): without
+// this, BatchNorm's running statistics on testdev never moved.
+std::vector<size_t> unmarked_writes(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                    size_t first_arg) {
+  if (op.operator_name().name == "aten::native_batch_norm" && stack[first_arg + 5].toBool()) {
+    return {3, 4};
+  }
+  return {};
+}
+
 std::shared_ptr<Config> current() {
   std::lock_guard<std::mutex> lock(st().mu);
   return st().config;
@@ -419,9 +434,14 @@ std::vector<std::pair<std::string, int64_t>> traced_ops() {
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu(op, op, stack);
+}
+
+void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& op,
+                torch::jit::Stack* stack) {
   State& s = st();
   if (s.trace.load(std::memory_order_relaxed)) {
-    const auto& on = op.operator_name();
+    const auto& on = reached.operator_name();
     std::string key = on.overload_name.empty() ? on.name : on.name + "." + on.overload_name;
     std::lock_guard<std::mutex> lock(s.trace_mu);
     if (s.trace.load()) ++s.traced[key];
@@ -435,7 +455,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::TESTING_ONLY_GenericMode)) {
     cfg = current();
     if (cfg) {
-      auto it = cfg->by_op.find(strip_inplace(op.operator_name().name));
+      auto it = cfg->by_op.find(strip_inplace(reached.operator_name().name));
       if (it != cfg->by_op.end()) fault = it->second;
     }
   }
@@ -461,6 +481,19 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
+  // Arguments written but not marked so: the CPU kernel gets CPU copies of
+  // them, copied back afterwards as cpu_fallback does for marked ones.
+  std::vector<std::pair<at::Tensor, at::Tensor>> unmarked;  // (testdev tensor, CPU copy)
+  for (size_t i : unmarked_writes(op, *stack, first_arg)) {
+    auto& v = (*stack)[first_arg + i];
+    if (!v.isTensor()) continue;  // None
+    at::Tensor t = v.toTensor();
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) continue;
+    at::Tensor host = t.cpu();
+    v = c10::IValue(host);
+    unmarked.emplace_back(std::move(t), std::move(host));
+  }
+
   // The outputs of an op are its returns plus the arguments it writes
   // (out=, in-place; some in-place ops such as _foreach_mul_ return nothing).
   std::vector<at::Tensor> outputs;
@@ -469,9 +502,12 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const auto* alias = args[i].alias_info();
       if (alias != nullptr && alias->isWrite()) collect((*stack)[first_arg + i], outputs);
     }
+    for (const auto& [t, host] : unmarked) outputs.push_back(t);
   }
 
   at::native::cpu_fallback(op, stack);
+
+  for (const auto& [t, host] : unmarked) at::_copy_from_and_resize(host, t);
 
   for (auto& [gen, host] : generators) {
     std::lock_guard<std::mutex> lock(gen.mutex());

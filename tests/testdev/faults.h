@@ -1,7 +1,8 @@
 // Planted faults of the testdev backend (see README.md, "Planted faults").
 //
-// Only the boxed CPU fallback applies faults: an op that reaches the device
-// through it runs on the CPU, then the fault (if one names the op) rewrites
+// Only the fallback's path applies faults (the boxed CPU fallback, and the
+// convolution hooks, which take the same path): an op that reaches the device
+// that way runs on the CPU, then the fault (if one names the op) rewrites
 // the op's floating outputs in place, with plain loops over host memory, so
 // that no further dispatcher call is made (an observer such as opdump sees
 // nothing extra).
@@ -41,5 +42,14 @@ std::vector<std::pair<std::string, int64_t>> traced_ops();
 // kernel of its own: runs the op through at::native::cpu_fallback, then
 // applies the fault that names it, if any.
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The fallback's work for an op that reached the device as `reached` but runs
+// on the CPU as `op`, whose arguments are on the stack: the device's kernels
+// for convolution_overrideable and convolution_backward_overrideable (whose
+// generic kernels raise) run aten::convolution and aten::convolution_backward.
+// The trace and the fault go by `reached`: that is the op that reached the
+// device.
+void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& op,
+                torch::jit::Stack* stack);
 
 } // namespace testdev

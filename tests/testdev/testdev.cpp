@@ -264,6 +264,61 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::native::set_storage_cpu_(self, storage, 0, {0}, {});
 }
 
+// Convolution. aten::convolution and aten::convolution_backward have generic
+// kernels that pick a backend from the input's device. For a PrivateUse1
+// tensor they call convolution_overrideable and
+// convolution_backward_overrideable, the hooks PyTorch leaves to out-of-tree
+// devices, whose own generic kernels raise. testdev's kernels for the hooks
+// run the generic ops on CPU copies, on the fallback's path (run_on_cpu), so
+// the CPU picks its usual kernel and the result is the CPU's bit for bit.
+// The hooks are the ops that reach the device: they are what trace() lists
+// and what a fault names. A conv1d arrives as a 2-d convolution over a height
+// of 1 (the generic kernel expands it), which is also how the CPU runs it.
+
+// Same arguments as aten::convolution.
+void convolution_overrideable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const auto cpu_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  run_on_cpu(op, cpu_op, stack);
+}
+
+// (grad_output, input, weight, stride, padding, dilation, transposed,
+// output_padding, groups, output_mask): aten::convolution_backward's
+// arguments, less bias_sizes after weight. The bias's size is known (one entry
+// per output channel), and only matters when its gradient is asked for.
+void convolution_backward_overrideable(const c10::OperatorHandle& op,
+                                       torch::jit::Stack* stack) {
+  static const auto cpu_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const at::Tensor weight = (*stack)[first + 2].toTensor();
+  const bool transposed = (*stack)[first + 6].toBool();
+  const int64_t groups = (*stack)[first + 8].toSymInt().guard_int(__FILE__, __LINE__);
+  const bool bias_grad = (*stack)[first + 9].toBoolList().get(2);
+  c10::IValue bias_sizes;  // None
+  if (bias_grad) {
+    const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+    bias_sizes = c10::IValue(std::vector<int64_t>{channels});
+  }
+  stack->insert(stack->begin() + static_cast<std::ptrdiff_t>(first + 3), std::move(bias_sizes));
+  run_on_cpu(op, cpu_op, stack);
+}
+
+// Module._apply (module.to("testdev")) assigns param.data = moved, keeping
+// the Parameter object and so weights tied by sharing one, only when this
+// says the two tensors are shallow-copy compatible. Otherwise it makes new
+// Parameters, one per module, which unties them. TensorImpl's own rule lists
+// the built-in dense backends only and leaves PrivateUse1 to override this
+// op. testdev tensors are dense host tensors, as interchangeable with CPU
+// ones as CUDA tensors are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_host = [](c10::DispatchKeySet ks) {
+    return ks.has(c10::DispatchKey::CPU) || ks.has(c10::DispatchKey::PrivateUse1);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense_host(self.key_set()) && dense_host(from.key_set()));
+}
+
 // Everything else reaches the CPU fallback. Ops are listed here only when the
 // fallback would be wrong for them, which is the case for:
 //  - allocation (the fallback calls these itself);
@@ -273,7 +328,10 @@ at::Tensor& set_empty(at::Tensor& self) {
 //    torch 2.15; the ATen kernels used only touch TensorImpl metadata;
 //  - ops that change a tensor's metadata or storage in place (the fallback
 //    would change a CPU copy);
-//  - copies across devices and .item().
+//  - copies across devices and .item();
+//  - ops whose generic kernel stands in front of the fallback and does the
+//    wrong thing for testdev: the convolution hooks (they raise) and
+//    _has_compatible_shallow_copy_type (it says no).
 void register_device_kernels(torch::Library& m) {
   // Allocation: tensors get host memory from g_alloc.
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
@@ -298,6 +356,13 @@ void register_device_kernels(torch::Library& m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   // .item(): host memory is directly readable.
   m.impl("_local_scalar_dense", TORCH_FN(at::native::_local_scalar_dense_cpu));
+  // Convolution forward and backward, on the CPU.
+  m.impl("convolution_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
+  m.impl("convolution_backward_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
+  // Module.to("testdev") keeps Parameters, and so tied weights.
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 // ---- control ops: torch.ops.testdev.* (wrapped by __init__.py) ---------------
