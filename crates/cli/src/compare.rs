@@ -9,7 +9,8 @@ use opdump_format::Role;
 use crate::align::{align, Alignment, Filter, Pair};
 use crate::dump::{Dump, NONE};
 use crate::error::{CliError, Result};
-use crate::metrics::{Ctx, OpCmp, TensorCmp};
+use crate::metrics::{Ctx, OpCmp, Taint, TensorCmp};
+use crate::one_sided::OneSided;
 use crate::progress::Progress;
 use crate::provenance::{side_hash, Found, Provenance};
 use crate::read::{load, scan, DumpIndex};
@@ -50,6 +51,9 @@ pub struct Compared {
     /// Per tensor of A: the taint an input had (see `provenance`), so a
     /// report recomputes the same verdicts.
     pub input_taint: Vec<f32>,
+    /// Per tensor of A: that taint was the input's own error (see
+    /// [`Taint::own`]).
+    pub input_taint_own: Vec<bool>,
     pub tensor_counts: [u64; TensorVerdict::ALL.len()],
     pub op_counts: [u64; OpVerdict::ALL.len()],
     pub tensor_pairs: u64,
@@ -107,7 +111,10 @@ impl Compared {
         let p = self.alignment.pairs[pair];
         ctx.measure(p.a, p.b, cmp);
         ctx.judge(cmp, |tc| {
-            tc.ta.map_or(0.0, |x| self.input_taint[x as usize] as f64)
+            tc.ta.map_or(Taint::default(), |x| Taint {
+                size: self.input_taint[x as usize] as f64,
+                own: self.input_taint_own[x as usize],
+            })
         });
     }
 
@@ -300,11 +307,12 @@ pub fn compare_dumps(
         out_err,
         amplification,
         input_taint,
+        input_taint_own,
         verified,
         tensor_counts,
         dtype_differs,
         unmatched_change,
-    } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment.pairs, progress);
+    } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment, progress);
     let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
     let tree = PairTree {
         a: &a,
@@ -346,6 +354,7 @@ pub fn compare_dumps(
         verdict,
         out_err,
         input_taint,
+        input_taint_own,
         tensor_counts,
         op_counts,
         tensor_pairs,
@@ -452,6 +461,7 @@ struct Judged {
     amplification: Vec<f32>,
     /// Per tensor of A: the taint an input had.
     input_taint: Vec<f32>,
+    input_taint_own: Vec<bool>,
     /// Outputs compared and found to agree, nothing upstream diverged.
     verified: Vec<bool>,
     tensor_counts: [u64; TensorVerdict::ALL.len()],
@@ -467,19 +477,22 @@ const MEASURE_BATCH: usize = 4096;
 /// Measures and judges every pair. Judged in A's call order, so that every
 /// input's producer comes first; measuring needs no order and runs ahead on
 /// a second thread.
-fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
+fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Judged {
+    let pairs = &alignment.pairs[..];
     let n = pairs.len();
     let mut j = Judged {
         verdict: vec![OpVerdict::Ok; n],
         out_err: vec![0f32; n],
         amplification: vec![0f32; n],
         input_taint: vec![0f32; ctx.a.tensors.len()],
+        input_taint_own: vec![false; ctx.a.tensors.len()],
         verified: vec![false; n],
         tensor_counts: [0u64; TensorVerdict::ALL.len()],
         dtype_differs: 0,
         unmatched_change: None,
     };
     let mut prov = Provenance::with_capacity(ctx.a.tensors.len() / 2);
+    let mut one_sided = OneSided::new(ctx.a, ctx.b, alignment);
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
         // Judged batches go back to be refilled: no allocation per pair.
@@ -501,8 +514,15 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
         let first_change = Cell::new(None);
         for mut batch in rx {
             for cmp in batch.iter_mut() {
-                ctx.judge(cmp, |tc| input_taint_from(ctx, &prov, tc, k, &first_change));
+                ctx.judge(cmp, |tc| {
+                    input_taint_from(ctx, &prov, &one_sided, tc, k, &first_change)
+                });
                 j.record(k, cmp, &mut prov);
+                for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
+                    if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
+                        one_sided.register(ctx.b, tc.key.1, tb, ctx.own_relative_error(tc));
+                    }
+                }
                 if k.is_multiple_of(65536) {
                     progress.update(|| format!("measuring: {k}/{n} op pairs"));
                 }
@@ -518,22 +538,26 @@ fn judge_pairs(ctx: &Ctx<'_>, pairs: &[Pair], progress: &Progress) -> Judged {
 
 /// The taint of an input of pair `pair`: its producer's, when provenance
 /// knows it. Unknown producer: tainted by its own error when that exceeds
-/// the tolerance. Values that calls only in B changed on the way (see
+/// the tolerance, unless calls only one side makes produced it from inputs
+/// whose differences explain it (see `one_sided`). Values that calls only
+/// in B changed on the way (see
 /// [`changed_only_in_b`]) taint it by that change, and the first such input
 /// goes to `first_change`. Rounded as stored for reports (f32), so that
 /// they recompute the very same verdicts.
 fn input_taint_from(
     ctx: &Ctx<'_>,
     prov: &Provenance,
+    one_sided: &OneSided,
     tc: &TensorCmp,
     pair: usize,
     first_change: &Cell<Option<UnmatchedChange>>,
-) -> f64 {
+) -> Taint {
     let found = if tc.key != (0, 0) {
         prov.find(tc.key)
     } else {
         None
     };
+    let mut own = found.is_none();
     let mut t = found.map_or(
         if tc.verdict == TensorVerdict::Diverged {
             tc.rel_err
@@ -542,16 +566,41 @@ fn input_taint_from(
         },
         |f| f.taint,
     );
+    if found.is_none() && t > 0.0 {
+        if let (Some(ta), Some(tb)) = (tc.ta, tc.tb) {
+            if let Some(fed) = one_sided.fed(ctx.a, ta, ctx.b, tb) {
+                let (da, db) = (ctx.a.dtype(ta), ctx.b.dtype(tb));
+                let dt = if db.unit_roundoff > da.unit_roundoff {
+                    db
+                } else {
+                    da
+                };
+                let tol = tc
+                    .tolerance
+                    .max(ctx.tol.rtol(dt.is_float().then_some(dt), fed.k));
+                let kappa = ctx.tol.min_amplification;
+                if tc.rel_err <= tol + kappa * fed.error.unwrap_or(0.0) {
+                    t = 0.0;
+                }
+            }
+        }
+    }
     if let Some(ch) = changed_only_in_b(ctx, found, tc, pair) {
+        if ch.rel_change > t {
+            own = false;
+        }
         t = t.max(ch.rel_change);
         if first_change.get().is_none() {
             first_change.set(Some(ch));
         }
     }
-    if t > 0.0 {
-        (t as f32).max(f32::MIN_POSITIVE) as f64
-    } else {
-        0.0
+    Taint {
+        size: if t > 0.0 {
+            (t as f32).max(f32::MIN_POSITIVE) as f64
+        } else {
+            0.0
+        },
+        own: own && t > 0.0,
     }
 }
 
@@ -569,6 +618,7 @@ impl Judged {
                 }
             } else {
                 self.input_taint[x as usize] = tc.taint as f32;
+                self.input_taint_own[x as usize] = tc.taint_own;
             }
         }
         let v = cmp.verdict.unwrap_or(OpVerdict::Ok);

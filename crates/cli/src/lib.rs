@@ -19,6 +19,7 @@ pub mod error;
 pub mod evidence;
 pub mod intern;
 pub mod metrics;
+pub mod one_sided;
 pub mod opclass;
 pub mod output;
 pub mod panic_guard;

@@ -83,6 +83,9 @@ pub struct TensorCmp {
     /// Set by [`Ctx::judge`]: for an input, the error upstream of it (0 when
     /// none diverged); for an output, what its consumers inherit.
     pub taint: f64,
+    /// An input's taint is its own error: no producer is known (see
+    /// [`Taint`]).
+    pub taint_own: bool,
     pub dtype_differs: bool,
     /// The strongest evidence used: `stats`, `fingerprint`, ...
     pub evidence: &'static str,
@@ -109,6 +112,21 @@ pub struct OpCmp {
     pub verdict: Option<OpVerdict>,
     /// Buffer reused across calls.
     scratch: Vec<(Option<u32>, Option<u32>)>,
+}
+
+/// How far an input is tainted, and from where.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Taint {
+    /// 0 when no divergence lies upstream, else the size of the error.
+    pub size: f64,
+    /// No producer is known (a parameter, data, an output of calls one side
+    /// only makes): the size is the input's own error, where a difference
+    /// enters the comparison. Such a taint passes to the outputs only when
+    /// they show a divergence: an input that differs yet leaves the outputs
+    /// close did not matter to them (a bias that is rounding noise next to
+    /// the product it is added to), and tainting every later op with it
+    /// would make the next rounding excess a divergence.
+    pub own: bool,
 }
 
 /// What comparing needs besides the two op calls.
@@ -302,23 +320,33 @@ impl<'a> Ctx<'a> {
     ///   their taint: an op with a diverged output *introduced* the error
     ///   when its output error exceeds `min_amplification * d_in`, else it
     ///   *inherited* it.
-    pub fn judge(&self, cmp: &mut OpCmp, input_taint: impl Fn(&TensorCmp) -> f64) {
+    /// - inputs tainted by their own error only (no known producer) pass
+    ///   their taint to outputs that diverge, not to close ones (see
+    ///   [`Taint::own`]).
+    pub fn judge(&self, cmp: &mut OpCmp, input_taint: impl Fn(&TensorCmp) -> Taint) {
         let kappa = self.tol.min_amplification;
-        let (mut e_in, mut d_in) = (0.0f64, 0.0f64);
+        // d_known: the part of d_in from known producers.
+        let (mut e_in, mut d_in, mut d_known) = (0.0f64, 0.0f64, 0.0f64);
         for tc in cmp.tensors.iter_mut().filter(|t| t.role != Role::Output) {
             tc.taint = 0.0;
+            tc.taint_own = false;
             if tc.verdict == TensorVerdict::Unmeasured {
                 continue;
             }
             if tc.verdict.is_structural() {
                 tc.taint = f64::INFINITY;
                 d_in = f64::INFINITY;
+                d_known = f64::INFINITY;
                 continue;
             }
             let taint = input_taint(tc);
-            if taint > 0.0 {
-                tc.taint = taint;
-                d_in = d_in.max(tc.rel_err.max(taint));
+            if taint.size > 0.0 {
+                tc.taint = taint.size;
+                tc.taint_own = taint.own;
+                d_in = d_in.max(tc.rel_err.max(taint.size));
+                if !taint.own {
+                    d_known = d_known.max(tc.rel_err.max(taint.size));
+                }
             } else {
                 if tc.verdict == TensorVerdict::Diverged {
                     tc.verdict = TensorVerdict::Close;
@@ -361,13 +389,13 @@ impl<'a> Ctx<'a> {
             // inputs unless the output is plainly equal.
             tc.taint = if tc.verdict.is_divergence() {
                 err.max(d_in)
-            } else if d_in > 0.0
+            } else if d_known > 0.0
                 && !matches!(
                     tc.verdict,
                     TensorVerdict::StatsEqual | TensorVerdict::Identical
                 )
             {
-                d_in
+                d_known
             } else {
                 0.0
             };
@@ -398,6 +426,29 @@ impl<'a> Ctx<'a> {
             0.0
         };
         cmp.verdict = Some(op_verdict(&errors, kappa));
+    }
+
+    /// An output's error relative to its own norm, without the floor of
+    /// [`output_floor`]: what a consumer sees of it as an input. Infinite
+    /// for a structural difference, 0 when nothing was measured.
+    pub fn own_relative_error(&self, tc: &TensorCmp) -> f64 {
+        if tc.verdict.is_structural() {
+            return f64::INFINITY;
+        }
+        let Some(ta) = tc.ta else { return 0.0 };
+        let t = &self.a.tensors;
+        let i = ta as usize;
+        if !t.has_values(ta) {
+            return 0.0;
+        }
+        let l2 = if t.l2[i].is_finite() { t.l2[i] } else { 0.0 };
+        let absmax = if t.absmax[i].is_finite() {
+            t.absmax[i]
+        } else {
+            0.0
+        };
+        (tc.measure.l2_bound / l2.max(absmax).max(TINY))
+            .max(tc.measure.linf_bound / absmax.max(TINY))
     }
 
     /// How much two tensors of one dump differ, relative to the first: a
@@ -451,6 +502,7 @@ impl<'a> Ctx<'a> {
             legit: None,
             key: (0, 0),
             taint: 0.0,
+            taint_own: false,
             dtype_differs: false,
             evidence: "stats",
         };

@@ -253,3 +253,160 @@ fn an_op_that_moves_elements_wrongly_from_equal_inputs_introduces() {
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
 }
+
+/// A key bias that is rounding noise (it differs by 47% between the sides,
+/// at 1e-7 next to a product of 0.5) added by `addmm`, whose output is
+/// close; then a `gelu` whose output drifts by `gelu_err` from an input
+/// that differs by one rounding.
+fn noisy_bias(root: &Path, side_b: bool, gelu_err: f64) -> PathBuf {
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let act = [128, 64];
+    w.leaf(
+        "aten::addmm",
+        "default",
+        "",
+        vec![
+            input("self", "float32", &[64], 1e-7 * f(0.47)),
+            input("mat1", "float32", &act, 1.0),
+            input("mat2", "float32", &[64, 64], 0.07),
+        ],
+        vec![output(0, "float32", &act, 0.5 * f(6e-8))],
+    )
+    .unwrap();
+    w.leaf(
+        "aten::gelu",
+        "default",
+        "approximate=none",
+        vec![input("self", "float32", &act, 0.5 * f(6e-8))],
+        vec![output(0, "float32", &act, 0.3 * f(gelu_err))],
+    )
+    .unwrap();
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn an_input_that_differs_without_reaching_the_output_taints_nothing_after() {
+    let t = tmp();
+    // 1.5e-6: above gelu's own tolerance (9.5e-7), within what its input's
+    // rounding explains (9.5e-7 + 32 x 6e-8).
+    let a = noisy_bias(t.path(), false, 1.5e-6);
+    let b = noisy_bias(t.path(), true, 1.5e-6);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["first_divergence"], Value::Null, "{j}");
+    // A real fault in gelu is still introduced.
+    let t = tmp();
+    let a = noisy_bias(t.path(), false, 1e-2);
+    let b = noisy_bias(t.path(), true, 1e-2);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::gelu"));
+}
+
+/// One training step in miniature where the optimizer differs by device: a
+/// bias gradient made by an aligned `sum` (`grad_noise`: the sides' sums
+/// differ by that much, relative), a per-parameter `addcdiv_` on A against
+/// a `_foreach_addcdiv_` on B (B's update off by `update_err` more than the
+/// gradient explains), then the next step's `add` of the bias.
+fn optimizer_by_device(root: &Path, side_b: bool, grad_noise: f64, update_err: f64) -> PathBuf {
+    use opdump_format::Phase;
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let act = [512, 64];
+    // Adam's first step turns a gradient that is rounding noise into an
+    // update of relative size 1: the bias differs as much as its gradient.
+    let bias = 1e-3 * f(grad_noise) * f(update_err);
+    // A gradient that differs by more than rounding of its partial sums
+    // would be a divergence of the `sum`: the noisy one cancels to 1e-9.
+    let grad = if grad_noise > 1e-3 { 1e-9 } else { 1e-4 };
+    for step in 0..2 {
+        w.step = step;
+        w.phase = Phase::Forward;
+        w.leaf(
+            "aten::add",
+            "Tensor",
+            "",
+            vec![
+                input("self", "float32", &act, 1.0),
+                input(
+                    "other",
+                    "float32",
+                    &[64],
+                    if step == 0 { 1e-3 } else { bias },
+                ),
+            ],
+            vec![output(
+                0,
+                "float32",
+                &act,
+                if step == 0 {
+                    1.0
+                } else {
+                    f(1e-3 * (grad_noise + update_err))
+                },
+            )],
+        )
+        .unwrap();
+        if step == 1 {
+            break;
+        }
+        w.phase = Phase::Backward;
+        w.leaf(
+            "aten::sum",
+            "dim_IntList",
+            "dim=[0], keepdim=False, dtype=None",
+            vec![input("self", "float32", &act, 1e-4)],
+            vec![output(0, "float32", &[64], grad * f(grad_noise))],
+        )
+        .unwrap();
+        w.phase = Phase::Optimizer;
+        let grad = input("tensor1", "float32", &[64], grad * f(grad_noise));
+        let param = input("self", "float32", &[64], 1e-3);
+        if side_b {
+            w.leaf(
+                "aten::_foreach_addcdiv_",
+                "ScalarList",
+                "",
+                vec![param, grad],
+                vec![output(0, "float32", &[64], bias)],
+            )
+            .unwrap();
+        } else {
+            w.leaf(
+                "aten::addcdiv_",
+                "default",
+                "value=-0.001",
+                vec![param, grad],
+                vec![output(0, "float32", &[64], bias)],
+            )
+            .unwrap();
+        }
+    }
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn a_parameter_made_by_calls_one_side_only_is_judged_by_what_they_were_fed() {
+    let t = tmp();
+    // The gradient is noise (0.6 apart), so is the bias it updated: the
+    // next step's `add` differs by what that explains. No divergence.
+    let a = optimizer_by_device(t.path(), false, 0.6, 0.0);
+    let b = optimizer_by_device(t.path(), true, 0.6, 0.0);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 0, "{j}");
+    assert!(j["only_in_b"]["op_calls"].as_u64() >= Some(1), "{j}");
+    // The gradient agrees, B's update is 1% off: a divergence that the
+    // optimizer's inputs do not explain.
+    let t = tmp();
+    let a = optimizer_by_device(t.path(), false, 1e-7, 1e-2);
+    let b = optimizer_by_device(t.path(), true, 1e-7, 1e-2);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_ne!(code, 0, "{j}");
+    assert_eq!(j["first_divergence"]["op"], "aten::add", "{j}");
+    assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
+}
