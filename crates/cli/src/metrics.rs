@@ -10,7 +10,7 @@ use opdump_format::Role;
 use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure};
-use crate::opclass::{args_make_discontinuous, classify, OpClass};
+use crate::opclass::{args_make_discontinuous, classify, is_product, OpClass};
 use crate::tolerance::Tolerances;
 use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
 
@@ -47,6 +47,15 @@ pub fn output_floor(class: OpClass, in_rms: f64, reduced_rms: f64, k: f64) -> f6
         OpClass::Mean => base.max(reduced_rms / k.sqrt()),
         _ => base,
     }
+}
+
+/// The partial-sum scale of a sum of K products of two inputs of RMS `r1`
+/// and `r2` (a matrix product, a convolution): √K·r₁·r₂ per element, by the
+/// random walk of [`output_floor`] over terms of RMS r₁·r₂. The weight
+/// gradient of a projection whose outputs' gradients sum to zero over
+/// tokens cancels the way a key bias's does.
+pub fn product_floor(k: f64, r1: f64, r2: f64) -> f64 {
+    k.max(1.0).sqrt() * r1 * r2
 }
 
 /// Denominators never go below this (an all-zero reference tensor).
@@ -225,8 +234,10 @@ impl<'a> Ctx<'a> {
         let mut any_float_input = false;
         let mut in_rms: f64 = 0.0;
         let mut in_absmax: f64 = 0.0;
-        // The input being reduced: the largest float input.
+        // The input being reduced: the largest float input; and the two
+        // largest, the factors of a product.
         let (mut reduced_numel, mut reduced_rms) = (0i64, 0.0f64);
+        let mut factors = [(0i64, 0.0f64); 2];
         let consider = |d: &'a Dump, t: u32, compute: &mut Option<&'a DType>| {
             let dt = d.dtype(t);
             if dt.is_float() && compute.is_none_or(|c| dt.unit_roundoff > c.unit_roundoff) {
@@ -243,8 +254,15 @@ impl<'a> Ctx<'a> {
                         let rms = a.tensors.l2[i] / (a.tensors.numel(t) as f64).sqrt();
                         if rms.is_finite() {
                             in_rms = in_rms.max(rms);
-                            if a.tensors.numel(t) > reduced_numel {
-                                (reduced_numel, reduced_rms) = (a.tensors.numel(t), rms);
+                            let n = a.tensors.numel(t);
+                            if n > reduced_numel {
+                                (reduced_numel, reduced_rms) = (n, rms);
+                            }
+                            if n > factors[1].0 {
+                                factors[1] = (n, rms);
+                                if n > factors[0].0 {
+                                    factors.swap(0, 1);
+                                }
                             }
                         }
                         if a.tensors.absmax[i].is_finite() {
@@ -262,6 +280,11 @@ impl<'a> Ctx<'a> {
         }
         let k = reduction_length(a, ia, class);
         let tolerance = self.tol.rtol(compute, k);
+        let products = if is_product(op) {
+            product_floor(k, factors[0].1, factors[1].1)
+        } else {
+            0.0
+        };
 
         for &(ta, tb) in &pairs {
             let role = match (ta, tb) {
@@ -273,7 +296,7 @@ impl<'a> Ctx<'a> {
                 (Role::Output, Some(t)) => {
                     // Each output element reduces this many of the input's.
                     let k_out = reduced_numel as f64 / a.tensors.numel(t).max(1) as f64;
-                    let rms = output_floor(class, in_rms, reduced_rms, k_out);
+                    let rms = output_floor(class, in_rms, reduced_rms, k_out).max(products);
                     (rms, (CANCELLATION_FLOOR * in_absmax).max(rms))
                 }
                 _ => (0.0, 0.0),

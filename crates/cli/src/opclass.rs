@@ -305,6 +305,41 @@ const MOVEMENT: &[&str] = &[
     "view_as",
 ];
 
+/// Contractions whose every output element is a sum of K products of one
+/// element of each of two inputs (matrix products, convolutions): their
+/// partial sums have the scale √K·r₁·r₂ (`metrics::product_floor`).
+/// Attention is left out: its output is an average of `v`, not a sum of
+/// products of two of its inputs.
+const PRODUCTS: &[&str] = &[
+    "mm",
+    "bmm",
+    "addmm",
+    "addbmm",
+    "baddbmm",
+    "matmul",
+    "linear",
+    "_addmm_activation",
+    "dot",
+    "vdot",
+    "mv",
+    "addmv",
+    "convolution",
+    "_convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "convolution_overrideable",
+    "cudnn_convolution",
+    "mkldnn_convolution",
+    "mkldnn_linear",
+];
+
+/// Whether `op` is a sum of products of two inputs (see [`PRODUCTS`]).
+pub fn is_product(op: &str) -> bool {
+    let base = base_name(op);
+    PRODUCTS.contains(&base) || PRODUCTS.contains(&base.trim_matches('_'))
+}
+
 /// The bare name: `aten::normal_` -> `normal`.
 pub fn base_name(op: &str) -> &str {
     let name = op.rsplit("::").next().unwrap_or(op);
@@ -367,6 +402,8 @@ mod tests {
         assert_eq!(classify("aten::as_strided"), OpClass::Movement);
         assert_eq!(classify("aten::copy_"), OpClass::Movement);
         assert_eq!(classify("aten::embedding"), OpClass::Movement);
+        assert!(is_product("aten::addmm") && is_product("aten::convolution_overrideable"));
+        assert!(!is_product("aten::scaled_dot_product_attention"));
         assert_eq!(classify("aten::__and__"), OpClass::Plain);
         assert_eq!(classify("mylib::custom"), OpClass::Plain);
         assert!(args_make_discontinuous(

@@ -410,3 +410,37 @@ fn a_parameter_made_by_calls_one_side_only_is_judged_by_what_they_were_fed() {
     assert_eq!(j["first_divergence"]["op"], "aten::add", "{j}");
     assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
 }
+
+#[test]
+fn a_cancelled_matrix_product_is_rounding_not_a_divergence() {
+    // A product over 512 terms of two factors of RMS 0.05 whose terms
+    // cancel to 4e-7 (partial sums near √512 · 0.05 · 0.05 = 0.057), by
+    // 6e-7 different on each side: 8 times u·√K of the partial sums.
+    let t = tmp();
+    let run = |side_b: bool| {
+        let dir = t.path().join(if side_b { "b" } else { "a" });
+        let mut w = DumpWriter::new(&dir, 0, "cpu");
+        w.leaf(
+            "aten::mm",
+            "default",
+            "",
+            vec![
+                input("self", "float32", &[64, 512], 0.05),
+                input("mat2", "float32", &[512, 64], 0.05),
+            ],
+            vec![output(
+                0,
+                "float32",
+                &[64, 64],
+                if side_b { 1.6e-7 } else { 4e-7 },
+            )],
+        )
+        .unwrap();
+        w.close().unwrap();
+        dir
+    };
+    let (a, b) = (run(false), run(true));
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["first_divergence"], Value::Null);
+}
