@@ -96,10 +96,172 @@ void scale_repeated(TensorRow& row, int64_t k) {
   row.stats.l2 *= std::sqrt(static_cast<double>(k));
 }
 
-// Ops whose outputs are memory without values yet.
+// Ops whose outputs are memory without values yet. (resize_ and set_ are
+// judged by what they had before: see Carries.)
 bool output_uninitialized(std::string_view op) {
-  return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty") ||
-         op == "resize_" || op == "resize_as_" || op == "set_";
+  return op.starts_with("empty") || op.starts_with("new_empty") || op.starts_with("_empty");
+}
+
+// Copies and in-place restrides of memory without values (uninitialized.cpp).
+//
+// A copy of uninitialized memory holds no values either: `torch.empty(n).to(x)`,
+// and the CPU fallback of a backend, which copies every argument to the CPU
+// (`_to_cpu`), out= buffers included, and copies the results back. Neither
+// does the same memory restrided in place (TensorIterator restrides a fresh
+// output with `as_strided_`). What each output becomes is judged from the
+// arguments before the op runs: in-place ops move the version counter that
+// keys the memory.
+enum class CarryKind : uint8_t {
+  None,
+  Copy,      // a new tensor (or `self` itself) with the values of the source
+  CopyInto,  // writes the values of the source into `dst`
+  Restride,  // `self` in place, metadata only
+  Resize,    // `self` in place, on new memory where it grows
+  Set,       // `self` onto the memory of the source
+};
+
+// What one output of such an op is.
+enum class Carry : uint8_t {
+  Values,    // what the op computed: measured as usual
+  Row,       // no values, but forgotten rather than remembered: inside a kernel
+             // the memory may be filled without the dispatcher, moving no
+             // version (the CPU fallback runs its op into the CPU copies of
+             // out= buffers), so only this row is known to hold none
+  Remember,  // no values, remembered at its version after the op
+  Keep,      // no values; the memory stays remembered as it was (inside a
+             // kernel an in-place op moves no version)
+};
+
+struct CarrySpec {
+  CarryKind kind = CarryKind::None;
+  const char* src = nullptr;  // the argument whose memory is copied or taken
+  const char* dst = nullptr;  // the argument written, for CopyInto
+};
+
+CarrySpec carry_spec(std::string_view op) {
+  using K = CarryKind;
+  if (op == "copy_" || op == "_foreach_copy_") return {K::CopyInto, "src", "self"};
+  if (op == "_copy_from" || op == "_copy_from_and_resize") return {K::CopyInto, "self", "dst"};
+  if (op == "_to_copy" || op == "clone" || op == "lift_fresh_copy" || op == "to" || op == "contiguous")
+    return {K::Copy, "self", nullptr};
+  if (op == "_to_cpu") return {K::Copy, "tensors", nullptr};  // pairwise over the list
+  if (op == "as_strided_" || op == "squeeze_" || op == "unsqueeze_" || op == "transpose_" || op == "t_" ||
+      op == "swapdims_" || op == "swapaxes_" || op == "detach_")
+    return {K::Restride, "self", nullptr};
+  if (op == "resize_" || op == "resize_as_" || op == "_resize_output_") return {K::Resize, "self", nullptr};
+  if (op == "set_") return {K::Set, "source", nullptr};
+  return {};
+}
+
+bool covers_storage(const at::Tensor& t) {
+  return t.has_storage() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         static_cast<size_t>(t.numel()) * t.itemsize() >= t.storage().nbytes();
+}
+
+// The state of a copy's or restride's arguments before it runs, per output
+// (the element of a list, or 0).
+struct Carries {
+  CarryKind kind = CarryKind::None;
+  struct Before {
+    bool src_uninitialized = false;
+    bool dst_uninitialized = false;
+    size_t nbytes = 0;  // Resize: the storage's size before
+  };
+  c10::SmallVector<Before, 4> before;
+
+  static Carries judge(std::string_view op, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+    Carries c;
+    const CarrySpec spec = carry_spec(op);
+    // Without remembered memory only a resize (or set_ to nothing) can
+    // start some.
+    if (spec.kind == CarryKind::None || (spec.kind != CarryKind::Resize && spec.kind != CarryKind::Set &&
+                                         !uninitialized_tracking()))
+      return c;
+    const size_t first = stack.size() - schema.arguments().size();
+    auto arg = [&](const char* name) -> const c10::IValue* {
+      if (name == nullptr) return nullptr;
+      auto i = schema.argumentIndexWithName(name);
+      return i ? &stack[first + *i] : nullptr;
+    };
+    const c10::IValue* src = arg(spec.src);
+    if (src == nullptr && spec.kind == CarryKind::CopyInto) src = arg("other");  // copy_.Tensor
+    bool any = false;
+    if (spec.kind == CarryKind::Set) {
+      // set_() leaves an empty storage; set_ to a Storage has no version
+      // counter of its own to check.
+      bool none = false;
+      if (src == nullptr || src->isNone())
+        none = true;
+      else if (src->isTensor())
+        none = still_uninitialized(src->toTensor());
+      else if (src->isStorage())
+        none = storage_uninitialized(src->toStorage().unsafeGetStorageImpl());
+      c.before.push_back(Before{none, false, 0});
+      any = none;
+    } else if (src != nullptr) {
+      for_each_tensor(*src, [&](const at::Tensor& t) {
+        Before b;
+        b.src_uninitialized = still_uninitialized(t);
+        if (spec.kind == CarryKind::Resize && t.has_storage()) b.nbytes = t.storage().nbytes();
+        any = any || b.src_uninitialized || spec.kind == CarryKind::Resize;
+        c.before.push_back(b);
+      });
+      if (const c10::IValue* dst = arg(spec.dst); dst != nullptr && spec.kind == CarryKind::CopyInto) {
+        size_t j = 0;
+        for_each_tensor(*dst, [&](const at::Tensor& t) {
+          if (j < c.before.size()) c.before[j].dst_uninitialized = still_uninitialized(t);
+          ++j;
+        });
+      }
+    }
+    if (any) c.kind = spec.kind;
+    return c;
+  }
+
+  // `out`: the output after the op (element `list_index` of a list, or -1);
+  // `versioned`: see Recorder::versioned.
+  Carry decide(const at::Tensor& out, int32_t list_index, bool versioned) const {
+    const size_t i = list_index < 0 ? 0 : static_cast<size_t>(list_index);
+    if (kind == CarryKind::None || i >= before.size() || !out.defined()) return Carry::Values;
+    const Before& b = before[i];
+    try {
+      switch (kind) {
+        case CarryKind::Copy:
+          return b.src_uninitialized ? (versioned ? Carry::Remember : Carry::Row) : Carry::Values;
+        case CarryKind::CopyInto:
+          // Into a part of memory that holds values elsewhere: only this row.
+          if (!b.src_uninitialized) return Carry::Values;
+          return versioned && (b.dst_uninitialized || covers_storage(out)) ? Carry::Remember : Carry::Row;
+        case CarryKind::Restride:
+        case CarryKind::Set:
+          return b.src_uninitialized ? (versioned ? Carry::Remember : Carry::Keep) : Carry::Values;
+        case CarryKind::Resize:
+          if (b.src_uninitialized) return versioned ? Carry::Remember : Carry::Keep;
+          // All new memory. Inside a kernel that is the kernel's out= buffer
+          // (resize_output), which it fills next without the dispatcher.
+          if (b.nbytes == 0) return versioned ? Carry::Remember : Carry::Row;
+          // Values followed by new memory: neither is true of the whole.
+          return out.has_storage() && out.storage().nbytes() > b.nbytes ? Carry::Row : Carry::Values;
+        case CarryKind::None:
+          break;
+      }
+    } catch (const std::exception&) {
+      // Symbolic or unusual tensors: never remembered on a guess.
+      return b.src_uninitialized ? Carry::Row : Carry::Values;
+    }
+    return Carry::Values;
+  }
+};
+
+void carry_failed(const c10::OperatorHandle& op, const std::exception& e) {
+  internal_error(rust::Str(std::string("following the memory of ") + op.operator_name().name + " failed: " + e.what()));
+}
+
+void apply_carry(Carry c, const at::Tensor& t) {
+  if (c == Carry::Remember)
+    remember_uninitialized(t);
+  else if (c == Carry::Row)
+    forget_uninitialized(t);
 }
 
 // Doubles as Python prints them: the shortest text that reads back the same.
@@ -201,6 +363,15 @@ struct Recorder {
   // The measured inputs with their rows, for outputs that are views over
   // exactly the same memory (same_elements).
   c10::SmallVector<std::pair<size_t, at::Tensor>, 4> measured_inputs;
+  // For copies and restrides: which outputs hold no values.
+  const Carries* carries = nullptr;
+  // Writes to memory at this call's level are dispatched and move version
+  // counters: the job's own code, and composite ops above autograd. Not so
+  // inside kernels, nor in C++ code that calls ops below autograd at the top
+  // level: torch.tensor(data) and torch.as_tensor store the data into
+  // `empty` memory directly, then pass it through `to`. A copy or restride of
+  // memory without values is remembered only where later writes are seen.
+  bool versioned = true;
 
   static bool measured(const TensorRow& r) {
     return r.status == StatsStatus::Computed || r.status == StatsStatus::Reused || r.status == StatsStatus::View;
@@ -254,6 +425,16 @@ struct Recorder {
     row.arg = rust::String(arg);
     row.list_index = list_index;
     StatsStatus no_values = this->no_values;
+    if (role == Role::Output && carries != nullptr) {
+      const Carry carry = carries->decide(t, list_index, versioned);
+      if (carry != Carry::Values) {
+        provenance_note(t);  // memory this call made or wrote: known, empty or not
+        measure(t, false, row, StatsStatus::Uninitialized);  // metadata only
+        apply_carry(carry, t);
+        call.tensors.push_back(std::move(row));
+        return;
+      }
+    }
     if (values_defined) {
       if (produced) {
         provenance_note(t);
@@ -406,16 +587,60 @@ void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torc
   if (top_level) provenance_arguments_noted();
 }
 
-// A call that is not recorded still produces memory with values.
-void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
-  op.redispatchBoxed(next, stack);
-  const auto& returns = op.schema().returns();
-  for (size_t r = 0; r < returns.size(); ++r)
-    if (returns[r].alias_info() == nullptr) provenance_note_all((*stack)[stack->size() - returns.size() + r]);
-}
-
 // Arguments written by the call, for ops that return nothing.
 using Written = c10::SmallVector<std::pair<size_t, c10::IValue>, 2>;
+
+// What an unrecorded call did to memory without values: the same as a
+// recorded one, so that what is recorded later does not depend on the
+// selection (OPDUMP_INCLUDE, OPDUMP_MAX_DEPTH, steps). `empty`: the output
+// is memory without values (`empty*`).
+void note_unrecorded_output(const c10::IValue& v, bool produced, bool empty, const Carries& carries,
+                            bool versioned) {
+  int32_t j = v.isTensor() ? -1 : 0;
+  for_each_tensor(v, [&](const at::Tensor& t) {
+    const Carry carry = empty ? Carry::Remember : carries.decide(t, j, versioned);
+    if (carry != Carry::Values)
+      apply_carry(carry, t);
+    else if (produced)
+      forget_uninitialized(t);
+    ++j;
+  });
+}
+
+// A call that is not recorded still produces memory with values, or copies
+// memory without.
+void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
+                    bool versioned) {
+  const auto& schema = op.schema();
+  const std::string_view base = base_name(op.operator_name().name);
+  Carries carries;
+  Written written;
+  try {
+    carries = Carries::judge(base, schema, *stack);
+    if (schema.returns().empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
+      const auto& args = schema.arguments();
+      const size_t first = stack->size() - args.size();
+      for (size_t i = 0; i < args.size(); ++i)
+        if (is_written(args[i])) written.emplace_back(i, (*stack)[first + i]);
+    }
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+  op.redispatchBoxed(next, stack);
+  try {
+    const auto& returns = schema.returns();
+    const bool empty = output_uninitialized(base);
+    for (size_t r = 0; r < returns.size(); ++r) {
+      const c10::IValue& v = (*stack)[stack->size() - returns.size() + r];
+      const auto* alias = returns[r].alias_info();
+      if (alias == nullptr) provenance_note_all(v);
+      note_unrecorded_output(v, alias == nullptr || alias->isWrite(), empty, carries, versioned);
+    }
+    for (const auto& [i, v] : written) note_unrecorded_output(v, true, false, carries, versioned);
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+}
 
 // Names the call, measures its tensor arguments and writes the others as
 // text. A failure here is opdump's, never the job's.
@@ -509,14 +734,23 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   // guard comes first.
   Recorder rec;
   ExitGuard exit_guard{&rec.call};
-  const bool above_autograd = ticket.depth == 0 || from_above_autograd();
+  const bool versioned = from_above_autograd();
+  const bool above_autograd = ticket.depth == 0 || versioned;
   if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
-  if (!ticket.record) return run_unrecorded(op, next, stack);
+  if (!ticket.record) return run_unrecorded(op, next, stack, versioned);
 
   rec.nested = ticket.depth > 0;
   rec.above_autograd = above_autograd;
+  rec.versioned = versioned;
   rec.shortcuts = ticket.shortcuts;
   Written written;
+  Carries carries;
+  try {
+    carries = Carries::judge(base_name(op.operator_name().name), op.schema(), *stack);
+    rec.carries = &carries;
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
   record_inputs(rec, op, *stack, ticket, written);
   run_timed(rec, op, next, stack);
   record_outputs(rec, op, *stack, ticket, written);

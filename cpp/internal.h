@@ -71,10 +71,15 @@ bool reuse_written_by_current_call(const at::Tensor& t);
 void reuse_atfork_prepare();
 void reuse_atfork_release();
 
-// Uninitialized memory followed through views (uninitialized.cpp).
+// Uninitialized memory followed through views, copies and restrides
+// (uninitialized.cpp).
 void remember_uninitialized(const at::Tensor& t);
 bool still_uninitialized(const at::Tensor& t);
 void forget_uninitialized(const at::Tensor& t);
+// A storage on which no remembered tensor has written (a `set_` source).
+bool storage_uninitialized(const c10::StorageImpl* s);
+// Whether any memory is remembered at all (the cheap test before a lookup).
+bool uninitialized_tracking();
 void uninitialized_atfork_prepare();
 void uninitialized_atfork_parent();
 void uninitialized_atfork_child();

@@ -5,8 +5,17 @@
 // RecordFunction callback runs at every op of every thread: at a thread's
 // first op it switches the key on (that one op is missed). The same callback
 // follows the scopes that mark a phase: the autograd engine's backward
-// functions (BACKWARD_FUNCTION) and `Optimizer.step`, which torch wraps in a
-// record_function scope named "Optimizer.step#<class>.step".
+// functions (BACKWARD_FUNCTION), and `Optimizer.step` and
+// `Optimizer.zero_grad`, which torch wraps in record_function scopes named
+// "Optimizer.step#<class>.step" and "Optimizer.zero_grad#<class>.zero_grad".
+//
+// A node's own scope does not cover all that the engine runs for it:
+// validate_outputs reduces a gradient to its input's shape (`sum_to` of a
+// bias gradient), the input buffers add up the gradients of a tensor used
+// twice, and final callbacks (queue_callback, DDP's) run after the last node.
+// All of it runs while the thread executes a graph task, which the engine
+// marks in a thread-local of its own: on the calling thread, on the device
+// threads and in reentrant backward alike, user hooks included.
 
 #include <mutex>
 #include <optional>
@@ -14,6 +23,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"
@@ -24,31 +34,41 @@ namespace {
 
 thread_local bool tl_key_on = false;
 thread_local int tl_backward = 0;
-thread_local int tl_optimizer = 0;
+thread_local int tl_optimizer_step = 0;
+thread_local int tl_zero_grad = 0;
 
 std::mutex g_cb_mutex;
 std::optional<at::CallbackHandle> g_cb;
 
 // The observer context tells the end callback which scope it closes.
+enum class Scope { Backward, OptimizerStep, ZeroGrad };
 struct ScopeContext : at::ObserverContext {
-  explicit ScopeContext(Phase p) : phase(p) {}
-  Phase phase;  // Backward or Optimizer
+  explicit ScopeContext(Scope s) : scope(s) {}
+  Scope scope;
 };
 
 constexpr std::string_view kOptimizerStep = "Optimizer.step#";
+// zero_grad belongs to the optimizer, but does not end a step.
+constexpr std::string_view kZeroGrad = "Optimizer.zero_grad#";
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!tl_key_on) key_on_for_this_thread();
   switch (fn.scope()) {
     case at::RecordScope::BACKWARD_FUNCTION:
       ++tl_backward;
-      return std::make_unique<ScopeContext>(Phase::Backward);
-    case at::RecordScope::USER_SCOPE:
-      if (std::string_view(fn.name()).starts_with(kOptimizerStep)) {
-        ++tl_optimizer;
-        return std::make_unique<ScopeContext>(Phase::Optimizer);
+      return std::make_unique<ScopeContext>(Scope::Backward);
+    case at::RecordScope::USER_SCOPE: {
+      const std::string_view name(fn.name());
+      if (name.starts_with(kOptimizerStep)) {
+        ++tl_optimizer_step;
+        return std::make_unique<ScopeContext>(Scope::OptimizerStep);
+      }
+      if (name.starts_with(kZeroGrad)) {
+        ++tl_zero_grad;
+        return std::make_unique<ScopeContext>(Scope::ZeroGrad);
       }
       return nullptr;
+    }
     default:
       return nullptr;
   }
@@ -56,10 +76,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 
 void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
-  if (static_cast<ScopeContext*>(ctx)->phase == Phase::Backward) {
-    if (tl_backward > 0) --tl_backward;
-  } else if (tl_optimizer > 0 && --tl_optimizer == 0) {
-    optimizer_step_done();
+  switch (static_cast<ScopeContext*>(ctx)->scope) {
+    case Scope::Backward:
+      if (tl_backward > 0) --tl_backward;
+      break;
+    case Scope::OptimizerStep:
+      if (tl_optimizer_step > 0 && --tl_optimizer_step == 0) optimizer_step_done();
+      break;
+    case Scope::ZeroGrad:
+      if (tl_zero_grad > 0) --tl_zero_grad;
+      break;
   }
 }
 
@@ -71,8 +97,10 @@ void key_on_for_this_thread() {
 }
 
 Phase current_phase() {
-  if (tl_optimizer > 0) return Phase::Optimizer;
-  if (tl_backward > 0) return Phase::Backward;
+  // An optimizer stepped from a backward hook (optimizer in backward) is the
+  // optimizer's work.
+  if (tl_optimizer_step > 0 || tl_zero_grad > 0) return Phase::Optimizer;
+  if (tl_backward > 0 || torch::autograd::get_current_graph_task_id() != -1) return Phase::Backward;
   return Phase::Forward;
 }
 
