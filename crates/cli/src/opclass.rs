@@ -129,34 +129,16 @@ const DISCONTINUOUS: &[&str] = &[
     "floor_divide",
 ];
 
+/// Contractions other than [`PRODUCTS`] (which are contractions too).
 const CONTRACTION: &[&str] = &[
-    "mm",
-    "bmm",
-    "addmm",
-    "addbmm",
-    "baddbmm",
-    "matmul",
-    "linear",
-    "_addmm_activation",
-    "dot",
-    "vdot",
-    "mv",
-    "addmv",
     "addr",
     "einsum",
     "tensordot",
     "_scaled_mm",
     "bilinear",
-    "convolution",
-    "_convolution",
-    "conv1d",
-    "conv2d",
-    "conv3d",
     "conv_transpose1d",
     "conv_transpose2d",
     "conv_transpose3d",
-    "cudnn_convolution",
-    "mkldnn_convolution",
     "scaled_dot_product_attention",
     "_scaled_dot_product_attention_math",
     "_scaled_dot_product_flash_attention",
@@ -171,10 +153,8 @@ const CONTRACTION: &[&str] = &[
     "_efficient_attention_backward",
     "convolution_backward",
     "convolution_backward_overrideable",
-    "convolution_overrideable",
     "_flash_attention_forward",
     "_efficient_attention_forward",
-    "mkldnn_linear",
     "_weight_int8pack_mm",
     "_int_mm",
     "cdist",
@@ -360,7 +340,7 @@ pub fn classify(op: &str) -> OpClass {
         OpClass::Rng
     } else if is(DISCONTINUOUS) {
         OpClass::Discontinuous
-    } else if is(CONTRACTION) {
+    } else if is(CONTRACTION) || is(PRODUCTS) {
         OpClass::Contraction
     } else if is(NORMALIZATION) {
         OpClass::Normalization

@@ -1,0 +1,104 @@
+"""Runs the battery: each model family of models.py trained on two devices
+with opdump preloaded (the training code does not know opdump), then
+`opdump compare` on the two dumps.
+
+    .venv/bin/python tests/battery/run.py                  # every family, cpu vs testdev, no fault
+    .venv/bin/python tests/battery/run.py bert llama --fault "aten::gelu=scale:1.01"
+
+It prints one line per family: the exit status of compare, the first
+divergence and the first introduced divergence. tests/test_battery.py uses
+`dump()` and `compare()`."""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
+
+
+def worker(family, device, steps, models_module):
+    sys.path.insert(0, str(ROOT))
+    import importlib
+
+    import torch  # noqa: F401
+
+    if device.startswith("testdev"):
+        import tests.testdev as testdev
+
+        testdev.load()
+    models = importlib.import_module(models_module)
+
+    losses = models.train(family, device, steps=steps)
+    counts = testdev.fault_counts() if device.startswith("testdev") else {}
+    print(json.dumps({"losses": losses, "fault_counts": counts}))
+
+
+def dump(family, device, out, steps=2, fault=None, models="tests.battery.models"):
+    """Trains `family` on `device` in a subprocess with opdump preloaded;
+    returns (dump directory, {"losses", "fault_counts"})."""
+    d = Path(out) / f"{family}-{device.replace(':', '_')}"
+    shutil.rmtree(d, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPDUMP") and k != "TESTDEV_FAULT"}
+    env.update(OPDUMP="1", OPDUMP_DIR=str(d), LD_PRELOAD=str(TARGET / "libopdump.so"),
+               PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if fault:
+        env["TESTDEV_FAULT"] = fault
+    p = subprocess.run([sys.executable, __file__, "--worker", family, device, "--steps", str(steps),
+                        "--models", models],
+                       env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"battery: {family} on {device} failed:\n{p.stderr[-4000:]}")
+    return d, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def compare(a, b, *extra):
+    """`opdump compare A B --json`: (exit status, report)."""
+    p = subprocess.run([str(TARGET / "opdump"), "compare", str(a), str(b), "--json", *extra],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode not in (0, 1, 3):
+        raise RuntimeError(f"opdump compare failed ({p.returncode}): {p.stderr}")
+    return p.returncode, json.loads(p.stdout)
+
+
+def describe(op):
+    if op is None:
+        return "-"
+    return (f"{op['op']} seq {op['seq_a']} {op['phase_a']} step {op['step_a']} "
+            f"err {op['rel_err'] or float('inf'):.3g} tol {op['tolerance']:.3g} amp {op['amplification'] or 0:.3g}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("families", nargs="*")
+    ap.add_argument("--devices", default="cpu,testdev")
+    ap.add_argument("--fault", help="TESTDEV_FAULT for the second device")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--out", default="/tmp/opdump-battery")
+    ap.add_argument("--models", default="tests.battery.models",
+                    help="module with FAMILIES and train(family, device, steps)")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(*args.worker, args.steps, args.models)
+    sys.path.insert(0, str(ROOT))
+    import importlib
+
+    families = importlib.import_module(args.models).FAMILIES
+
+    a_dev, b_dev = args.devices.split(",")
+    for fam in args.families or families:
+        a, _ = dump(fam, a_dev, args.out, args.steps, models=args.models)
+        b, res = dump(fam, b_dev, args.out, args.steps, args.fault, models=args.models)
+        code, rep = compare(a, b)
+        fired = f" fired {res['fault_counts']}" if args.fault else ""
+        print(f"{fam:9} exit {code}{fired}\n  first divergence: {describe(rep['first_divergence'])}"
+              f"\n  first introduced: {describe(rep['first_introduced'])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
