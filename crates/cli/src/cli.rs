@@ -1,6 +1,7 @@
 //! Command-line parsing and the two commands' drivers.
 //!
-//! Exit status: 0 no divergence, 1 divergence found, 2 usage or input error
+//! Exit status: 0 the runs agree, 1 an op introduced a divergence, 2 usage
+//! or input error, 3 outputs diverged but no op introduced it
 //! (one `opdump:` line on stderr). Reports go to stdout, progress and
 //! messages to stderr.
 
@@ -45,7 +46,7 @@ pub struct Cli {
 pub enum Cmd {
     /// Align the op calls of two dumps and name the op where they diverge.
     ///
-    /// Exit status: 0 no divergence, 1 divergence found, 2 usage or input error.
+    /// Exit status: 0 the runs agree, 1 an op introduced a divergence, 2 usage or input error, 3 outputs diverged but no op introduced it.
     Compare(CompareArgs),
     /// Describe one dump: op calls per op, phase and step; NaN/Inf origins.
     Summary(SummaryArgs),

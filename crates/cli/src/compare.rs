@@ -63,7 +63,8 @@ pub struct Compared {
     /// inside the first introduced subtree).
     pub first_introduced: Option<usize>,
     /// The op the verdict names: the first introduced, unless a later one
-    /// is [`HEADLINE_DOMINANCE`] times stronger (see [`headline`]).
+    /// exceeds its allowance [`HEADLINE_DOMINANCE`] times more (see
+    /// [`headline`]).
     pub headline: Option<usize>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<usize>,
@@ -148,29 +149,32 @@ pub enum Outcome {
     DriftOnly,
 }
 
-/// A later introduced op at least this many times stronger, by
-/// amplification, than the first one in call order takes the headline.
-/// Two orders of magnitude: an op that rounding or a condition number
-/// explains badly still amplifies by tens to hundreds, while a faulty
-/// kernel fed with rounding-level inputs amplifies by 10^4 and more, so a
-/// weak false alarm early in the run cannot hide a real fault after it.
-pub const HEADLINE_DOMINANCE: f64 = 100.0;
+/// A later introduced op whose error is at least this many times further
+/// beyond what its inputs and rounding explain (`excess`: output error over
+/// the allowed error) than the first one's takes the headline. An order of
+/// magnitude: a false alarm from rounding that the model explains badly
+/// exceeds its allowance by a few times (the cancelled key-bias sum of a
+/// BERT: 5.3 times), a 1e-3 fault in float32 by a hundred and more. The
+/// excess is relative to each op's own tolerance, so a bfloat16 fault and
+/// a float32 false alarm compare fairly, which amplification does not (a
+/// bfloat16 kernel can amplify at most about 1/u = 256).
+pub const HEADLINE_DOMINANCE: f64 = 10.0;
 
-/// The headline among introduced ops: the first in call order, unless the
-/// strongest (`leaves` is sorted by amplification, strongest first) is
-/// [`HEADLINE_DOMINANCE`] times stronger. Amplifications compare as
-/// computed: infinite (NaN or Inf from finite inputs) beats any finite.
-pub fn headline(first: Option<usize>, leaves: &[usize], amplification: &[f32]) -> Option<usize> {
+/// The headline among introduced ops: the first in call order, unless some
+/// introduced leaf goes [`HEADLINE_DOMINANCE`] times further beyond its
+/// allowance than the first one; then the first of those in call order
+/// (where that fault first showed). Infinite excess (NaN or Inf from
+/// finite inputs, a shape change) dominates any finite one; against an
+/// infinite first, nothing does.
+pub fn headline(first: Option<usize>, leaves: &[usize], excess: &[f32]) -> Option<usize> {
     let first = first?;
-    match leaves.first() {
-        Some(&strong)
-            if amplification[strong] as f64 >= HEADLINE_DOMINANCE * amplification[first] as f64
-                && amplification[strong] > amplification[first] =>
-        {
-            Some(strong)
-        }
-        _ => Some(first),
-    }
+    let bar = HEADLINE_DOMINANCE * excess[first] as f64;
+    let dominant = leaves
+        .iter()
+        .copied()
+        .filter(|&k| excess[k] > excess[first] && excess[k] as f64 >= bar)
+        .min();
+    Some(dominant.unwrap_or(first))
 }
 
 /// Picks the rank to compare.
@@ -306,6 +310,7 @@ pub fn compare_dumps(
         mut verdict,
         out_err,
         amplification,
+        excess,
         input_taint,
         input_taint_own,
         verified,
@@ -329,7 +334,7 @@ pub fn compare_dumps(
     let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
     let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
     let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
-    let headline = headline(first_introduced, &top_introduced, &amplification);
+    let headline = headline(first_introduced, &top_introduced, &excess);
     top_introduced.truncate(top);
     let first_unmatched_change = unmatched_change
         .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
@@ -459,6 +464,8 @@ struct Judged {
     verdict: Vec<OpVerdict>,
     out_err: Vec<f32>,
     amplification: Vec<f32>,
+    /// Output error over the allowed error, for the headline.
+    excess: Vec<f32>,
     /// Per tensor of A: the taint an input had.
     input_taint: Vec<f32>,
     input_taint_own: Vec<bool>,
@@ -484,6 +491,7 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
         verdict: vec![OpVerdict::Ok; n],
         out_err: vec![0f32; n],
         amplification: vec![0f32; n],
+        excess: vec![0f32; n],
         input_taint: vec![0f32; ctx.a.tensors.len()],
         input_taint_own: vec![false; ctx.a.tensors.len()],
         verified: vec![false; n],
@@ -520,7 +528,8 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
                 j.record(k, cmp, &mut prov);
                 for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
                     if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
-                        one_sided.register(ctx.b, tc.key.1, tb, ctx.own_relative_error(tc));
+                        let err = ctx.own_relative_error(tc);
+                        one_sided.register(ctx.b, tc.key.1, tb, err, tc.taint);
                     }
                 }
                 if k.is_multiple_of(65536) {
@@ -580,7 +589,10 @@ fn input_taint_from(
                     .max(ctx.tol.rtol(dt.is_float().then_some(dt), fed.k));
                 let kappa = ctx.tol.min_amplification;
                 if tc.rel_err <= tol + kappa * fed.error.unwrap_or(0.0) {
-                    t = 0.0;
+                    // Explained by what the calls were fed: it carries their
+                    // taint, not its own error.
+                    t = fed.taint;
+                    own = false;
                 }
             }
         }
@@ -626,6 +638,7 @@ impl Judged {
         self.verified[k] = outputs_verified(v, cmp);
         self.out_err[k] = cmp.out_err as f32;
         self.amplification[k] = cmp.amplification as f32;
+        self.excess[k] = cmp.excess as f32;
     }
 }
 

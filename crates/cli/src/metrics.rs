@@ -10,7 +10,7 @@ use opdump_format::Role;
 use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure};
-use crate::opclass::{args_make_discontinuous, classify, is_product, OpClass};
+use crate::opclass::{args_make_discontinuous, classify, is_factor, is_product, OpClass};
 use crate::tolerance::Tolerances;
 use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
 
@@ -36,7 +36,7 @@ pub const CANCELLATION_FLOOR: f64 = 0.1;
 /// gradient of a key bias, zero in exact arithmetic), its error is rounding
 /// of the partial sums, and measured against them it is again about u·√K:
 /// what the tolerance `c·u·√K` allows. A mean divides both by K.
-/// Derivation: `crates/cli/README.md`, "Tolerance".
+/// Derivation: `crates/cli/README.md`, "Tolerance model".
 pub fn output_floor(class: OpClass, in_rms: f64, reduced_rms: f64, k: f64) -> f64 {
     let base = CANCELLATION_FLOOR * in_rms;
     if k <= 1.0 {
@@ -47,6 +47,30 @@ pub fn output_floor(class: OpClass, in_rms: f64, reduced_rms: f64, k: f64) -> f6
         OpClass::Mean => base.max(reduced_rms / k.sqrt()),
         _ => base,
     }
+}
+
+/// How much an op that only moves elements can raise the relative error of
+/// its output `t` above that of its largest input (numel `n_in`, norms
+/// `(l2, absmax)` of it): a selection of fewer elements keeps at most all
+/// of the input's error, `‖δy‖ ≤ ‖δx‖`, so relative to `‖y‖` it may grow by
+/// `‖x‖/‖y‖` (and by `absmax x / absmax y` in the largest element). An
+/// output as large as the input (a copy, a cast, a permutation, a
+/// broadcast) concentrates nothing: 1.
+pub fn concentration(d: &Dump, t: u32, n_in: i64, (l2_in, abs_in): (f64, f64)) -> f64 {
+    let i = t as usize;
+    if d.tensors.numel(t) >= n_in {
+        return 1.0;
+    }
+    let ratio = |x: f64, y: f64| {
+        if x.is_finite() && y.is_finite() && y > 0.0 {
+            x / y
+        } else {
+            1.0
+        }
+    };
+    ratio(l2_in, d.tensors.l2[i])
+        .max(ratio(abs_in, d.tensors.absmax[i]))
+        .max(1.0)
 }
 
 /// The partial-sum scale of a sum of K products of two inputs of RMS `r1`
@@ -109,6 +133,13 @@ pub struct OpCmp {
     pub compute_dtype: Option<DType>,
     /// Estimated reduction length.
     pub k: f64,
+    /// How much an op that only moves elements can concentrate its input's
+    /// relative error (1 for other ops): see [`concentration`].
+    pub concentration: f64,
+    /// The largest output error over what was allowed for it (above 1 for
+    /// a diverged output, infinite for a structural divergence): how far
+    /// beyond rounding and its inputs an output went.
+    pub excess: f64,
     pub tolerance: f64,
     pub out_err: f64,
     /// Largest error among inputs that had not diverged (drift).
@@ -237,6 +268,7 @@ impl<'a> Ctx<'a> {
         // The input being reduced: the largest float input; and the two
         // largest, the factors of a product.
         let (mut reduced_numel, mut reduced_rms) = (0i64, 0.0f64);
+        let mut reduced_norms = (0.0f64, 0.0f64);
         let mut factors = [(0i64, 0.0f64); 2];
         let consider = |d: &'a Dump, t: u32, compute: &mut Option<&'a DType>| {
             let dt = d.dtype(t);
@@ -257,8 +289,9 @@ impl<'a> Ctx<'a> {
                             let n = a.tensors.numel(t);
                             if n > reduced_numel {
                                 (reduced_numel, reduced_rms) = (n, rms);
+                                reduced_norms = (a.tensors.l2[i], a.tensors.absmax[i]);
                             }
-                            if n > factors[1].0 {
+                            if n > factors[1].0 && is_factor(op, a.arg_name(t)) {
                                 factors[1] = (n, rms);
                                 if n > factors[0].0 {
                                     factors.swap(0, 1);
@@ -316,6 +349,15 @@ impl<'a> Ctx<'a> {
                 None
             };
             cmp.tensors.push(tc);
+        }
+        cmp.concentration = 1.0;
+        if class == OpClass::Movement {
+            for t in a.tensors_of(ia) {
+                if a.tensors.role[t as usize] == Role::Output && a.tensors.has_values(t) {
+                    let c = concentration(a, t, reduced_numel, reduced_norms);
+                    cmp.concentration = cmp.concentration.max(c);
+                }
+            }
         }
         cmp.class = Some(class);
         cmp.compute_dtype = compute.cloned();
@@ -377,7 +419,7 @@ impl<'a> Ctx<'a> {
                 e_in = e_in.max(tc.rel_err);
             }
         }
-        let moves_only = cmp.class == Some(OpClass::Movement);
+        cmp.excess = 0.0;
         let mut errors = OpErrors {
             out_err: 0.0,
             explained_in_err: e_in,
@@ -385,16 +427,13 @@ impl<'a> Ctx<'a> {
             out_diverged: false,
             legit_rng: false,
             legit_discontinuous: false,
-            moves_only,
+            concentration: cmp.concentration,
         };
         for tc in cmp.tensors.iter_mut().filter(|t| t.role == Role::Output) {
-            tc.allowed = tc.tolerance + kappa * e_in;
-            // An op that only moves elements concentrates the drift of its
-            // inputs (a row of a matrix may hold more of it than the whole):
-            // any output error is explained by an input with some error.
-            if moves_only && e_in > 0.0 {
-                tc.allowed = f64::INFINITY;
-            }
+            // An op that only moves elements may concentrate the drift of
+            // its inputs (a row of a matrix can hold more of it than the
+            // whole), by at most `concentration`.
+            tc.allowed = tc.tolerance + kappa * e_in * cmp.concentration;
             if matches!(tc.verdict, TensorVerdict::Close | TensorVerdict::Diverged) {
                 tc.verdict = if tc.rel_err <= tc.allowed {
                     TensorVerdict::Close
@@ -429,6 +468,13 @@ impl<'a> Ctx<'a> {
                     errors.legit_discontinuous |= legit == TensorVerdict::Discontinuous;
                     continue;
                 }
+            }
+            if tc.verdict.is_divergence() {
+                cmp.excess = cmp.excess.max(if err.is_finite() {
+                    err / tc.allowed.max(f64::MIN_POSITIVE)
+                } else {
+                    f64::INFINITY
+                });
             }
             // Close outputs count too: the plot shows every op's error, and
             // a diverged output's error is the largest anyway.

@@ -320,6 +320,13 @@ pub fn is_product(op: &str) -> bool {
     PRODUCTS.contains(&base) || PRODUCTS.contains(&base.trim_matches('_'))
 }
 
+/// Whether argument `arg` of product `op` is one of its two factors: not a
+/// bias, and not the term that `addmm`-style ops add (`self`).
+pub fn is_factor(op: &str, arg: &str) -> bool {
+    let adds_self = base_name(op).starts_with("add") || base_name(op).starts_with("baddbmm");
+    !(arg == "bias" || (adds_self && arg == "self"))
+}
+
 /// The bare name: `aten::normal_` -> `normal`.
 pub fn base_name(op: &str) -> &str {
     let name = op.rsplit("::").next().unwrap_or(op);

@@ -5,7 +5,8 @@
 //! element for elementwise ops, growing like `sqrt(K) * u` for a reduction
 //! over K elements summed in a different order (a random walk of rounding
 //! errors). The default tolerance is `c * u * sqrt(K)`, capped so that a
-//! 1e-3 relative fault in float32 is always caught:
+//! 1e-3 relative fault in float32 is caught wherever the output does not
+//! cancel (see `metrics::output_floor` for outputs that do):
 //!
 //! | dtype     | u        | c  | tol at K=1 | cap   |
 //! |-----------|----------|----|------------|-------|

@@ -1,5 +1,5 @@
 //! The rules that keep two correct devices from raising false alarms, and
-//! the headline from hiding a real fault (see the README's "Tolerance"):
+//! the headline from hiding a real fault (see the README's "Tolerance model"):
 //! a cancelled sum is judged against its partial sums, an op that only
 //! moves elements never introduces an error its input brings, a fault far
 //! stronger than the first introduced op takes the headline, and the exit
@@ -244,6 +244,18 @@ fn an_op_that_only_moves_elements_never_introduces_what_its_input_brings() {
 }
 
 #[test]
+fn a_selection_that_makes_more_error_than_it_can_concentrate_introduces() {
+    // The weight drifted by one rounding (1e-7); the selected row is off by
+    // 1e-3, far more than one row of 300 can hold of 1e-7 (about 17 times).
+    let t = tmp();
+    let a = selected_row(t.path(), false, 1e-7, 1e-3);
+    let b = selected_row(t.path(), true, 1e-7, 1e-3);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
+}
+
+#[test]
 fn an_op_that_moves_elements_wrongly_from_equal_inputs_introduces() {
     let t = tmp();
     // The weight agrees; the selected row does not: a wrong offset.
@@ -443,4 +455,115 @@ fn a_cancelled_matrix_product_is_rounding_not_a_divergence() {
     let (code, j, _) = compare_json(&a, &b, &[]);
     assert_eq!(code, 0, "{j}");
     assert_eq!(j["first_divergence"], Value::Null);
+}
+
+/// Two parameters updated by one `_fused_adamw_` over both on A and one
+/// `_foreach_addcdiv_` over both on B: the bias's gradient is rounding
+/// noise (0.6 apart), the weight's agrees; B's weight update is off by
+/// `weight_fault`. The next step reads both.
+fn two_params(root: &Path, side_b: bool, weight_fault: f64) -> PathBuf {
+    use opdump_format::Phase;
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let act = [512, 64];
+    let listed = |mut t: TensorRecord, i: i32| {
+        t.list_index = Some(i);
+        t
+    };
+    let bias = 1e-3 * f(0.6);
+    let weight = 0.02 * f(weight_fault);
+    w.phase = Phase::Backward;
+    w.leaf(
+        "aten::sum",
+        "dim_IntList",
+        "dim=[0], keepdim=False, dtype=None",
+        vec![input("self", "float32", &act, 1e-4)],
+        vec![output(0, "float32", &[64], 1e-9 * f(0.6))],
+    )
+    .unwrap();
+    w.leaf(
+        "aten::mm",
+        "default",
+        "",
+        vec![
+            input("self", "float32", &[64, 512], 1.0),
+            input("mat2", "float32", &act, 1e-4),
+        ],
+        vec![output(0, "float32", &[64, 64], 2e-3)],
+    )
+    .unwrap();
+    w.phase = Phase::Optimizer;
+    let grads = [
+        input("tensor1", "float32", &[64], 1e-9 * f(0.6)),
+        input("tensor1", "float32", &[64, 64], 2e-3),
+    ];
+    let params = [
+        input("self", "float32", &[64], 1e-3),
+        input("self", "float32", &[64, 64], 0.02),
+    ];
+    let new = [
+        output(0, "float32", &[64], bias),
+        output(0, "float32", &[64, 64], weight),
+    ];
+    // Both sides update both parameters in one list op: only the list
+    // element tells which gradient made which parameter.
+    let mut ins = Vec::new();
+    let mut outs = Vec::new();
+    for i in 0..2 {
+        ins.push(listed(params[i].clone(), i as i32));
+        ins.push(listed(grads[i].clone(), i as i32));
+        let mut o = listed(new[i].clone(), i as i32);
+        o.arg = "self".into();
+        outs.push(o);
+    }
+    let (op, overload) = if side_b {
+        ("aten::_foreach_addcdiv_", "ScalarList")
+    } else {
+        ("aten::_fused_adamw_", "default")
+    };
+    w.leaf(op, overload, "", ins, outs).unwrap();
+    w.step = 1;
+    w.phase = Phase::Forward;
+    w.leaf(
+        "aten::add",
+        "Tensor",
+        "",
+        vec![
+            input("self", "float32", &act, 1.0),
+            input("other", "float32", &[64], bias),
+        ],
+        vec![output(0, "float32", &act, f(6e-4))],
+    )
+    .unwrap();
+    w.leaf(
+        "aten::mm",
+        "default",
+        "",
+        vec![
+            input("self", "float32", &act, 0.9),
+            input("mat2", "float32", &[64, 64], weight),
+        ],
+        vec![output(0, "float32", &act, 0.16 * f(weight_fault))],
+    )
+    .unwrap();
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn a_list_op_explains_each_element_by_its_own_inputs() {
+    // The noisy bias gradient explains the bias, not the weight.
+    let t = tmp();
+    let a = two_params(t.path(), false, 0.0);
+    let b = two_params(t.path(), true, 0.0);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 0, "{j}");
+    let t = tmp();
+    let a = two_params(t.path(), false, 1e-2);
+    let b = two_params(t.path(), true, 1e-2);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 3, "{j}");
+    assert_eq!(j["first_divergence"]["op"], "aten::mm", "{j}");
+    assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
 }

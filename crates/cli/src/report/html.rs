@@ -304,13 +304,17 @@ fn draw_points(s: &mut String, f: &Frame, bins: &[Bin], pairs: &AlignedPairs<'_>
     }
 }
 
-/// Lines at the first introduced and the first divergence, labelled on two
-/// rows below the plot so that the labels never overlap when both are the
-/// same op.
+/// Lines at the headline, the first divergence and (when another op took
+/// the headline) the first introduced op, labelled on rows below the plot
+/// so that the labels never overlap when they are the same op.
 fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
+    let first = pairs
+        .first_introduced()
+        .filter(|&k| Some(k) != pairs.headline());
     for (row, (k, label, color)) in [
-        (pairs.headline(), "introduced", "#d62728"),
+        (pairs.headline(), "introduced (headline)", "#d62728"),
         (pairs.first_divergence(), "first divergence", "#ff9f1c"),
+        (first, "first introduced", "#9467bd"),
     ]
     .into_iter()
     .enumerate()
@@ -497,7 +501,7 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
                 Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
                 None => "first introduced by calls only in B".into(),
             },
-            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), amplifying at least {:.0} times more than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, crate::compare::HEADLINE_DOMINANCE),
+            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, crate::compare::HEADLINE_DOMINANCE),
             (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it (exit status 3)".into(),
             (None, false) => "no divergence".into(),

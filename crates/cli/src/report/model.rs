@@ -652,6 +652,11 @@ impl<'a> AlignedPairs<'a> {
         self.c.headline
     }
 
+    /// Pair of the first introduced op in call order.
+    pub fn first_introduced(&self) -> Option<usize> {
+        self.c.first_introduced
+    }
+
     /// A reader of the pairs in full, one at a time.
     pub fn details(&self) -> PairDetails<'a> {
         PairDetails {

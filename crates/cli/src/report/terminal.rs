@@ -404,7 +404,7 @@ pub fn render(r: &CompareReport) -> String {
         op_block(
             &mut out,
             &format!(
-                "Strongest introduced (the headline: it amplifies at least {:.0} times more than the first)",
+                "Strongest introduced (the headline: it goes at least {:.0} times further beyond its allowance than the first)",
                 crate::compare::HEADLINE_DOMINANCE
             ),
             h,
