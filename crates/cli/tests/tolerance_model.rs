@@ -33,6 +33,29 @@ fn with_stats(mut t: TensorRecord, min: f64, max: f64, mean: f64, std: f64) -> T
     t
 }
 
+/// Both sides written by `write(root, side_b)`, and their comparison.
+struct Sides {
+    _dir: tempfile::TempDir,
+    a: PathBuf,
+    b: PathBuf,
+    code: i32,
+    j: Value,
+}
+
+fn compare_sides(write: impl Fn(&Path, bool) -> PathBuf) -> Sides {
+    let dir = tmp();
+    let a = write(dir.path(), false);
+    let b = write(dir.path(), true);
+    let (code, j, _) = compare_json(&a, &b, &[]);
+    Sides {
+        _dir: dir,
+        a,
+        b,
+        code,
+        j,
+    }
+}
+
 /// A backward pass in miniature: `mm` makes a key gradient of about 1e-7
 /// per element, `sum.dim_IntList` reduces it over 512 tokens to a key-bias
 /// gradient that is zero in exact arithmetic (about 1e-11 of rounding, and
@@ -112,10 +135,7 @@ fn op_of(j: &Value, field: &str) -> Option<String> {
 
 #[test]
 fn a_cancelled_sum_is_rounding_not_a_divergence() {
-    let t = tmp();
-    let a = bias_grad_run(t.path(), false, 1.0);
-    let b = bias_grad_run(t.path(), true, 1.0);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| bias_grad_run(r, side_b, 1.0));
     assert_eq!(code, 0, "{j}");
     assert_eq!(j["first_divergence"], Value::Null, "{j}");
     assert_eq!(j["exit_status"], 0);
@@ -159,11 +179,15 @@ fn two_faults(root: &Path, side_b: bool, weak_err: f64, strong_err: f64) -> Path
 
 #[test]
 fn a_far_stronger_later_fault_takes_the_headline() {
-    let t = tmp();
-    // tanh: 3e-6 (amplification ~50); gelu: 1e-2 (~1.7e5), 3000 times more.
-    let a = two_faults(t.path(), false, 3e-6, 1e-2);
-    let b = two_faults(t.path(), true, 3e-6, 1e-2);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    // tanh: 3e-6, 3 times its tolerance; gelu: 1e-2, 10^4 times: 3000
+    // times further beyond it.
+    let Sides {
+        _dir,
+        a,
+        b,
+        code,
+        j,
+    } = compare_sides(|r, side_b| two_faults(r, side_b, 3e-6, 1e-2));
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "first_introduced").as_deref(), Some("aten::tanh"));
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::gelu"), "{j}");
@@ -180,11 +204,8 @@ fn a_far_stronger_later_fault_takes_the_headline() {
 
 #[test]
 fn a_later_fault_of_similar_strength_leaves_the_first_as_headline() {
-    let t = tmp();
-    // 2e-4 against 1e-3: five times, not a hundred.
-    let a = two_faults(t.path(), false, 2e-4, 1e-3);
-    let b = two_faults(t.path(), true, 2e-4, 1e-3);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    // 2e-4 against 1e-3: five times further, not ten.
+    let Sides { code, j, .. } = compare_sides(|r, side_b| two_faults(r, side_b, 2e-4, 1e-3));
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::tanh"), "{j}");
     assert_eq!(j["headline_rule"], "first");
@@ -224,10 +245,13 @@ fn selected_row(root: &Path, side_b: bool, weight_err: f64, row_err: f64) -> Pat
 
 #[test]
 fn an_op_that_only_moves_elements_never_introduces_what_its_input_brings() {
-    let t = tmp();
-    let a = selected_row(t.path(), false, 0.011, 0.5);
-    let b = selected_row(t.path(), true, 0.011, 0.5);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides {
+        _dir,
+        a,
+        b,
+        code,
+        j,
+    } = compare_sides(|r, side_b| selected_row(r, side_b, 0.011, 0.5));
     assert_eq!(j["headline"], Value::Null, "{j}");
     assert_eq!(j["op_verdicts"]["introduced"], 0, "{j}");
     assert_eq!(
@@ -247,21 +271,15 @@ fn an_op_that_only_moves_elements_never_introduces_what_its_input_brings() {
 fn a_selection_that_makes_more_error_than_it_can_concentrate_introduces() {
     // The weight drifted by one rounding (1e-7); the selected row is off by
     // 1e-3, far more than one row of 300 can hold of 1e-7 (about 17 times).
-    let t = tmp();
-    let a = selected_row(t.path(), false, 1e-7, 1e-3);
-    let b = selected_row(t.path(), true, 1e-7, 1e-3);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| selected_row(r, side_b, 1e-7, 1e-3));
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
 }
 
 #[test]
 fn an_op_that_moves_elements_wrongly_from_equal_inputs_introduces() {
-    let t = tmp();
     // The weight agrees; the selected row does not: a wrong offset.
-    let a = selected_row(t.path(), false, 0.0, 0.5);
-    let b = selected_row(t.path(), true, 0.0, 0.5);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| selected_row(r, side_b, 0.0, 0.5));
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
 }
@@ -301,19 +319,13 @@ fn noisy_bias(root: &Path, side_b: bool, gelu_err: f64) -> PathBuf {
 
 #[test]
 fn an_input_that_differs_without_reaching_the_output_taints_nothing_after() {
-    let t = tmp();
     // 1.5e-6: above gelu's own tolerance (9.5e-7), within what its input's
     // rounding explains (9.5e-7 + 32 x 6e-8).
-    let a = noisy_bias(t.path(), false, 1.5e-6);
-    let b = noisy_bias(t.path(), true, 1.5e-6);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| noisy_bias(r, side_b, 1.5e-6));
     assert_eq!(code, 0, "{j}");
     assert_eq!(j["first_divergence"], Value::Null, "{j}");
     // A real fault in gelu is still introduced.
-    let t = tmp();
-    let a = noisy_bias(t.path(), false, 1e-2);
-    let b = noisy_bias(t.path(), true, 1e-2);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| noisy_bias(r, side_b, 1e-2));
     assert_eq!(code, 1, "{j}");
     assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::gelu"));
 }
@@ -404,20 +416,15 @@ fn optimizer_by_device(root: &Path, side_b: bool, grad_noise: f64, update_err: f
 
 #[test]
 fn a_parameter_made_by_calls_one_side_only_is_judged_by_what_they_were_fed() {
-    let t = tmp();
     // The gradient is noise (0.6 apart), so is the bias it updated: the
     // next step's `add` differs by what that explains. No divergence.
-    let a = optimizer_by_device(t.path(), false, 0.6, 0.0);
-    let b = optimizer_by_device(t.path(), true, 0.6, 0.0);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| optimizer_by_device(r, side_b, 0.6, 0.0));
     assert_eq!(code, 0, "{j}");
     assert!(j["only_in_b"]["op_calls"].as_u64() >= Some(1), "{j}");
     // The gradient agrees, B's update is 1% off: a divergence that the
     // optimizer's inputs do not explain.
-    let t = tmp();
-    let a = optimizer_by_device(t.path(), false, 1e-7, 1e-2);
-    let b = optimizer_by_device(t.path(), true, 1e-7, 1e-2);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } =
+        compare_sides(|r, side_b| optimizer_by_device(r, side_b, 1e-7, 1e-2));
     assert_ne!(code, 0, "{j}");
     assert_eq!(j["first_divergence"]["op"], "aten::add", "{j}");
     assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
@@ -554,15 +561,9 @@ fn two_params(root: &Path, side_b: bool, weight_fault: f64) -> PathBuf {
 #[test]
 fn a_list_op_explains_each_element_by_its_own_inputs() {
     // The noisy bias gradient explains the bias, not the weight.
-    let t = tmp();
-    let a = two_params(t.path(), false, 0.0);
-    let b = two_params(t.path(), true, 0.0);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| two_params(r, side_b, 0.0));
     assert_eq!(code, 0, "{j}");
-    let t = tmp();
-    let a = two_params(t.path(), false, 1e-2);
-    let b = two_params(t.path(), true, 1e-2);
-    let (code, j, _) = compare_json(&a, &b, &[]);
+    let Sides { code, j, .. } = compare_sides(|r, side_b| two_params(r, side_b, 1e-2));
     assert_eq!(code, 3, "{j}");
     assert_eq!(j["first_divergence"]["op"], "aten::mm", "{j}");
     assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
