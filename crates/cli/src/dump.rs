@@ -66,6 +66,14 @@ impl Tensors {
         self.shapes.numel(self.shape[t as usize])
     }
 
+    /// The L2 norm and the largest absolute value, each 0 where it
+    /// overflowed to infinity (or is NaN).
+    pub fn finite_norms(&self, t: u32) -> (f64, f64) {
+        let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+        let i = t as usize;
+        (finite(self.l2[i]), finite(self.absmax[i]))
+    }
+
     /// (NaN, +Inf, -Inf) counts.
     pub fn nonfinite_counts(&self, t: u32) -> [i64; 3] {
         match self.nf_index.binary_search(&t) {

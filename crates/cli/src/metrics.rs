@@ -8,7 +8,7 @@
 use opdump_format::Role;
 
 use crate::dtype::DType;
-use crate::dump::Dump;
+use crate::dump::{Dump, Tensors};
 use crate::evidence::{Evidence, Measure};
 use crate::opclass::{args_make_discontinuous, classify, is_factor, is_product, OpClass};
 use crate::tolerance::Tolerances;
@@ -505,19 +505,10 @@ impl<'a> Ctx<'a> {
             return f64::INFINITY;
         }
         let Some(ta) = tc.ta else { return 0.0 };
-        let t = &self.a.tensors;
-        let i = ta as usize;
-        if !t.has_values(ta) {
+        if !self.a.tensors.has_values(ta) {
             return 0.0;
         }
-        let l2 = if t.l2[i].is_finite() { t.l2[i] } else { 0.0 };
-        let absmax = if t.absmax[i].is_finite() {
-            t.absmax[i]
-        } else {
-            0.0
-        };
-        (tc.measure.l2_bound / l2.max(absmax).max(TINY))
-            .max(tc.measure.linf_bound / absmax.max(TINY))
+        relative_to_own_norms(&self.a.tensors, ta, &tc.measure)
     }
 
     /// How much two tensors of one dump differ, relative to the first: a
@@ -536,14 +527,7 @@ impl<'a> Ctx<'a> {
         for e in &self.evidence {
             e.measure(d, x, d, y, &mut m);
         }
-        let i = x as usize;
-        let l2 = if t.l2[i].is_finite() { t.l2[i] } else { 0.0 };
-        let absmax = if t.absmax[i].is_finite() {
-            t.absmax[i]
-        } else {
-            0.0
-        };
-        (m.l2_bound / l2.max(absmax).max(TINY)).max(m.linf_bound / absmax.max(TINY))
+        relative_to_own_norms(t, x, &m)
     }
 
     fn compare_tensors(
@@ -578,7 +562,6 @@ impl<'a> Ctx<'a> {
         let (Some(ta), Some(tb)) = (ta, tb) else {
             return tc;
         };
-        let i = ta as usize;
         tc.dtype_differs = a.dtype(ta).canonical() != b.dtype(tb).canonical();
         if a.shape(ta) != b.shape(tb) || a.tensors.numel(ta) != b.tensors.numel(tb) {
             // An output holding no values on either side (a scratch buffer
@@ -607,12 +590,7 @@ impl<'a> Ctx<'a> {
             tc.verdict = TensorVerdict::NanMismatch;
             return tc;
         }
-        let l2a = if x.l2[i].is_finite() { x.l2[i] } else { 0.0 };
-        let absa = if x.absmax[i].is_finite() {
-            x.absmax[i]
-        } else {
-            0.0
-        };
+        let (l2a, absa) = x.finite_norms(ta);
         let n = x.numel(ta).max(0) as f64;
         // ||a||_2 >= ||a||_inf: absmax guards an l2 that underflowed.
         tc.scale_l2 = l2a.max(absa).max(n.sqrt() * floor_rms).max(TINY);
@@ -636,6 +614,14 @@ impl<'a> Ctx<'a> {
         };
         tc
     }
+}
+
+/// The bounds of `m` relative to tensor `x`'s own norms: a lower bound on
+/// max(||x - y||_2 / ||x||_2, ||x - y||_inf / ||x||_inf). `||x||_2 >=
+/// ||x||_inf`, so absmax guards an L2 norm that underflowed.
+fn relative_to_own_norms(t: &Tensors, x: u32, m: &Measure) -> f64 {
+    let (l2, absmax) = t.finite_norms(x);
+    (m.l2_bound / l2.max(absmax).max(TINY)).max(m.linf_bound / absmax.max(TINY))
 }
 
 /// The number of elements each output element is reduced from, which sets

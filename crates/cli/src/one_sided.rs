@@ -149,11 +149,13 @@ impl Side {
                 root = p;
             }
             for t in d.tensors_of(i) {
-                if !d.tensors.has_values(t) {
+                let output = d.tensors.role[t as usize] == Role::Output;
+                // Only outputs, and the inputs of roots, are looked up.
+                if !d.tensors.has_values(t) || !(output || i == root) {
                     continue;
                 }
                 let h = side_hash(d, t);
-                if d.tensors.role[t as usize] == Role::Output {
+                if output {
                     // The root's own outputs come first (a parent's seq is
                     // below its children's) and keep their list element.
                     let li = if i == root { d.list_index(t) } else { None };
@@ -165,7 +167,7 @@ impl Side {
                             }
                         })
                         .or_insert((root, li));
-                } else if i == root {
+                } else {
                     side.read.insert(h);
                 }
             }

@@ -323,7 +323,8 @@ pub fn is_product(op: &str) -> bool {
 /// Whether argument `arg` of product `op` is one of its two factors: not a
 /// bias, and not the term that `addmm`-style ops add (`self`).
 pub fn is_factor(op: &str, arg: &str) -> bool {
-    let adds_self = base_name(op).starts_with("add") || base_name(op).starts_with("baddbmm");
+    let base = base_name(op);
+    let adds_self = base.starts_with("add") || base.starts_with("baddbmm");
     !(arg == "bias" || (adds_self && arg == "self"))
 }
 
