@@ -576,25 +576,11 @@ fn input_taint_from(
         |f| f.taint,
     );
     if found.is_none() && t > 0.0 {
-        if let (Some(ta), Some(tb)) = (tc.ta, tc.tb) {
-            if let Some(fed) = one_sided.fed(ctx.a, ta, ctx.b, tb) {
-                let (da, db) = (ctx.a.dtype(ta), ctx.b.dtype(tb));
-                let dt = if db.unit_roundoff > da.unit_roundoff {
-                    db
-                } else {
-                    da
-                };
-                let tol = tc
-                    .tolerance
-                    .max(ctx.tol.rtol(dt.is_float().then_some(dt), fed.k));
-                let kappa = ctx.tol.min_amplification;
-                if tc.rel_err <= tol + kappa * fed.error.unwrap_or(0.0) {
-                    // Explained by what the calls were fed: it carries their
-                    // taint, not its own error.
-                    t = fed.taint;
-                    own = false;
-                }
-            }
+        if let Some(fed_taint) = explained_by_one_sided(ctx, one_sided, tc) {
+            // Explained by what the calls were fed: it carries their taint,
+            // not its own error.
+            t = fed_taint;
+            own = false;
         }
     }
     if let Some(ch) = changed_only_in_b(ctx, found, tc, pair) {
@@ -614,6 +600,26 @@ fn input_taint_from(
         },
         own: own && t > 0.0,
     }
+}
+
+/// When calls only one side makes produced input `tc` from inputs whose
+/// differences explain its own (see `one_sided`): the taint of those
+/// inputs. Explained means within the tolerance of the calls' longest
+/// reduction plus `min_amplification` times what they were fed.
+fn explained_by_one_sided(ctx: &Ctx<'_>, one_sided: &OneSided, tc: &TensorCmp) -> Option<f64> {
+    let (ta, tb) = (tc.ta?, tc.tb?);
+    let fed = one_sided.fed(ctx.a, ta, ctx.b, tb)?;
+    let (da, db) = (ctx.a.dtype(ta), ctx.b.dtype(tb));
+    let dt = if db.unit_roundoff > da.unit_roundoff {
+        db
+    } else {
+        da
+    };
+    let tol = tc
+        .tolerance
+        .max(ctx.tol.rtol(dt.is_float().then_some(dt), fed.k));
+    let allowed = tol + ctx.tol.min_amplification * fed.error.unwrap_or(0.0);
+    (tc.rel_err <= allowed).then_some(fed.taint)
 }
 
 impl Judged {
