@@ -30,8 +30,8 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = Path(os.environ.get("TESTDEV_BUILD_DIR", HERE / "build"))
 LIBRARY = BUILD_DIR / "libtestdev.so"
 STAMP = BUILD_DIR / "libtestdev.stamp.json"
-SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp"]
-HEADERS = [HERE / "faults.h"]
+SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE / "counters.cpp"]
+HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h"]
 
 
 class BuildError(RuntimeError):

@@ -14,6 +14,8 @@
 
 #include "faults.h"
 
+#include "counters.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -35,10 +37,10 @@
 #include <unordered_set>
 
 namespace testdev {
-namespace {
 
 enum class Kind { Scale, Noise, Permute };
 
+// Outside the anonymous namespace: faults.h names it for direct.cpp.
 struct Fault {
   std::string op;  // normalised: "aten::gelu"
   Kind kind = Kind::Scale;
@@ -66,6 +68,8 @@ struct Fault {
   }
 };
 
+namespace {
+
 struct Config {
   std::vector<std::unique_ptr<Fault>> faults;  // in spec order
   std::unordered_map<std::string, Fault*> by_op;
@@ -80,8 +84,9 @@ struct State {
   std::string env_error;               // TESTDEV_FAULT parse error at load
 
   std::atomic<bool> trace{false};
-  std::mutex trace_mu;                 // guards traced
+  std::mutex trace_mu;                 // guards traced and traced_direct
   std::map<std::string, int64_t> traced;
+  std::map<std::string, int64_t> traced_direct;
 };
 
 State& st() {
@@ -322,36 +327,6 @@ void apply_one(const Fault& f, const at::Tensor& t, Rng rng) {
   });
 }
 
-void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) {
-    out.push_back(v.toTensor());
-  } else if (v.isList()) {
-    for (const auto& e : v.toListRef()) {
-      if (e.isTensor()) out.push_back(e.toTensor());
-    }
-  }
-}
-
-// Applies f to the floating testdev tensors among `tensors` (each tensor
-// once). The fault fires, and counts, when there is at least one.
-void apply_fault(Fault& f, const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> targets;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& t : tensors) {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 ||
-        t.layout() != c10::kStrided || !at::isFloatingType(t.scalar_type())) {
-      continue;
-    }
-    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    targets.push_back(t);
-  }
-  if (targets.empty()) return;
-  const auto firing = static_cast<uint64_t>(f.count.fetch_add(1));
-  for (size_t i = 0; i < targets.size(); ++i) {
-    apply_one(f, targets[i], stream(f.seed, firing, i));
-  }
-}
-
 // The arguments of this call that the op writes though its schema does not
 // mark them (Tensor(a!)). cpu_fallback copies back only the marked ones, so
 // the CPU kernel would update CPU copies that are then dropped.
@@ -371,7 +346,59 @@ std::shared_ptr<Config> current() {
   return st().config;
 }
 
+// Counts a call of `op` (`aten::gelu.out`) in `traced` while tracing.
+void trace_into(std::map<std::string, int64_t> State::*traced, const c10::OperatorHandle& op) {
+  State& s = st();
+  if (!s.trace.load(std::memory_order_relaxed)) return;
+  const auto& on = op.operator_name();
+  std::string key = on.overload_name.empty() ? on.name : on.name + "." + on.overload_name;
+  std::lock_guard<std::mutex> lock(s.trace_mu);
+  if (s.trace.load()) ++(s.*traced)[key];
+}
+
 }  // namespace
+
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (e.isTensor()) out.push_back(e.toTensor());
+    }
+  }
+}
+
+void apply_fault(Fault& f, const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> targets;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& t : outputs) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 ||
+        t.layout() != c10::kStrided || !at::isFloatingType(t.scalar_type())) {
+      continue;
+    }
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    targets.push_back(t);
+  }
+  if (targets.empty()) return;
+  const auto firing = static_cast<uint64_t>(f.count.fetch_add(1));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    apply_one(f, targets[i], stream(f.seed, firing, i));
+  }
+}
+
+std::shared_ptr<Fault> fault_for(const c10::OperatorHandle& reached) {
+  // Ops run with TESTING_ONLY_GenericMode excluded are an observer's own
+  // bookkeeping (opdump computes its statistics that way): leave them alone.
+  if (!st().active.load(std::memory_order_relaxed) ||
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::TESTING_ONLY_GenericMode)) {
+    return nullptr;
+  }
+  auto cfg = current();
+  if (!cfg) return nullptr;
+  auto it = cfg->by_op.find(strip_inplace(reached.operator_name().name));
+  if (it == cfg->by_op.end()) return nullptr;
+  return std::shared_ptr<Fault>(cfg, it->second);  // shares the set's ownership
+}
 
 void set_fault(const std::string& spec) {
   auto cfg = parse(spec);  // throws, leaving the old set active
@@ -425,6 +452,7 @@ std::string env_fault_error() {
 void set_trace(bool on) {
   std::lock_guard<std::mutex> lock(st().trace_mu);
   st().traced.clear();
+  st().traced_direct.clear();
   st().trace.store(on);
 }
 
@@ -433,32 +461,24 @@ std::vector<std::pair<std::string, int64_t>> traced_ops() {
   return {st().traced.begin(), st().traced.end()};
 }
 
+void trace_direct_op(const c10::OperatorHandle& op) {
+  trace_into(&State::traced_direct, op);
+}
+
+std::vector<std::pair<std::string, int64_t>> traced_direct_ops() {
+  std::lock_guard<std::mutex> lock(st().trace_mu);
+  return {st().traced_direct.begin(), st().traced_direct.end()};
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_on_cpu(op, op, stack);
 }
 
 void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& op,
                 torch::jit::Stack* stack) {
-  State& s = st();
-  if (s.trace.load(std::memory_order_relaxed)) {
-    const auto& on = reached.operator_name();
-    std::string key = on.overload_name.empty() ? on.name : on.name + "." + on.overload_name;
-    std::lock_guard<std::mutex> lock(s.trace_mu);
-    if (s.trace.load()) ++s.traced[key];
-  }
-
-  Fault* fault = nullptr;
-  std::shared_ptr<Config> cfg;
-  // Ops run with TESTING_ONLY_GenericMode excluded are an observer's own
-  // bookkeeping (opdump computes its statistics that way): leave them alone.
-  if (s.active.load(std::memory_order_relaxed) &&
-      !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::TESTING_ONLY_GenericMode)) {
-    cfg = current();
-    if (cfg) {
-      auto it = cfg->by_op.find(strip_inplace(reached.operator_name().name));
-      if (it != cfg->by_op.end()) fault = it->second;
-    }
-  }
+  Launch launch;  // the copies below are part of this one launch
+  trace_into(&State::traced, reached);
+  const std::shared_ptr<Fault> fault = fault_for(reached);
   const auto& args = op.schema().arguments();
   const size_t first_arg = stack->size() - args.size();
 
@@ -500,7 +520,7 @@ void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& o
   if (fault != nullptr) {
     for (size_t i = 0; i < args.size(); ++i) {
       const auto* alias = args[i].alias_info();
-      if (alias != nullptr && alias->isWrite()) collect((*stack)[first_arg + i], outputs);
+      if (alias != nullptr && alias->isWrite()) collect_tensors((*stack)[first_arg + i], outputs);
     }
     for (const auto& [t, host] : unmarked) outputs.push_back(t);
   }
@@ -516,7 +536,7 @@ void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& o
   if (fault != nullptr) {
     const size_t num_returns = op.schema().returns().size();
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
-      collect((*stack)[i], outputs);
+      collect_tensors((*stack)[i], outputs);
     }
     apply_fault(*fault, outputs);
   }

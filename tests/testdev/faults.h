@@ -1,17 +1,18 @@
 // Planted faults of the testdev backend (see README.md, "Planted faults").
 //
-// Only the fallback's path applies faults (the boxed CPU fallback, and the
-// convolution hooks, which take the same path): an op that reaches the device
-// that way runs on the CPU, then the fault (if one names the op) rewrites
-// the op's floating outputs in place, with plain loops over host memory, so
-// that no further dispatcher call is made (an observer such as opdump sees
-// nothing extra).
+// The ops that run on the CPU apply faults: those on the fallback's path (the
+// boxed CPU fallback, and the convolution hooks, which take the same path)
+// and those served by direct kernels (direct.cpp). Such an op runs on the
+// CPU, then the fault (if one names the op) rewrites the op's floating
+// outputs in place, with plain loops over host memory, so that no further
+// dispatcher call is made (an observer such as opdump sees nothing extra).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,28 @@ void reset_fault_counts();
 void init_faults_from_env();
 std::string env_fault_error();
 
-// Optional trace of the ops that reach the CPU fallback (`aten::gelu.out`).
+// Optional trace of the ops that reach the CPU fallback (`aten::gelu.out`),
+// and apart from them, of the ops served by direct kernels. set_trace clears
+// both.
 void set_trace(bool on);
 std::vector<std::pair<std::string, int64_t>> traced_ops();
+void trace_direct_op(const c10::OperatorHandle& op);
+std::vector<std::pair<std::string, int64_t>> traced_direct_ops();
+
+// One active fault (faults.cpp).
+struct Fault;
+
+// The fault that applies to this call of `reached`: the active one that names
+// its op, unless the caller is an observer (TESTING_ONLY_GenericMode
+// excluded). Null when none does. It keeps its fault set alive.
+std::shared_ptr<Fault> fault_for(const c10::OperatorHandle& reached);
+
+// Applies `f` to the floating testdev tensors among an op's outputs (each
+// tensor once); the fault fires, and counts, when there is at least one.
+void apply_fault(Fault& f, const std::vector<at::Tensor>& outputs);
+
+// Appends the tensors of a Tensor or Tensor[] value to `out`.
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out);
 
 // The boxed fallback registered for every op on PrivateUse1 that has no
 // kernel of its own: runs the op through at::native::cpu_fallback, then

@@ -10,7 +10,10 @@
 //   - PrivateUse1 hooks (one device, a default generator, storage resize);
 //   - the few kernels a device must own (allocation, views, copies across
 //     devices, reading a scalar), listed in register_device_kernels();
-//   - a boxed fallback that runs every other op on the CPU (faults.cpp).
+//   - direct kernels for the ops an observer's statistics use (direct.cpp);
+//   - a boxed fallback that runs every other op on the CPU (faults.cpp);
+//   - what the device counts (counters.cpp): memory, host waits, launches,
+//     graph capture, and simulated costs.
 // Nothing here is part of libopdump.so.
 //
 // Everything is registered from one static initialiser that first checks
@@ -18,6 +21,9 @@
 // another path) then leaves that copy inert instead of aborting the process
 // inside dlopen ("multiple backend fallbacks for the same dispatch key").
 
+#include "counters.h"
+#include "device.h"
+#include "direct.h"
 #include "faults.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -49,20 +55,32 @@
 namespace testdev {
 namespace {
 
-constexpr c10::DeviceType kDev = c10::DeviceType::PrivateUse1;
 const c10::Device kDevice(kDev, 0);
 
 std::string g_init_error;  // why this copy registered nothing, if it did not
 
 // ---- memory ----------------------------------------------------------------
 
+// Host memory, counted (counters.h). A block's size sits in a header before
+// its data: the deleter gets only the data pointer, and must take the size
+// off the count. The data pointer stays its own context, so raw_deleter()
+// works too.
 struct HostAllocator final : c10::Allocator {
+  static constexpr size_t kHeader = 64;  // keeps alloc_cpu's 64-byte alignment
+
   c10::DataPtr allocate(size_t nbytes) override {
-    void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (nbytes == 0) return {nullptr, nullptr, &release, kDevice};
+    auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+    *reinterpret_cast<size_t*>(base) = nbytes;
+    memory_acquired(nbytes);
+    void* p = base + kHeader;
     return {p, p, &release, kDevice};
   }
   static void release(void* p) {
-    if (p) c10::free_cpu(p);
+    if (p == nullptr) return;
+    char* base = static_cast<char*>(p) - kHeader;
+    memory_released(*reinterpret_cast<size_t*>(base));
+    c10::free_cpu(base);
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return &release;
@@ -80,8 +98,8 @@ void check_device(std::optional<c10::Device> device) {
   }
 }
 
-// A CPU tensor over the same host memory as a testdev tensor (no copy). The
-// alias keeps the testdev storage alive.
+}  // namespace
+
 at::Tensor host_alias(const at::Tensor& t) {
   if (t.device().type() != kDev) return t;
   c10::Storage storage = t.storage();
@@ -97,7 +115,13 @@ at::Tensor host_alias(const at::Tensor& t) {
   return alias;
 }
 
+namespace {
+
 // ---- device guard: one device, no-op streams and events -------------------
+
+// Streams and events do nothing, but a synchronisation is a host wait
+// (counters.h): counted, it costs TESTDEV_SYNC_US, and it is refused while
+// the stream is capturing.
 
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   static c10::Stream default_stream() {
@@ -143,12 +167,18 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryEvent(void*) const override {
     return true;
   }
-  void synchronizeEvent(void*) const override {}
+  void synchronizeEvent(void*) const override {
+    host_wait();
+  }
   bool queryStream(const c10::Stream&) const override {
     return true;
   }
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void synchronizeStream(const c10::Stream&) const override {
+    host_wait();
+  }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    host_wait();
+  }
   double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
     return 0.0;
   }
@@ -241,11 +271,18 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 // copy_ between testdev and cpu (either way) or within testdev lands here
-// (dtype conversion and broadcasting included): copy on host aliases.
+// (dtype conversion and broadcasting included): copy on host aliases. One
+// launch; a copy to the host that does not say non_blocking is also a host
+// wait. A non_blocking one is not: the work is synchronous, so the data is
+// there when it returns anyway, and on CUDA the host would not wait for it.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   for (const auto* t : {&self, &dst}) {
     TORCH_CHECK(t->device().type() == kDev || t->device().is_cpu(),
                 "testdev copies to and from cpu only, got a tensor on ", t->device());
+  }
+  Launch launch;
+  if (!launch.nested() && !non_blocking && dst.is_cpu() && self.device().type() == kDev) {
+    host_wait();
   }
   at::Tensor host_dst = host_alias(dst);
   at::native::copy_(host_dst, host_alias(self), non_blocking);
@@ -255,6 +292,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   at::native::resize_(dst, self.sizes(), std::nullopt);
   return copy_from(self, dst, false);
+}
+
+// .item(): host memory is directly readable, but reading it is a copy to the
+// host that the host waits for, as on any device.
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  Launch launch;
+  if (!launch.nested()) host_wait();
+  return at::native::_local_scalar_dense_cpu(self);
 }
 
 // tensor.set_(): an empty tensor on testdev (the CPU kernel would give it a
@@ -354,8 +399,8 @@ void register_device_kernels(torch::Library& m) {
   // Copies across devices: copy_ and the fallback itself move data with them.
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-  // .item(): host memory is directly readable.
-  m.impl("_local_scalar_dense", TORCH_FN(at::native::_local_scalar_dense_cpu));
+  // .item(): a launch and a host wait.
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   // Convolution forward and backward, on the CPU.
   m.impl("convolution_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
@@ -415,6 +460,61 @@ at::Tensor op_call_unobserved(std::string name, const at::Tensor& x) {
   handle.callBoxed(stack);
   return stack.at(0).toTensor();
 }
+// What the environment asked for that could not be done (TESTDEV_FAULT is
+// reported apart, by env_fault_error): "" when all is well.
+std::string op_env_error() {
+  std::string out = env_cost_error();
+  const std::string direct = env_direct_error();
+  if (!out.empty() && !direct.empty()) out += "; ";
+  return out + direct;
+}
+std::vector<int64_t> op_memory_stats() {
+  return memory_stats();
+}
+void op_reset_peak_memory() {
+  reset_peak_memory();
+}
+void op_set_job_thread() {
+  set_job_thread();
+}
+std::vector<int64_t> op_host_waits() {
+  return host_waits();
+}
+std::vector<int64_t> op_launches() {
+  return launches();
+}
+void op_reset_counters() {
+  reset_counters();
+}
+void op_set_costs(std::optional<double> sync_us, std::optional<double> launch_us) {
+  set_costs(sync_us, launch_us);
+}
+std::vector<double> op_costs() {
+  return costs();
+}
+bool op_direct_enabled() {
+  return direct_enabled();
+}
+std::tuple<std::vector<std::string>, std::vector<int64_t>> op_traced_direct_ops() {
+  return unzip(traced_direct_ops());
+}
+void op_capture_begin() {
+  capture_begin();
+}
+void op_capture_end() {
+  capture_end();
+}
+bool op_capturing() {
+  return capturing();
+}
+std::vector<int64_t> op_capture_counts() {
+  return capture_counts();
+}
+// torch.testdev.synchronize(): what torch.accelerator.synchronize() does, a
+// host wait through the guard.
+void op_synchronize() {
+  c10::impl::getDeviceGuardImpl(kDev)->synchronizeDevice(0);
+}
 
 void register_control_ops(torch::Library& m) {
   m.def("set_fault(str spec) -> ()", TORCH_FN(op_set_fault));
@@ -426,6 +526,32 @@ void register_control_ops(torch::Library& m) {
   m.def("set_trace(bool on) -> ()", TORCH_FN(op_set_trace));
   m.def("traced_ops() -> (str[], int[])", TORCH_FN(op_traced_ops));
   m.def("_call_unobserved(str name, Tensor x) -> Tensor", TORCH_FN(op_call_unobserved));
+  m.def("env_error() -> str", TORCH_FN(op_env_error));
+  m.def("memory_stats() -> int[]", TORCH_FN(op_memory_stats));
+  m.def("reset_peak_memory() -> ()", TORCH_FN(op_reset_peak_memory));
+  m.def("set_job_thread() -> ()", TORCH_FN(op_set_job_thread));
+  m.def("host_waits() -> int[]", TORCH_FN(op_host_waits));
+  m.def("launches() -> int[]", TORCH_FN(op_launches));
+  m.def("reset_counters() -> ()", TORCH_FN(op_reset_counters));
+  m.def("set_costs(float? sync_us, float? launch_us) -> ()", TORCH_FN(op_set_costs));
+  m.def("costs() -> float[]", TORCH_FN(op_costs));
+  m.def("direct_enabled() -> bool", TORCH_FN(op_direct_enabled));
+  m.def("traced_direct_ops() -> (str[], int[])", TORCH_FN(op_traced_direct_ops));
+  m.def("capture_begin() -> ()", TORCH_FN(op_capture_begin));
+  m.def("capture_end() -> ()", TORCH_FN(op_capture_end));
+  m.def("capturing() -> bool", TORCH_FN(op_capturing));
+  m.def("capture_counts() -> int[]", TORCH_FN(op_capture_counts));
+  m.def("synchronize() -> ()", TORCH_FN(op_synchronize));
+}
+
+// opdump::stream_capturing(Tensor t) -> bool, for a testdev tensor: whether
+// a graph capture is marked on the device's stream. opdump defines the op
+// (an observer asks it before it launches anything of its own); testdev only
+// implements it for its key, so that it works whether or not opdump is
+// loaded, and in either order: the dispatcher keeps an implementation that
+// comes before its schema, and checks it against the schema when that comes.
+bool stream_capturing(const at::Tensor&) {
+  return capturing();
 }
 
 // Libraries live for the whole process (registrations end with them).
@@ -461,11 +587,16 @@ void register_all() {
   libs.push_back(std::make_unique<torch::Library>(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   register_device_kernels(*libs.back());
+  register_direct_kernels(*libs.back());
   libs.push_back(std::make_unique<torch::Library>(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   libs.back()->fallback(torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  libs.push_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "opdump", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+  libs.back()->impl("stream_capturing", TORCH_FN(stream_capturing));
 
   init_faults_from_env();
+  init_costs_from_env();
 }
 
 struct Init {
