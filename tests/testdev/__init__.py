@@ -6,6 +6,7 @@
     testdev.set_fault("aten::gelu=scale:1.01")
     ...
     testdev.fault_counts()                # {"aten::gelu": 1}
+    testdev.host_waits(), testdev.launches(), testdev.memory_allocated()
 
 See README.md in this folder. Test-only: never part of libopdump.so.
 """
@@ -48,8 +49,21 @@ def _device_module() -> types.ModuleType:
     def set_device(device) -> None:
         _check(device)
 
-    def synchronize(device=None) -> None:  # work is synchronous
+    def synchronize(device=None) -> None:  # work is synchronous, but this is a host wait
         _check(device)
+        torch.ops.testdev.synchronize()
+
+    def memory_allocated(device=None) -> int:
+        _check(device)
+        return torch.ops.testdev.memory_stats()[0]
+
+    def max_memory_allocated(device=None) -> int:
+        _check(device)
+        return torch.ops.testdev.memory_stats()[1]
+
+    def reset_peak_memory_stats(device=None) -> None:
+        _check(device)
+        torch.ops.testdev.reset_peak_memory()
 
     # Random ops on testdev run in the CPU fallback with the CPU default
     # generator, so the device's RNG state is the CPU's.
@@ -83,6 +97,9 @@ def _device_module() -> types.ModuleType:
     mod.current_device = lambda: 0
     mod.set_device = set_device
     mod.synchronize = synchronize
+    mod.memory_allocated = memory_allocated
+    mod.max_memory_allocated = max_memory_allocated
+    mod.reset_peak_memory_stats = reset_peak_memory_stats
     mod.manual_seed = manual_seed
     mod.manual_seed_all = manual_seed
     mod.seed = mod.seed_all = lambda: torch.seed()
@@ -96,8 +113,9 @@ def load(build: bool = True) -> None:
     """Loads the testdev backend into this process (once) and names it "testdev".
 
     build: build (or rebuild a stale) library first, as build.py does.
-    Raises ValueError when TESTDEV_FAULT (read as the library loads) is malformed,
-    RuntimeError when PrivateUse1 is already taken by another backend.
+    Raises ValueError when TESTDEV_FAULT, TESTDEV_SYNC_US, TESTDEV_LAUNCH_US or
+    TESTDEV_DIRECT (read as the library loads) is malformed, RuntimeError when
+    PrivateUse1 is already taken by another backend.
     """
     global _loaded
     with _lock:
@@ -132,6 +150,9 @@ def load(build: bool = True) -> None:
     env_error = torch.ops.testdev.env_fault_error()
     if env_error:
         raise ValueError(f"testdev: bad TESTDEV_FAULT, no fault is active: {env_error}")
+    env_error = torch.ops.testdev.env_error()
+    if env_error:
+        raise ValueError(f"testdev: bad environment: {env_error}")
 
 
 def _ops():
@@ -180,7 +201,9 @@ def fault(spec: str | None) -> Iterator[None]:
 
 
 def trace(enabled: bool = True) -> None:
-    """Starts (clearing it) or stops recording which ops reach the CPU fallback."""
+    """Starts (clearing them) or stops recording which ops reach the CPU
+    fallback (traced_ops) and which are served by direct kernels
+    (traced_direct_ops)."""
     _ops().set_trace(bool(enabled))
 
 
@@ -188,6 +211,100 @@ def traced_ops() -> dict[str, int]:
     """{"aten::gelu.out": calls, ...}: ops that reached the fallback while tracing."""
     names, counts = _ops().traced_ops()
     return dict(zip(names, counts))
+
+
+def traced_direct_ops() -> dict[str, int]:
+    """{"aten::sum": calls, ...}: ops served by direct kernels while tracing
+    (trace() starts and clears both traces)."""
+    names, counts = _ops().traced_direct_ops()
+    return dict(zip(names, counts))
+
+
+def direct_enabled() -> bool:
+    """Whether the direct kernels are on (TESTDEV_DIRECT=0 at load turns them off)."""
+    return _ops().direct_enabled()
+
+
+# ---- what the device counts (README.md, "What the device counts") -------------
+
+
+def memory_allocated() -> int:
+    """Bytes the device holds now: its allocations and the adopted outputs of
+    direct kernels that are alive."""
+    return _ops().memory_stats()[0]
+
+
+def max_memory_allocated() -> int:
+    """The most bytes the device held since load or reset_peak_memory_stats()."""
+    return _ops().memory_stats()[1]
+
+
+def reset_peak_memory_stats() -> None:
+    """Sets the peak to the bytes held now."""
+    _ops().reset_peak_memory()
+
+
+def set_job_thread() -> None:
+    """Marks the calling thread as the job's thread (for host_waits, launches)."""
+    _ops().set_job_thread()
+
+
+def host_waits() -> dict[str, int]:
+    """Host waits for the device, by the job's thread and by the others:
+    {"job": n, "other": m}."""
+    job, other = _ops().host_waits()
+    return {"job": job, "other": other}
+
+
+def launches() -> dict[str, int]:
+    """Kernel launches, by the job's thread and by the others, and (counted
+    again) those an observer made: {"job": n, "other": m, "observer": k}."""
+    job, other, observer = _ops().launches()
+    return {"job": job, "other": other, "observer": observer}
+
+
+def reset_counters() -> None:
+    """Zeroes host waits, launches and capture counts (not memory)."""
+    _ops().reset_counters()
+
+
+def set_costs(sync_us: float | None = None, launch_us: float | None = None) -> None:
+    """Microseconds of busy-waiting per host wait and per launch; None keeps
+    the current value. A negative or non-finite value raises ValueError and
+    changes nothing."""
+    _ops().set_costs(
+        None if sync_us is None else float(sync_us), None if launch_us is None else float(launch_us)
+    )
+
+
+def costs() -> dict[str, float]:
+    """{"sync_us": ..., "launch_us": ...}."""
+    sync_us, launch_us = _ops().costs()
+    return {"sync_us": sync_us, "launch_us": launch_us}
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[None]:
+    """Marks a graph capture on the device's stream for a block. Inside it a
+    host wait raises RuntimeError, and observer launches are counted
+    (capture_counts())."""
+    _ops().capture_begin()
+    try:
+        yield
+    finally:
+        _ops().capture_end()
+
+
+def capturing() -> bool:
+    """Whether a capture is marked."""
+    return _ops().capturing()
+
+
+def capture_counts() -> dict[str, int]:
+    """During captures: launches by an observer, and host waits (refused):
+    {"observer_launches": n, "waits": m}."""
+    observer_launches, waits = _ops().capture_counts()
+    return {"observer_launches": observer_launches, "waits": waits}
 
 
 def call_unobserved(op: str, x: torch.Tensor) -> torch.Tensor:
@@ -199,13 +316,27 @@ def call_unobserved(op: str, x: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "NAME",
     "call_unobserved",
+    "capture",
+    "capture_counts",
+    "capturing",
+    "costs",
+    "direct_enabled",
     "fault",
     "fault_counts",
     "fault_spec",
+    "host_waits",
+    "launches",
     "library_path",
     "load",
+    "max_memory_allocated",
+    "memory_allocated",
+    "reset_counters",
     "reset_fault_counts",
+    "reset_peak_memory_stats",
+    "set_costs",
     "set_fault",
+    "set_job_thread",
     "trace",
+    "traced_direct_ops",
     "traced_ops",
 ]
