@@ -7,11 +7,13 @@ The first run builds tests/testdev/build/libtestdev.so (about a minute).
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import tests.testdev as testdev  # noqa: E402
+from conftest import LIB  # noqa: E402
 
 D = "testdev"
 
@@ -39,6 +42,9 @@ def _no_faults():
     yield
     testdev.set_fault(None)
     testdev.trace(False)
+    testdev.set_costs(sync_us=0, launch_us=0)
+    if testdev.capturing():
+        torch.ops.testdev.capture_end()
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -778,8 +784,8 @@ def test_fault_context_manager_restores():
     assert testdev.fault_spec() == "aten::exp=scale:2"
 
 
-def _python(code: str, env_fault: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TESTDEV_FAULT=env_fault)
+def _python(code: str, env_fault: str = "", **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESTDEV_FAULT=env_fault, **env_vars)
     prelude = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch, torch.nn.functional as F\nimport tests.testdev as testdev\n"
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
@@ -848,3 +854,406 @@ def test_build_is_idempotent():
     before = lib.stat().st_mtime_ns
     assert build.build() == lib
     assert lib.stat().st_mtime_ns == before
+
+
+# ---- what the device counts -----------------------------------------------------
+
+
+@pytest.fixture
+def no_gc():
+    """Exact memory counts: no cycle collection frees an earlier test's
+    tensors in the middle of this one."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
+def test_memory_counts_allocations_frees_and_the_peak(no_gc):
+    base = testdev.memory_allocated()
+    testdev.reset_peak_memory_stats()
+    assert testdev.max_memory_allocated() == base
+    x = torch.empty(1000, device=D)
+    y = torch.empty(250, dtype=torch.float64, device=D)
+    assert testdev.memory_allocated() == base + 6000
+    del x
+    assert testdev.memory_allocated() == base + 2000
+    assert testdev.max_memory_allocated() == base + 6000
+    testdev.reset_peak_memory_stats()
+    assert testdev.max_memory_allocated() == base + 2000
+    y.resize_(500)  # a new block from the allocator, the old one given back
+    assert testdev.memory_allocated() == base + 4000
+    assert testdev.max_memory_allocated() == base + 6000  # both, during the copy
+    mod = torch.get_device_module(D)
+    assert mod.memory_allocated() == testdev.memory_allocated()
+    assert mod.max_memory_allocated() == testdev.max_memory_allocated()
+    del y
+    assert testdev.memory_allocated() == base
+    mod.reset_peak_memory_stats()
+    assert testdev.max_memory_allocated() == base
+
+
+def test_memory_counts_the_outputs_direct_kernels_adopt(no_gc):
+    n = 1 << 16
+    x = _x(n=n)
+    base = testdev.memory_allocated()
+    a = x.abs()  # the CPU kernel's output, adopted by the device without a copy
+    s = x.sum()
+    assert a.device.type == D and s.device.type == D
+    assert testdev.memory_allocated() == base + 4 * n + 4
+    del a, s
+    assert testdev.memory_allocated() == base
+    b = x.abs()
+    b.resize_(2 * n)  # an adopted output grows like any testdev tensor
+    assert testdev.memory_allocated() == base + 8 * n
+    del b
+    assert testdev.memory_allocated() == base
+
+
+def test_host_waits_count_blocking_reads_and_synchronisations():
+    x = _x(n=16)
+    on_host = x.cpu()
+    testdev.set_job_thread()
+    testdev.reset_counters()
+
+    def waits_after(fn):
+        fn()
+        return testdev.host_waits()["job"]
+
+    assert waits_after(lambda: x.cpu()) == 1
+    assert waits_after(lambda: x.sum().item()) == 2
+    assert waits_after(lambda: x.to("cpu", torch.float64)) == 3
+    assert waits_after(lambda: torch.empty(16).copy_(x)) == 4
+    # A non_blocking copy to the host is not a wait (and the data is there).
+    out = torch.empty(16)
+    assert waits_after(lambda: out.copy_(x, non_blocking=True)) == 4
+    assert bits_equal(out, on_host)
+    assert waits_after(lambda: torch.get_device_module(D).synchronize()) == 5
+    assert waits_after(lambda: torch.accelerator.synchronize()) == 6
+    stream = torch.Stream(device=D)
+    assert waits_after(lambda: stream.synchronize()) == 7
+    event = torch.Event(device=D)
+    event.record(stream)
+    assert waits_after(lambda: event.synchronize()) == 8
+    # Copies to the device and on it, and ops, are not waits.
+    assert waits_after(lambda: (torch.ones(4).to(D), x.clone(), x.double(), F.gelu(x))) == 8
+    assert testdev.host_waits() == {"job": 8, "other": 0}
+    worker = threading.Thread(target=x.cpu)
+    worker.start()
+    worker.join()
+    assert testdev.host_waits() == {"job": 8, "other": 1}
+    testdev.reset_counters()
+    assert testdev.host_waits() == {"job": 0, "other": 0}
+
+
+def test_launches_count_each_kernel_once_by_thread_and_observer():
+    x = _x(n=16)
+    testdev.set_job_thread()
+    testdev.reset_counters()
+    F.gelu(x)  # the fallback, its copies to and from the host included
+    x.abs()  # a direct kernel
+    x.cpu()  # _copy_from
+    torch.empty(4, device=D)  # allocation and views are not launches
+    x.view(4, 4).t()
+    assert testdev.launches() == {"job": 3, "other": 0, "observer": 0}
+    testdev.call_unobserved("aten::gelu", x)
+    testdev.call_unobserved("aten::abs", x)
+    assert testdev.launches() == {"job": 5, "other": 0, "observer": 2}
+    worker = threading.Thread(target=x.abs)
+    worker.start()
+    worker.join()
+    assert testdev.launches() == {"job": 5, "other": 1, "observer": 2}
+    testdev.reset_counters()
+    assert testdev.launches() == {"job": 0, "other": 0, "observer": 0}
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_costs_make_waits_and_launches_take_time():
+    x = _x(n=16)
+    testdev.set_costs(sync_us=50_000)
+    assert testdev.costs() == {"sync_us": 50_000.0, "launch_us": 0.0}
+    assert _seconds(x.cpu) >= 0.05  # a launch (free) and a wait
+    assert _seconds(x.abs) < 0.05  # a launch only
+    testdev.set_costs(launch_us=50_000)  # sync_us stays
+    assert testdev.costs() == {"sync_us": 50_000.0, "launch_us": 50_000.0}
+    assert _seconds(x.abs) >= 0.05
+    assert _seconds(x.cpu) >= 0.1
+    for bad in [{"sync_us": -1}, {"launch_us": float("nan")}, {"sync_us": 1, "launch_us": float("inf")}]:
+        with pytest.raises(ValueError, match="microseconds"):
+            testdev.set_costs(**bad)
+    assert testdev.costs() == {"sync_us": 50_000.0, "launch_us": 50_000.0}
+    testdev.set_costs(sync_us=0, launch_us=2.5)
+    assert testdev.costs() == {"sync_us": 0.0, "launch_us": 2.5}
+
+
+def test_cost_env_vars_are_read_at_load():
+    res = _python(
+        """
+        testdev.load()
+        print(testdev.costs(), testdev.direct_enabled())
+        """,
+        TESTDEV_SYNC_US="250",
+        TESTDEV_LAUNCH_US=" 1.5 ",
+        TESTDEV_DIRECT="1",
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "{'sync_us': 250.0, 'launch_us': 1.5} True"
+
+
+def test_bad_settings_env_vars_raise_at_load():
+    res = _python(
+        """
+        try:
+            testdev.load()
+        except ValueError as e:
+            print("ValueError:", e)
+        print(testdev.costs(), testdev.direct_enabled())
+        """,
+        TESTDEV_SYNC_US="fast",
+        TESTDEV_LAUNCH_US="3",
+        TESTDEV_DIRECT="yes",
+    )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("ValueError: testdev: bad environment:")
+    assert 'TESTDEV_SYNC_US="fast"' in lines[0] and 'TESTDEV_DIRECT="yes"' in lines[0]
+    assert "TESTDEV_LAUNCH_US" not in lines[0]
+    assert lines[1] == "{'sync_us': 0.0, 'launch_us': 3.0} True"  # the bad ones keep their defaults
+
+
+# ---- direct kernels ------------------------------------------------------------
+
+
+def _direct_inputs():
+    x, y = _inputs(40, (6, 5), (6, 5))
+    special = x.clone()
+    special[0, 0], special[1, 1], special[2, 2] = float("nan"), float("inf"), -float("inf")
+    return {"x": x, "y": y, "special": special, "mask": x > y}
+
+
+DIRECT_CASES = {
+    "aten::_to_copy": lambda t: t["x"].to(torch.float64),
+    "aten::abs": lambda t: t["x"].abs(),
+    "aten::nan_to_num": lambda t: torch.nan_to_num(t["special"]),
+    "aten::eq.Tensor": lambda t: t["x"] == t["y"],
+    "aten::eq.Scalar": lambda t: t["x"] == t["x"][0, 0].item(),
+    "aten::ne.Tensor": lambda t: t["x"] != t["y"],
+    "aten::ne.Scalar": lambda t: t["x"] != 0.5,
+    "aten::sum": lambda t: t["x"].sum(),
+    "aten::sum.dim_IntList": lambda t: t["x"].sum(1),
+    "aten::div.Tensor": lambda t: t["x"] / t["y"],
+    "aten::sub.Tensor": lambda t: t["x"] - t["y"],
+    "aten::mul.Tensor": lambda t: t["x"] * 2,  # a CPU scalar argument
+    "aten::where.self": lambda t: torch.where(t["mask"], t["x"], t["y"]),
+    "aten::var_mean.correction": lambda t: torch.var_mean(t["x"], dim=1),
+    "aten::aminmax": lambda t: torch.aminmax(t["x"]),
+    "aten::cat": lambda t: torch.cat([t["x"], t["y"]]),
+    "aten::dot": lambda t: torch.dot(t["x"].flatten(), t["y"].flatten()),
+    "aten::isnan": lambda t: t["special"].isnan(),
+    "aten::isinf": lambda t: t["special"].isinf(),
+    "aten::isposinf": lambda t: t["special"].isposinf(),
+    "aten::isneginf": lambda t: t["special"].isneginf(),
+    "aten::fill_.Scalar": lambda t: t["x"].clone().fill_(2.5),
+    "aten::zero_": lambda t: t["x"].clone().zero_(),
+    "aten::clone": lambda t: t["x"].t().clone(),
+    "aten::amin": lambda t: t["x"].amin(0),
+    "aten::amax": lambda t: t["x"].amax(1),
+    "aten::min": lambda t: t["x"].min(),
+    "aten::max": lambda t: t["x"].max(),
+}
+
+
+@pytest.mark.parametrize("op", sorted(DIRECT_CASES))
+def test_direct_kernels_match_cpu_without_the_fallback(op):
+    """The ops of a statistics measurement run their CPU kernel on the
+    device's memory: results identical to the CPU, nothing reaches the
+    fallback."""
+    assert testdev.direct_enabled()
+    fn = DIRECT_CASES[op]
+    inputs = _direct_inputs()
+    expected = fn(inputs)
+    on_device = {k: v.to(D) for k, v in inputs.items()}
+    testdev.trace(True)
+    got = fn(on_device)
+    assert op in testdev.traced_direct_ops()
+    assert testdev.traced_ops() == {}
+    expected, got = (expected, got) if isinstance(expected, tuple) else ((expected,), (got,))
+    for g, e in zip(got, expected):
+        assert g.device.type == D
+        assert bits_equal(g, e)
+        assert g.stride() == e.stride()
+
+
+def test_direct_inplace_ops_return_their_argument(no_gc):
+    x = _x(n=64)
+    base = testdev.memory_allocated()
+    assert x.fill_(1.5) is x
+    assert torch.ops.aten.fill_.Scalar(x, 2.0) is x
+    assert bits_equal(x, torch.full((64,), 2.0))
+    assert x.zero_() is x
+    assert bits_equal(x, torch.zeros(64))
+    assert testdev.memory_allocated() == base
+
+
+def test_direct_outputs_work_as_testdev_tensors():
+    """Adopted outputs go on to the fallback, autograd and out= arguments."""
+    x = _x(n=32, seed=3).requires_grad_()
+    y = (x * x).sum()  # direct mul and sum
+    y.backward()
+    assert bits_equal(x.grad, 2 * x.detach())
+    a = x.detach().abs()
+    torch.exp(a, out=a)  # the fallback writes into an adopted output
+    assert bits_equal(a, x.detach().cpu().abs().exp())
+
+
+def test_copies_to_the_host_keep_their_generic_path():
+    """x.to("cpu") is _to_copy(device=cpu): not a direct kernel, it still
+    ends in _copy_from, a launch and a host wait."""
+    x = _x(n=16)
+    testdev.set_job_thread()
+    testdev.reset_counters()
+    testdev.trace(True)
+    y = x.to("cpu", torch.float64)
+    assert y.device.type == "cpu" and bits_equal(y, x.cpu().double())
+    assert testdev.traced_direct_ops() == {}
+    assert testdev.launches()["job"] == 2 and testdev.host_waits()["job"] == 2
+
+
+def test_faults_apply_to_direct_ops_as_on_the_fallback():
+    x = _x(n=100)
+    clean_abs, clean_sum, clean_rows = x.abs(), x.sum(), x.reshape(10, 10).sum(1)
+    testdev.set_fault("abs=scale:2;sum=scale:3;fill=scale:2")
+    assert bits_equal(x.abs(), clean_abs * 2)
+    assert bits_equal(x.sum(), clean_sum * 3)
+    assert bits_equal(x.reshape(10, 10).sum(1), clean_rows * 3)  # every overload
+    y = x.clone()
+    y.fill_(1.5)  # in place: the argument itself is changed
+    assert bits_equal(y, torch.full((100,), 3.0))
+    assert testdev.fault_counts() == {"aten::abs": 1, "aten::sum": 2, "aten::fill": 1}
+    assert bits_equal(testdev.call_unobserved("aten::abs", x), clean_abs)  # observers are not faulted
+    assert testdev.fault_counts()["aten::abs"] == 1
+    testdev.set_fault("sum=noise:1e-3:4")
+    noisy = x.sum()
+    testdev.set_fault("sum=noise:1e-3:4")
+    assert bits_equal(x.sum(), noisy) and not bits_equal(noisy, clean_sum)
+
+
+def test_direct_kernels_can_be_switched_off():
+    res = _python(
+        """
+        testdev.load()
+        x = torch.randn(50).to("testdev")
+        testdev.trace(True)
+        s, a = x.sum(), x.abs()
+        print(testdev.direct_enabled(), testdev.traced_direct_ops(), sorted(testdev.traced_ops()))
+        print(torch.equal(s.cpu(), x.cpu().sum()), torch.equal(a.cpu(), x.cpu().abs()))
+        """,
+        TESTDEV_DIRECT="0",
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "False {} ['aten::abs.out', 'aten::sum.IntList_out']",
+        "True True",
+    ]
+
+
+def test_an_observer_sees_a_direct_op_once_on_testdev(run):
+    """The dispatcher calls of a direct kernel's CPU kernel (clone's
+    empty_like and copy_, sum's sum.dim_IntList) work on host aliases: an
+    observer does not see them."""
+    job = run(
+        """
+        x = torch.randn(8, 8).to("testdev")
+        torch.ops.opdump.enable()
+        y = x.t().clone()
+        s = x.sum()
+        torch.ops.opdump.flush()
+        print(json.dumps(1))
+        """,
+        testdev=True,
+    )
+    assert job.returncode == 0, job.stderr
+    t = job.table()
+    ops = set(zip(t.op, t.overload))
+    assert {("aten::clone", "default"), ("aten::sum", "default")} <= ops, ops
+    assert ("aten::sum", "dim_IntList") not in ops and "aten::copy_" not in set(t.op)
+    elsewhere = t[t.tensor_device != "testdev:0"]
+    assert elsewhere.empty, elsewhere[["op", "overload", "depth", "tensor_device"]]
+
+
+# ---- graph capture -----------------------------------------------------------
+
+
+def test_capture_refuses_host_waits_and_counts_observer_launches():
+    x = _x(n=16)
+    testdev.reset_counters()
+    with testdev.capture():
+        assert testdev.capturing()
+        y = x.abs()  # the program's own work is captured, and fine
+        with pytest.raises(RuntimeError, match="testdev: host wait while the stream is capturing"):
+            x.cpu()
+        with pytest.raises(RuntimeError, match="capturing"):
+            y.sum().item()
+        with pytest.raises(RuntimeError, match="capturing"):
+            torch.get_device_module(D).synchronize()
+        testdev.call_unobserved("aten::abs", x)  # an observer launching: counted
+        testdev.call_unobserved("aten::gelu", x)
+        with pytest.raises(RuntimeError, match="already capturing"):
+            with testdev.capture():
+                pass
+        assert testdev.capturing()
+    assert not testdev.capturing()
+    assert testdev.capture_counts() == {"observer_launches": 2, "waits": 3}
+    assert testdev.host_waits() == {"job": 0, "other": 0}  # the refused waits did not happen
+    testdev.call_unobserved("aten::abs", x)
+    x.cpu()  # after the capture: an ordinary launch and wait again
+    assert testdev.capture_counts() == {"observer_launches": 2, "waits": 3}
+    assert sum(testdev.host_waits().values()) == 1
+    with pytest.raises(RuntimeError, match="capture_end without capture_begin"):
+        torch.ops.testdev.capture_end()
+    testdev.reset_counters()
+    assert testdev.capture_counts() == {"observer_launches": 0, "waits": 0}
+
+
+_DEFINE_STREAM_CAPTURING = 'torch.library.define("opdump::stream_capturing", "(Tensor t) -> bool")'
+_ASK_STREAM_CAPTURING = """
+x = torch.ones(2, device="testdev")
+answers = [torch.ops.opdump.stream_capturing(x)]
+with testdev.capture():
+    answers.append(torch.ops.opdump.stream_capturing(x))
+answers.append(torch.ops.opdump.stream_capturing(x))
+print(answers)
+"""
+
+
+@pytest.mark.parametrize("schema_first", [True, False])
+def test_stream_capturing_kernel_answers_in_either_order(schema_first):
+    """testdev implements opdump::stream_capturing before or after the schema
+    exists (here defined by the test, as opdump is not loaded)."""
+    steps = [_DEFINE_STREAM_CAPTURING, "testdev.load()"]
+    res = _python("\n".join(steps if schema_first else steps[::-1]) + _ASK_STREAM_CAPTURING)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[False, True, False]"
+
+
+@pytest.mark.parametrize("opdump_first", [True, False])
+def test_stream_capturing_with_libopdump_in_either_order(opdump_first):
+    steps = [f"torch.ops.load_library({str(LIB)!r})", "testdev.load()"]
+    check = """
+    try:
+        torch._C._dispatch_find_schema_or_throw("opdump::stream_capturing", "")
+    except RuntimeError:
+        print("no schema")
+        raise SystemExit
+    """
+    code = "\n".join(steps if opdump_first else steps[::-1]) + textwrap.dedent(check) + _ASK_STREAM_CAPTURING
+    res = _python(code)
+    assert res.returncode == 0, res.stderr
+    if res.stdout.strip() == "no schema":
+        pytest.skip("this libopdump does not define opdump::stream_capturing")
+    assert res.stdout.strip() == "[False, True, False]"
