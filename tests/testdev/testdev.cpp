@@ -122,7 +122,6 @@ namespace {
 // Streams and events do nothing, but a synchronisation is a host wait
 // (counters.h): counted, it costs TESTDEV_SYNC_US, and it is refused while
 // the stream is capturing.
-
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   static c10::Stream default_stream() {
     return c10::Stream(c10::Stream::DEFAULT, kDevice);
