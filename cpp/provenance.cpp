@@ -25,6 +25,12 @@ constexpr size_t kLinear = 64;
 struct Known {
   std::vector<const c10::StorageImpl*> few;
   std::unordered_set<const c10::StorageImpl*> many;
+  // A weak reference to each storage above keeps its StorageImpl object
+  // (not its memory) allocated until the next top-level call, so no new
+  // storage can take the address of one that died within this call and be
+  // taken for known: the wrapped scalar a composite kernel makes would
+  // otherwise count as known or not depending on the allocator's order.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins;
   bool large = false;
   // The first `args` entries of `few` are the top-level call's arguments.
   size_t args = 0;
@@ -32,19 +38,25 @@ struct Known {
   void clear() {
     few.clear();
     if (large) many.clear();
+    pins.clear();
     large = false;
     args = 0;
   }
-  void insert(const c10::StorageImpl* s) {
+  void insert(c10::StorageImpl* s) {
     if (large) {
-      many.insert(s);
+      if (many.insert(s).second) pin(s);
     } else if (std::find(few.begin(), few.end(), s) == few.end()) {
       few.push_back(s);
+      pin(s);
       if (few.size() > kLinear) {
         many.insert(few.begin(), few.end());
         large = true;
       }
     }
+  }
+  void pin(c10::StorageImpl* s) {
+    pins.emplace_back(c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(s)));
   }
   bool contains(const c10::StorageImpl* s) const {
     return large ? many.contains(s) : std::find(few.begin(), few.end(), s) != few.end();
@@ -53,7 +65,7 @@ struct Known {
 
 thread_local Known tl_known;
 
-const c10::StorageImpl* storage_of(const at::Tensor& t) {
+c10::StorageImpl* storage_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   return t.storage().unsafeGetStorageImpl();
 }
