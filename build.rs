@@ -11,6 +11,8 @@ fn main() {
             "cpp/install.cpp",
             "cpp/fallback.cpp",
             "cpp/stats.cpp",
+            "cpp/device_stats.cpp",
+            "cpp/capture.cpp",
             "cpp/threads.cpp",
             "cpp/uninitialized.cpp",
             "cpp/provenance.cpp",

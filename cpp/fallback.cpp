@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include "opdump/cpp/device_stats.h"
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"
 
@@ -84,16 +85,6 @@ bool preserves_values(std::string_view op, std::string_view overload) {
   for (auto o : kOps)
     if (o == op) return true;
   return false;
-}
-
-// Every element repeated `k` times: the same extremes, mean and spread,
-// `k` times the counts, and the norm sqrt(k) times.
-void scale_repeated(TensorRow& row, int64_t k) {
-  row.stats.nan_count *= k;
-  row.stats.posinf_count *= k;
-  row.stats.neginf_count *= k;
-  row.stats.zero_count *= k;
-  row.stats.l2 *= std::sqrt(static_cast<double>(k));
 }
 
 // Ops whose outputs are memory without values yet. (resize_ and set_ are
@@ -338,6 +329,16 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
 // others, and never reach the job.
 struct Recorder {
   OpCall call;
+  // Made at the first row that waits for device statistics: the call then
+  // goes to Rust when the last of them arrives (device_stats.h).
+  std::shared_ptr<PendingCall> pending;
+  // The rows that wait, with what they wait for (for views of them).
+  struct Waiting {
+    size_t row;
+    DeviceResultPtr result;
+    int64_t repeat;
+  };
+  c10::SmallVector<Waiting, 4> waiting;
 
   // `nested`: the call runs inside another recorded call. `produced`: an
   // output the op computed (not a view of an input), whose memory holds
@@ -372,6 +373,12 @@ struct Recorder {
   // `empty` memory directly, then pass it through `to`. A copy or restride of
   // memory without values is remembered only where later writes are seen.
   bool versioned = true;
+
+  const Waiting* waiting_row(size_t row) const {
+    for (const auto& w : waiting)
+      if (w.row == row) return &w;
+    return nullptr;
+  }
 
   static bool measured(const TensorRow& r) {
     return r.status == StatsStatus::Computed || r.status == StatsStatus::Reused || r.status == StatsStatus::View;
@@ -458,18 +465,28 @@ struct Recorder {
       const TensorRow& src = call.tensors[source];
       if (measured(src) && src.numel * repeat == t.numel()) {
         measure(t, false, row, StatsStatus::View);  // metadata only
-        if (row.status == StatsStatus::View) {
+        // Inside a kernel, a view is remembered only when it views memory
+        // that existed before the call (its input came from the cache, or
+        // is a top-level argument) and that the call does not write, so its
+        // values cannot change without its version moving. A view of the
+        // kernel's own fresh memory can (addmm writes its result after
+        // viewing it).
+        const bool remember =
+            shortcuts && (above_autograd || ((src.status == StatsStatus::Reused || provenance_is_argument(t)) &&
+                                             !reuse_written_by_current_call(t)));
+        const Waiting* src_waits = waiting_row(static_cast<size_t>(source));
+        if (row.status == StatsStatus::View && src_waits != nullptr) {
+          // The source's statistics are still on their way: so are these.
+          const size_t index = call.tensors.size();
+          const int64_t k = src_waits->repeat * repeat;
+          const DeviceResultPtr result = src_waits->result;
+          if (device_wait_for(result, Later{&pending, index}, StatsStatus::View, k, row))
+            waiting.push_back({index, result, k});
+          if (remember) reuse_remember(t, row, result, k);
+        } else if (row.status == StatsStatus::View) {
           row.stats = src.stats;
-          if (repeat > 1) scale_repeated(row, repeat);
-          // Inside a kernel, a view is remembered only when it views memory
-          // that existed before the call (its input came from the cache, or
-          // is a top-level argument) and that the call does not write, so
-          // its values cannot change without its version moving. A view of
-          // the kernel's own fresh memory can (addmm writes its result after
-          // viewing it).
-          if (shortcuts && (above_autograd || ((src.status == StatsStatus::Reused || provenance_is_argument(t)) &&
-                                               !reuse_written_by_current_call(t))))
-            reuse_remember(t, row);
+          if (repeat > 1) scale_repeated(row.stats, repeat);
+          if (remember) reuse_remember(t, row);
         }
         call.tensors.push_back(std::move(row));
         return;
@@ -484,7 +501,9 @@ struct Recorder {
     // computed, an op returning its input untouched) is not read again.
     const bool lookup = shortcuts && !(role == Role::Output && write_return) &&
                         (above_autograd || !reuse_written_by_current_call(t));
-    measure(t, values_defined, row, no_values, lookup, shortcuts && above_autograd);
+    Later later{&pending, call.tensors.size()};
+    measure(t, values_defined, row, no_values, lookup, shortcuts && above_autograd, &later);
+    if (later.result) waiting.push_back({later.row, later.result, later.repeat});
     if (role == Role::Output && !values_defined && no_values == StatsStatus::Uninitialized) remember_uninitialized(t);
     if (role == Role::Input && shortcuts && measured(row)) measured_inputs.emplace_back(call.tensors.size(), t);
     call.tensors.push_back(std::move(row));
@@ -553,12 +572,16 @@ std::string error_text(const std::exception& e) {
 }
 
 // Pairs op_exit with op_enter on every path out of the fallback, the user's
-// exceptions included.
+// exceptions included. A call with rows still waiting for device statistics
+// leaves through device_call_exited, which hands it over once they arrive.
 struct ExitGuard {
-  OpCall* call;
+  Recorder* rec;
   ~ExitGuard() {
     try {
-      op_exit(*call);
+      if (rec->pending)
+        device_call_exited(std::move(rec->pending), std::move(rec->call));
+      else
+        op_exit(rec->call);
     } catch (...) {
     }
   }
@@ -733,7 +756,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   // Every op_enter is paired with op_exit, for unrecorded calls too: the
   // guard comes first.
   Recorder rec;
-  ExitGuard exit_guard{&rec.call};
+  ExitGuard exit_guard{&rec};
   const bool versioned = from_above_autograd();
   const bool above_autograd = ticket.depth == 0 || versioned;
   if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);

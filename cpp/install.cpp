@@ -27,6 +27,10 @@ std::vector<int64_t> op_stats() {
   auto v = control_stats();
   return std::vector<int64_t>(v.begin(), v.end());
 }
+std::vector<int64_t> op_device_stats() {
+  auto v = control_device_stats();
+  return std::vector<int64_t>(v.begin(), v.end());
+}
 
 bool already_registered(c10::Dispatcher& d, std::string& why) {
   if (d.hasBackendFallbackForDispatchKey(kHookKey)) {
@@ -60,11 +64,14 @@ bool install() {
     ops->def("flush() -> ()", &op_flush);
     ops->def("step() -> int", &op_step);
     ops->def("stats() -> int[]", &op_stats);
+    ops->def("device_stats() -> int[]", &op_device_stats);
+    register_capture_ops(*ops);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
     pthread_atfork(&uninitialized_atfork_prepare, &uninitialized_atfork_parent,
                    &uninitialized_atfork_child);
     pthread_atfork(&reuse_atfork_prepare, &reuse_atfork_release, &reuse_atfork_release);
+    pthread_atfork(&device_atfork_prepare, &device_atfork_parent, &device_atfork_child);
     return true;
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("registration failed: ") + e.what()));

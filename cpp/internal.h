@@ -11,6 +11,7 @@
 
 // The shared structs and enums of the bridge (src/bridge.rs): TensorRow,
 // TensorStats, Role, Phase, StatsStatus.
+#include "opdump/cpp/device_stats.h"
 #include "opdump/src/bridge.rs.h"
 
 namespace opdump {
@@ -55,14 +56,21 @@ void key_on_for_this_thread();
 // Statistics (stats.cpp). Fills the status and statistics fields of `row`.
 // `no_values` is the status given when `values_defined` is false.
 // `lookup`: take the statistics from the cache of measured tensors when they
-// are there; `remember`: put what is measured into it.
+// are there; `remember`: put what is measured into it. Device tensors need
+// `later`: their row may wait for its statistics, and then `later->result`
+// says for what.
 void measure(const at::Tensor& t, bool values_defined, TensorRow& row,
              StatsStatus no_values = StatsStatus::Uninitialized,
-             bool lookup = false, bool remember = false);
+             bool lookup = false, bool remember = false, Later* later = nullptr);
 
-// The cache of measured tensors (reuse.cpp).
-void reuse_remember(const at::Tensor& t, const TensorRow& row);
-bool reuse_lookup(const at::Tensor& t, TensorRow& row);
+// The cache of measured tensors (reuse.cpp). An entry holds statistics, or
+// the device result they will come from (`pending`), each element repeated
+// `repeat` times.
+void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending = nullptr,
+                    int64_t repeat = 1);
+// Fills row.stats, or sets `pending` and `repeat` when the statistics are
+// still on their way.
+bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat);
 // The written arguments of the innermost call from above autograd (see
 // reuse.cpp).
 void reuse_begin_call();

@@ -13,5 +13,9 @@ bool install();
 void set_active(bool on);
 rust::String torch_version();
 int64_t distributed_rank();
+// Device statistics (device_stats.cpp): wait for those launched so far; how
+// many were measured, dropped, skipped in a capture, waited for, failed.
+bool device_flush(int64_t timeout_ms);
+rust::Vec<int64_t> device_counts();
 
 }  // namespace opdump

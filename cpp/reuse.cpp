@@ -33,6 +33,8 @@ struct Cached {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
   int64_t version;  // as TensorBase::_version() returns it
   TensorStats stats;
+  DeviceResultPtr pending;  // statistics still on their way from a device
+  int64_t repeat;
 };
 
 constexpr size_t kMaxEntries = 1 << 15;
@@ -71,10 +73,10 @@ bool reuse_written_by_current_call(const at::Tensor& t) {
   return std::find(tl_written.begin(), tl_written.end(), t.storage().unsafeGetStorageImpl()) != tl_written.end();
 }
 
-void reuse_remember(const at::Tensor& t, const TensorRow& row) {
+void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending, int64_t repeat) {
   if (!cacheable(t)) return;
   Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(),
-           row.stats};
+           row.stats, std::move(pending), repeat};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_cache.size() >= kMaxEntries) {
     std::erase_if(g_cache, [](const auto& kv) { return kv.second.impl.expired(); });
@@ -83,7 +85,7 @@ void reuse_remember(const at::Tensor& t, const TensorRow& row) {
   g_cache.insert_or_assign(t.unsafeGetTensorImpl(), std::move(c));
 }
 
-bool reuse_lookup(const at::Tensor& t, TensorRow& row) {
+bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat) {
   if (!cacheable(t)) return false;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_cache.find(t.unsafeGetTensorImpl());
@@ -95,6 +97,8 @@ bool reuse_lookup(const at::Tensor& t, TensorRow& row) {
     return false;
   }
   row.stats = c.stats;
+  pending = c.pending;
+  repeat = c.repeat;
   return true;
 }
 

@@ -5,11 +5,9 @@
 //   kernel where the CPU has it, and no full-size float copy (dense tensors
 //   of any layout are read in memory order, since every statistic is
 //   order-independent).
-// - Other devices: ATen reductions on the device in float64 (float32 where
-//   the device has no float64): five when every value is finite, the full
-//   set over the finite values otherwise; stacked into one small tensor that
-//   is copied to the host once. That copy synchronises the device, so the
-//   record is final.
+// - Other devices: ATen reductions on the device, in pieces of bounded size,
+//   whose results come back later without a wait on the job's thread
+//   (device_stats.cpp); the row waits for them.
 //
 // The ops run here are invisible to autograd, autocast, user modes and opdump
 // itself (see stats_excluded_keys).
@@ -26,6 +24,7 @@
 #include <ATen/Dispatch_v2.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "opdump/cpp/device_stats.h"
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/stats_acc.h"
 #include "opdump/src/bridge.rs.h"
@@ -104,23 +103,6 @@ void add_finite(Acc& acc, const double* x, int64_t m) {
   }
   for (int l = 0; l < L; ++l) b.m2 += d2[l];
   acc.merge(b);
-}
-
-void write_stats(const Acc& acc, TensorRow& row) {
-  row.stats.nan_count = acc.nan;
-  row.stats.posinf_count = acc.posinf;
-  row.stats.neginf_count = acc.neginf;
-  row.stats.zero_count = acc.zero;
-  row.stats.l2 = std::sqrt(acc.sumsq);
-  if (acc.finite == 0) {
-    row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.absmax = kNaN;
-    return;
-  }
-  row.stats.min = acc.min;
-  row.stats.max = acc.max;
-  row.stats.absmax = std::max(std::fabs(acc.min), std::fabs(acc.max));
-  row.stats.mean = acc.sum / static_cast<double>(acc.finite);
-  row.stats.std = std::sqrt(acc.m2 / static_cast<double>(acc.finite));
 }
 
 template <typename T>
@@ -233,77 +215,7 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
     acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n);
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
-  write_stats(acc, row);
-}
-
-// All finite (the common case): five reductions on the device and one copy
-// of five numbers. var_mean's mean is NaN or infinite exactly when a value
-// is (float32 values summed in float64 cannot overflow), which tells this
-// case from the other. False when it does not apply.
-bool measure_device_finite(const at::Tensor& x, TensorRow& row) {
-  auto [var, mean] = at::var_mean(x, at::OptionalIntArrayRef(), std::optional<at::Scalar>(at::Scalar(0)), false);
-  auto [mn, mx] = at::aminmax(x);
-  auto parts = at::stack({mn, mx, mean, var, (x == 0).sum().to(x.scalar_type())});
-  // One copy to the host; it waits for the device.
-  auto host = parts.to(at::kCPU, at::kDouble).contiguous();
-  const double* v = host.const_data_ptr<double>();
-  if (!std::isfinite(v[2])) return false;
-  const double n = static_cast<double>(x.numel());
-  row.stats.nan_count = row.stats.posinf_count = row.stats.neginf_count = 0;
-  row.stats.zero_count = static_cast<int64_t>(v[4]);
-  row.stats.min = v[0];
-  row.stats.max = v[1];
-  row.stats.absmax = std::max(std::fabs(v[0]), std::fabs(v[1]));
-  row.stats.mean = v[2];
-  row.stats.std = std::sqrt(v[3]);
-  row.stats.l2 = std::sqrt(v[3] * n + v[2] * v[2] * n);  // sum of squares = m2 + n mean^2
-  return true;
-}
-
-void measure_device(const at::Tensor& t, TensorRow& row) {
-  at::Tensor x = t.is_complex() ? at::abs(t) : t;
-  const bool has_f64 = !t.device().is_mps();
-  x = x.to(has_f64 ? at::kDouble : at::kFloat);
-  if (measure_device_finite(x, row)) return;
-  // Some value is NaN or infinite: every statistic over the finite ones.
-  const auto inf = std::numeric_limits<double>::infinity();
-  auto finite = at::isfinite(x);
-  auto fin = at::where(finite, x, at::zeros({}, x.options()));
-  auto count = finite.sum().to(x.scalar_type());
-  auto sum = fin.sum();
-  auto mean = sum / count;
-  auto dev = at::where(finite, x - mean, at::zeros({}, x.options()));
-  auto parts = at::stack({
-      at::isnan(x).sum().to(x.scalar_type()),
-      at::isposinf(x).sum().to(x.scalar_type()),
-      at::isneginf(x).sum().to(x.scalar_type()),
-      (x == 0).sum().to(x.scalar_type()),
-      count,
-      at::where(finite, x, at::full({}, inf, x.options())).min(),
-      at::where(finite, x, at::full({}, -inf, x.options())).max(),
-      fin.abs().max(),
-      sum,
-      (fin * fin).sum(),
-      (dev * dev).sum(),
-  });
-  // One copy to the host; it waits for the device.
-  auto host = parts.to(at::kCPU, at::kDouble).contiguous();
-  const double* v = host.const_data_ptr<double>();
-  row.stats.nan_count = static_cast<int64_t>(v[0]);
-  row.stats.posinf_count = static_cast<int64_t>(v[1]);
-  row.stats.neginf_count = static_cast<int64_t>(v[2]);
-  row.stats.zero_count = static_cast<int64_t>(v[3]);
-  const double n = v[4];
-  row.stats.l2 = std::sqrt(v[9]);
-  if (n == 0) {
-    row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.absmax = kNaN;
-    return;
-  }
-  row.stats.min = v[5];
-  row.stats.max = v[6];
-  row.stats.absmax = v[7];
-  row.stats.mean = v[8] / n;
-  row.stats.std = std::sqrt(v[10] / n);
+  row.stats = stats_of(acc);
 }
 
 // Tensors whose values opdump cannot or must not read: metadata only.
@@ -335,15 +247,68 @@ void fill_metadata(const at::Tensor& t, TensorRow& row) {
   row.numel = t.sym_numel().is_symbolic() ? -1 : t.sym_numel().as_int_unchecked();
 }
 
-void null_stats(TensorRow& row) {
-  row.stats.min = row.stats.max = row.stats.mean = row.stats.std = row.stats.l2 = row.stats.absmax = kNaN;
-  row.stats.nan_count = row.stats.posinf_count = row.stats.neginf_count = row.stats.zero_count = 0;
+void null_stats(TensorRow& row) { null_stats(row.stats); }
+
+// A device tensor: launched now, complete later. The row waits, unless the
+// device is capturing a graph or the pool of pending results is full.
+void measure_device(const at::Tensor& t, TensorRow& row, Later& later, bool remember) {
+  DeviceResultPtr result;
+  switch (device_measure(t, result)) {
+    case DeviceLaunch::Capturing:
+      row.status = StatsStatus::Capturing;
+      return;
+    case DeviceLaunch::Dropped:
+      row.status = StatsStatus::Dropped;
+      return;
+    case DeviceLaunch::Queued:
+      break;
+  }
+  if (device_wait_for(result, later, StatsStatus::Computed, 1, row)) {
+    later.result = result;
+    later.repeat = 1;
+    row.status = StatsStatus::Computed;  // until its values come
+  }
+  if (remember) reuse_remember(t, row, result, 1);
 }
 
 }  // namespace
 
+TensorStats stats_of(const Acc& acc) {
+  TensorStats s{};
+  s.nan_count = acc.nan;
+  s.posinf_count = acc.posinf;
+  s.neginf_count = acc.neginf;
+  s.zero_count = acc.zero;
+  s.l2 = std::sqrt(acc.sumsq);
+  if (acc.finite == 0) {
+    s.min = s.max = s.mean = s.std = s.absmax = kNaN;
+    return s;
+  }
+  s.min = acc.min;
+  s.max = acc.max;
+  s.absmax = std::max(std::fabs(acc.min), std::fabs(acc.max));
+  s.mean = acc.sum / static_cast<double>(acc.finite);
+  s.std = std::sqrt(acc.m2 / static_cast<double>(acc.finite));
+  return s;
+}
+
+void null_stats(TensorStats& s) {
+  s.min = s.max = s.mean = s.std = s.l2 = s.absmax = kNaN;
+  s.nan_count = s.posinf_count = s.neginf_count = s.zero_count = 0;
+}
+
+// Every element repeated `k` times: the same extremes, mean and spread, `k`
+// times the counts, and the norm sqrt(k) times.
+void scale_repeated(TensorStats& s, int64_t k) {
+  s.nan_count *= k;
+  s.posinf_count *= k;
+  s.neginf_count *= k;
+  s.zero_count *= k;
+  s.l2 *= std::sqrt(static_cast<double>(k));
+}
+
 void measure(const at::Tensor& t, bool values_defined, TensorRow& row, StatsStatus no_values, bool lookup,
-             bool remember) {
+             bool remember, Later* later) {
   null_stats(row);
   try {
     fill_metadata(t, row);
@@ -365,18 +330,29 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, StatsStat
     row.status = StatsStatus::Computed;
     return;
   }
-  if (lookup && reuse_lookup(t, row)) {
-    row.status = StatsStatus::Reused;
-    return;
+  if (lookup) {
+    DeviceResultPtr pending;
+    int64_t repeat = 1;
+    if (reuse_lookup(t, row, pending, repeat)) {
+      row.status = StatsStatus::Reused;
+      if (pending && later != nullptr && device_wait_for(pending, *later, StatsStatus::Reused, repeat, row)) {
+        later->result = pending;
+        later->repeat = repeat;
+      }
+      if (!pending || later != nullptr) return;
+    }
   }
   try {
     c10::impl::ExcludeDispatchKeyGuard guard(stats_excluded_keys());
-    if (t.device().is_cpu())
+    if (t.device().is_cpu()) {
       measure_cpu(t, row);
-    else
-      measure_device(t, row);
-    row.status = StatsStatus::Computed;
-    if (remember) reuse_remember(t, row);
+      row.status = StatsStatus::Computed;
+      if (remember) reuse_remember(t, row);
+    } else if (later != nullptr) {
+      measure_device(t, row, *later, remember);
+    } else {
+      row.status = StatsStatus::NotMeasured;  // no call to wait in
+    }
   } catch (const std::exception&) {
     null_stats(row);
     row.status = StatsStatus::Failed;

@@ -45,6 +45,8 @@ pub mod ffi {
         View,
         NotMeasured,
         Failed,
+        Capturing,
+        Dropped,
     }
 
     // ----------------------------------------------------------------------
@@ -97,6 +99,33 @@ pub mod ffi {
         stats: TensorStats,
     }
 
+    /// A recorded call's place, taken from the thread's stack when it leaves
+    /// the op; its record is handed over later (`op_submit`), once the device
+    /// statistics it waits for have come back.
+    struct Departure {
+        /// Whether the call is recorded at all; nothing else is meaningful
+        /// when it is not.
+        recorded: bool,
+        seq: i64,
+        /// -1: no recorded ancestor.
+        parent_seq: i64,
+        depth: i32,
+        step: i64,
+        phase: Phase,
+        thread: i64,
+    }
+
+    /// How the device path waits (from OPDUMP_QUEUE_FULL,
+    /// OPDUMP_QUEUE_WAIT_MS and OPDUMP_DEVICE_SYNC).
+    struct DeviceSettings {
+        /// Measure device tensors synchronously: each record waits for the
+        /// device on the job's thread.
+        sync: bool,
+        /// When the pool of pending results is full: wait (true) or drop.
+        block: bool,
+        wait_ms: i64,
+    }
+
     /// What C++ knows of a call at its exit.
     struct OpCall {
         op: String,
@@ -119,6 +148,17 @@ pub mod ffi {
         /// At an op's exit, always paired with `op_enter`: pops the stack and,
         /// when the call was recorded, takes the record (leaving `call` empty).
         fn op_exit(call: &mut OpCall);
+        /// At an op's exit, instead of `op_exit`, for a call whose rows still
+        /// wait for device statistics: pops the stack and says where the call
+        /// was.
+        fn op_depart() -> Departure;
+        /// Takes the record of a call that left through `op_depart`, from any
+        /// thread, once its rows are complete.
+        fn op_submit(departure: &Departure, call: &mut OpCall);
+        /// Read once, at the first device measurement.
+        fn device_settings() -> DeviceSettings;
+        /// One `opdump:` line on stderr; opdump stays on.
+        fn warn(what: &str);
         /// The end of an `Optimizer.step` scope on this thread.
         fn optimizer_step_done();
         /// An internal failure in C++: print one line and switch opdump off.
@@ -130,6 +170,7 @@ pub mod ffi {
         fn control_flush() -> bool;
         fn control_step() -> i64;
         fn control_stats() -> Vec<i64>;
+        fn control_device_stats() -> Vec<i64>;
     }
 
     // ----------------------------------------------------------------------
@@ -150,6 +191,13 @@ pub mod ffi {
         /// The rank in torch.distributed's default group, or -1 before
         /// `init_process_group`.
         fn distributed_rank() -> i64;
+        /// Waits until the device statistics launched so far have come back
+        /// and their records are handed over. False when it took longer than
+        /// `timeout_ms`, or a stream that captures a graph kept some.
+        fn device_flush(timeout_ms: i64) -> bool;
+        /// [measured, dropped, capturing, waits on the job's thread, failed]
+        /// device measurements.
+        fn device_counts() -> Vec<i64>;
     }
 }
 
@@ -163,6 +211,8 @@ pub const HOST: Host = Host {
     set_active: ffi::set_active,
     torch_version: ffi::torch_version,
     distributed_rank: ffi::distributed_rank,
+    device_flush: ffi::device_flush,
+    device_counts: ffi::device_counts,
 };
 
 // ---------------------------------------------------------------------------
@@ -197,6 +247,8 @@ fn status(s: ffi::StatsStatus) -> Result<format::StatsStatus, String> {
         ffi::StatsStatus::View => S::View,
         ffi::StatsStatus::NotMeasured => S::NotMeasured,
         ffi::StatsStatus::Failed => S::Failed,
+        ffi::StatsStatus::Capturing => S::Capturing,
+        ffi::StatsStatus::Dropped => S::Dropped,
         other => return Err(format!("unknown statistics status {}", other.repr)),
     })
 }
@@ -280,6 +332,54 @@ fn op_exit(call: &mut ffi::OpCall) {
     recorder::op_exit(|| take_call(call));
 }
 
+fn op_depart() -> ffi::Departure {
+    let d = recorder::op_depart();
+    ffi::Departure {
+        recorded: d.is_some(),
+        seq: d.map_or(-1, |d| d.seq),
+        parent_seq: d.and_then(|d| d.parent_seq).unwrap_or(-1),
+        depth: d.map_or(0, |d| d.depth),
+        step: d.map_or(0, |d| d.step),
+        phase: match d.map_or(format::Phase::Forward, |d| d.phase) {
+            format::Phase::Forward => ffi::Phase::Forward,
+            format::Phase::Backward => ffi::Phase::Backward,
+            format::Phase::Optimizer => ffi::Phase::Optimizer,
+        },
+        thread: d.map_or(0, |d| d.thread),
+    }
+}
+
+fn op_submit(d: &ffi::Departure, call: &mut ffi::OpCall) {
+    if !d.recorded {
+        return;
+    }
+    let departure = phase(d.phase).map(|phase| recorder::Departure {
+        seq: d.seq,
+        parent_seq: (d.parent_seq >= 0).then_some(d.parent_seq),
+        depth: d.depth,
+        step: d.step,
+        phase,
+        thread: d.thread,
+    });
+    match departure {
+        Ok(departure) => recorder::op_submit(departure, || take_call(call)),
+        Err(why) => runtime::fail(&format!("internal error handing over a record ({why})")),
+    }
+}
+
+fn device_settings() -> ffi::DeviceSettings {
+    let s = runtime::device_settings();
+    ffi::DeviceSettings {
+        sync: s.sync,
+        block: s.block,
+        wait_ms: s.wait_ms,
+    }
+}
+
+fn warn(what: &str) {
+    runtime::warn(what);
+}
+
 fn optimizer_step_done() {
     recorder::optimizer_step_done();
 }
@@ -306,4 +406,8 @@ fn control_step() -> i64 {
 
 fn control_stats() -> Vec<i64> {
     runtime::control_stats()
+}
+
+fn control_device_stats() -> Vec<i64> {
+    runtime::control_device_stats()
 }

@@ -67,6 +67,11 @@ constexpr const char* kDirectOps[] = {
     "aten::amax",
     "aten::min",
     "aten::max",
+    // What opdump's staged measurements add: segment reductions, and the
+    // mean of each segment spread back over its elements.
+    "aten::segment_reduce",
+    "aten::repeat_interleave.Tensor",
+    "aten::index_select",
 };
 
 // Read once, when the library loads; built on first use (testdev.cpp's

@@ -27,8 +27,9 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_ROTATE_ROWS", "500000", "start a new file after this many rows"),
     ("OPDUMP_ROTATE_SECS", "10", "start a new file after this many seconds; bounds what a crash loses"),
     ("OPDUMP_QUEUE", "16384", "capacity of the record channel to the writer thread, in op calls"),
-    ("OPDUMP_QUEUE_FULL", "block", "when the channel is full: block (wait, nothing lost) or drop (count and go on)"),
-    ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record is dropped, so a hung disk never hangs the job"),
+    ("OPDUMP_QUEUE_FULL", "block", "when the channel, or the pool of device statistics waiting to come back, is full: block (wait, nothing lost) or drop (count and go on)"),
+    ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record (or a device measurement) is dropped, so a hung disk or device never hangs the job"),
+    ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
     ("OPDUMP_PYTHON", "python3", "build time only: the Python interpreter whose torch build.rs builds against"),
@@ -58,6 +59,8 @@ pub struct Config {
     pub queue: usize,
     pub queue_full: QueueFull,
     pub queue_wait: Duration,
+    /// Device tensors are measured with a wait on the job's thread.
+    pub device_sync: bool,
     /// A forked child records into its own files.
     pub fork_record: bool,
     pub file_mode: u32,
@@ -97,6 +100,7 @@ impl Default for Config {
             queue: 16384,
             queue_full: QueueFull::Block,
             queue_wait: Duration::from_millis(10_000),
+            device_sync: false,
             fork_record: false,
             file_mode: 0o600,
         }
@@ -223,6 +227,10 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             "OPDUMP_QUEUE_WAIT_MS" => match parse_count(v) {
                 Some(n) => c.queue_wait = Duration::from_millis(n),
                 None => bad(&name, v, "a number of milliseconds is expected"),
+            },
+            "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
+                Some(b) => c.device_sync = b,
+                None => bad(&name, v, "use 1 or 0"),
             },
             "OPDUMP_PYTHON" | "OPDUMP_TIMINGS" => {} // read by build.rs and by the CLI
             "OPDUMP_FORK" => match v.trim() {

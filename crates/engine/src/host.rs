@@ -17,6 +17,13 @@ pub struct Host {
     /// The rank in torch.distributed's default group, or -1 before
     /// `init_process_group`.
     pub distributed_rank: fn() -> i64,
+    /// Waits at most this many milliseconds for the device statistics
+    /// launched so far and hands their records over; false when some are
+    /// still out.
+    pub device_flush: fn(i64) -> bool,
+    /// [measured, dropped, capturing, waits on the job's thread, failed]
+    /// device measurements.
+    pub device_counts: fn() -> Vec<i64>,
 }
 
 impl Host {
@@ -26,6 +33,8 @@ impl Host {
         set_active: |_| {},
         torch_version: String::new,
         distributed_rank: || -1,
+        device_flush: |_| true,
+        device_counts: Vec::new,
     };
 }
 

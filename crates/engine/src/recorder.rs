@@ -236,24 +236,45 @@ fn enter(op: &str, overload: &str, phase: Phase) -> Ticket {
     })
 }
 
-fn exit(take: impl FnOnce() -> Result<Call, String>) {
-    let Some(frame) = STACK.with(|cell| cell.borrow_mut().pop()) else {
-        return;
-    };
-    let Some(seq) = frame.seq else { return };
+/// Where a recorded call was, taken when it left the op; its record may be
+/// handed over later, from another thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Departure {
+    pub seq: i64,
+    pub parent_seq: Option<i64>,
+    pub depth: i32,
+    pub step: i64,
+    pub phase: Phase,
+    pub thread: i64,
+}
+
+/// Pops the calling thread's stack: the call's place when it is recorded.
+fn depart() -> Option<Departure> {
+    let frame = STACK.with(|cell| cell.borrow_mut().pop())?;
+    Some(Departure {
+        seq: frame.seq?,
+        parent_seq: frame.parent,
+        depth: frame.depth,
+        step: frame.step,
+        phase: frame.phase,
+        thread: TID.with(|t| *t),
+    })
+}
+
+fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
     let Some(sink) = runtime::sink() else { return };
     let call = match take() {
         Ok(call) => call,
         Err(why) => return runtime::fail(&format!("internal error at an op's exit ({why})")),
     };
     sink.send(OpRecord {
-        seq,
-        parent_seq: frame.parent,
-        depth: frame.depth,
+        seq: d.seq,
+        parent_seq: d.parent_seq,
+        depth: d.depth,
         pid: runtime::pid(),
-        thread: TID.with(|t| *t),
-        step: frame.step,
-        phase: frame.phase,
+        thread: d.thread,
+        step: d.step,
+        phase: d.phase,
         op: call.op,
         overload: call.overload,
         args: call.args,
@@ -262,6 +283,12 @@ fn exit(take: impl FnOnce() -> Result<Call, String>) {
         error: call.error,
         tensors: call.tensors,
     });
+}
+
+fn exit(take: impl FnOnce() -> Result<Call, String>) {
+    if let Some(d) = depart() {
+        submit(d, take);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -284,6 +311,23 @@ pub fn op_enter(op: &str, overload: &str, phase: Phase) -> Ticket {
 pub fn op_exit(take: impl FnOnce() -> Result<Call, String>) {
     if catch_unwind(AssertUnwindSafe(|| exit(take))).is_err() {
         runtime::fail("internal error at an op's exit");
+    }
+}
+
+/// At an op's exit, for a call whose record comes later: pops the stack and
+/// returns the call's place when it is recorded.
+pub fn op_depart() -> Option<Departure> {
+    catch_unwind(AssertUnwindSafe(depart)).unwrap_or_else(|_| {
+        runtime::fail("internal error at an op's exit");
+        None
+    })
+}
+
+/// Hands over the record of a call that left through [`op_depart`], from any
+/// thread; `take` builds it.
+pub fn op_submit(departure: Departure, take: impl FnOnce() -> Result<Call, String>) {
+    if catch_unwind(AssertUnwindSafe(|| submit(departure, take))).is_err() {
+        runtime::fail("internal error handing over a record");
     }
 }
 

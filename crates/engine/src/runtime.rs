@@ -150,6 +150,9 @@ fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
         torch_version: rt.torch_version.clone(),
         terminate: &TERMINATE,
         on_terminated: end_after_signal,
+        before_terminating: || {
+            let _ = (host::get().device_flush)(5_000);
+        },
         on_failure: writer_failed,
         forked_from,
         file_mode: rt.config.file_mode,
@@ -274,9 +277,47 @@ pub fn disable() {
 
 pub fn flush() -> bool {
     match started_sink() {
-        Some(s) => s.flush(FLUSH_WAIT),
+        Some(s) => {
+            let device = flush_device();
+            s.flush(FLUSH_WAIT) && device
+        }
         None => true,
     }
+}
+
+/// Waits for the device statistics launched so far, so that their records
+/// are in the channel before the writer is asked to complete its files.
+fn flush_device() -> bool {
+    (host::get().device_flush)(FLUSH_WAIT.as_millis() as i64)
+}
+
+/// How the device path waits; see [`Config::device_sync`] and the queue
+/// settings, which it shares with the record channel.
+pub struct DeviceSettings {
+    pub sync: bool,
+    pub block: bool,
+    pub wait_ms: i64,
+}
+
+pub fn device_settings() -> DeviceSettings {
+    let c = get().map(|rt| rt.config.clone()).unwrap_or_default();
+    DeviceSettings {
+        sync: c.device_sync,
+        block: c.queue_full == config::QueueFull::Block,
+        wait_ms: i64::try_from(c.queue_wait.as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+/// One line on stderr; opdump stays on.
+pub fn warn(what: &str) {
+    guarded((), || say(what))
+}
+
+/// What happened to device measurements, for the exit report: [measured,
+/// dropped, capturing, waits on the job's thread, failed].
+fn device_counts() -> [i64; 5] {
+    let v = (host::get().device_counts)();
+    std::array::from_fn(|i| v.get(i).copied().unwrap_or(0))
 }
 
 /// Python ends a job interrupted by Ctrl-C (an unhandled KeyboardInterrupt)
@@ -306,6 +347,9 @@ extern "C" fn at_exit() {
         // A forked child has no writer thread of the parent's to wait for.
         let s = started_sink();
         let Some(s) = s else { return };
+        if !flush_device() {
+            say("device statistics did not all come back within 60 s at exit; their op calls are missing");
+        }
         if !s.shutdown(FLUSH_WAIT) {
             say("the writer did not finish within 60 s at exit; the last files may be missing");
         }
@@ -318,6 +362,13 @@ extern "C" fn at_exit() {
         if dropped > 0 || failed > 0 {
             say(&format!(
                 "{written} op calls written; {dropped} dropped (channel full), {failed} lost (write failures)"
+            ));
+        }
+        let [_, dev_dropped, _, _, dev_failed] = device_counts();
+        if dev_dropped > 0 || dev_failed > 0 {
+            say(&format!(
+                "{dev_dropped} device tensors not measured (status dropped: results pool full), \
+                 {dev_failed} failed on the device (status failed)"
             ));
         }
     }));
@@ -362,6 +413,12 @@ pub fn control_stats() -> Vec<i64> {
         }
         None => vec![0, 0, 0],
     })
+}
+
+/// [measured, dropped, capturing, waits on the job's thread, failed] device
+/// tensors.
+pub fn control_device_stats() -> Vec<i64> {
+    guarded(vec![0; 5], || device_counts().to_vec())
 }
 
 pub fn internal_error(what: &str) {

@@ -60,6 +60,9 @@ pub struct SinkSetup {
     /// `on_terminated` (which ends the process).
     pub terminate: &'static AtomicBool,
     pub on_terminated: fn(),
+    /// Called by the writer after a SIGTERM, between two drains of the
+    /// channel: brings in the records that still wait for the device.
+    pub before_terminating: fn(),
     /// Called once from the writer thread when writing fails for good.
     pub on_failure: fn(),
     /// The parent's pid, for a forked child that records.
@@ -211,9 +214,16 @@ impl Worker {
                 last_tick = Instant::now();
             }
             if self.setup.terminate.load(Ordering::SeqCst) {
-                while let Ok(msg) = rx.try_recv() {
-                    if let Msg::Record(rec) = msg {
-                        self.write(rec);
+                // What is queued, then what the device still owed (sent while
+                // the channel has room again), then that.
+                for pass in 0..2 {
+                    while let Ok(msg) = rx.try_recv() {
+                        if let Msg::Record(rec) = msg {
+                            self.write(rec);
+                        }
+                    }
+                    if pass == 0 {
+                        (self.setup.before_terminating)();
                     }
                 }
                 self.close_all();
@@ -372,6 +382,7 @@ mod tests {
             torch_version: "0.0-test".into(),
             terminate: &NEVER,
             on_terminated: || {},
+            before_terminating: || {},
             on_failure: || {},
             forked_from: None,
             file_mode: 0o600,

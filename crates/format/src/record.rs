@@ -77,10 +77,16 @@ pub enum StatsStatus {
     NotMeasured,
     /// Measuring failed; the op itself ran normally.
     Failed,
+    /// Not measured: the device's current stream was capturing a graph (CUDA
+    /// graphs), when opdump launches nothing.
+    Capturing,
+    /// Not measured: the pool of device results waiting to come back stayed
+    /// full (OPDUMP_QUEUE_FULL); counted and reported.
+    Dropped,
 }
 
 impl StatsStatus {
-    pub const ALL: [StatsStatus; 7] = [
+    pub const ALL: [StatsStatus; 9] = [
         StatsStatus::Computed,
         StatsStatus::Uninitialized,
         StatsStatus::Unsupported,
@@ -88,6 +94,8 @@ impl StatsStatus {
         StatsStatus::View,
         StatsStatus::NotMeasured,
         StatsStatus::Failed,
+        StatsStatus::Capturing,
+        StatsStatus::Dropped,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,6 +106,8 @@ impl StatsStatus {
             StatsStatus::View => "view",
             StatsStatus::NotMeasured => "not_measured",
             StatsStatus::Failed => "failed",
+            StatsStatus::Capturing => "capturing",
+            StatsStatus::Dropped => "dropped",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {

@@ -1,0 +1,110 @@
+// Statistics of tensors on a device other than the CPU, measured on that
+// device without making the job's thread wait for it (device_stats.cpp).
+//
+// A measurement launches its reductions on the tensor's current stream at
+// once, so it reads the values the op left, and returns. The small results
+// of many measurements come back to the host together, in batches, with one
+// asynchronous copy and an event; opdump's own thread (`opdump-device`) waits
+// for the event and completes the rows. A recorded call whose rows wait for
+// device results is handed to Rust only once they are all complete, so every
+// value written is final.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "opdump/src/bridge.rs.h"
+
+namespace torch {
+class Library;
+}
+
+namespace opdump {
+
+struct Acc;
+
+// The most extra device memory measuring one tensor may take, beyond the
+// tensor itself: the size of the pieces it is reduced in follows from it.
+constexpr int64_t kDeviceScratchBytes = int64_t{64} << 20;
+
+// A recorded call whose rows wait for device results. The job's thread fills
+// `call` and leaves the op; results may arrive before or after that. Whoever
+// completes the last one (the job's thread at exit, or opdump-device) hands
+// the call to Rust.
+struct PendingCall {
+  OpCall call;
+  Departure departure;  // the call's place, from Rust, at the op's exit
+  std::mutex mutex;
+  bool exited = false;  // `call` is final: results go straight into its rows
+  struct Early {
+    size_t row;
+    TensorStats stats;
+    StatsStatus status;
+  };
+  std::vector<Early> early;  // results that came before the op's exit
+  // One for the op itself until it exits, plus one per row still waiting.
+  std::atomic<int64_t> outstanding{1};
+};
+
+// The statistics of one measured device tensor, complete once its batch has
+// come back. Rows that take them (the measured row, later rows that reuse
+// them, views of the same elements) wait on it.
+struct DeviceResult;
+using DeviceResultPtr = std::shared_ptr<DeviceResult>;
+
+// Where a row whose statistics are not known yet will get them.
+struct Later {
+  std::shared_ptr<PendingCall>* call;  // the recorder's, made at the first wait
+  size_t row;                          // its index in the call's rows
+  // Set by measure() when the row waits: for what, and how many times each
+  // element is repeated.
+  DeviceResultPtr result = nullptr;
+  int64_t repeat = 1;
+};
+
+enum class DeviceLaunch : uint8_t {
+  Queued,     // launched; `result` completes later
+  Capturing,  // the stream is capturing a graph: nothing launched
+  Dropped,    // the pool of pending results stayed full (counted)
+};
+
+// Launches the measurement of `t` on its device and current stream.
+DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result);
+
+// Row `later.row` takes `r`'s statistics, `repeat` times each element (a
+// broadcast view), with `status`. When they are known already they are put
+// into `row` and this returns false; otherwise the row waits.
+bool device_wait_for(const DeviceResultPtr& r, const Later& later, StatsStatus status, int64_t repeat,
+                     TensorRow& row);
+
+// At the op's exit on the job's thread: `call` is complete but for the rows
+// still waiting; hands it to Rust now or when the last result arrives.
+void device_call_exited(std::shared_ptr<PendingCall> pending, OpCall&& call);
+
+void device_atfork_prepare();
+void device_atfork_parent();
+void device_atfork_child();
+
+// Whether the current stream of `t`'s device is capturing a graph
+// (capture.cpp).
+bool stream_capturing(const at::Tensor& t);
+// Defines opdump::stream_capturing in `ops` and registers its kernels
+// (capture.cpp).
+void register_capture_ops(torch::Library& ops);
+// Lets opdump-device wait for events while another thread captures (CUDA's
+// global capture mode forbids it otherwise).
+void relax_capture_mode_for_this_thread();
+
+// Statistics from what Acc gathered; statistics that do not exist
+// (stats.cpp).
+TensorStats stats_of(const Acc& acc);
+void null_stats(TensorStats& s);
+// Scales statistics for elements each repeated `k` times (stats.cpp).
+void scale_repeated(TensorStats& s, int64_t k);
+
+}  // namespace opdump
