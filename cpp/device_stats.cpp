@@ -9,8 +9,10 @@
 //   a copy, converted to float64, into the batch's staging buffer; when the
 //   batch closes, about twenty segment reductions over that buffer measure
 //   all of its tensors at once (segment_rows). A larger tensor is reduced at
-//   once, piece by piece, about fifteen launches a piece (piece_row). Either
-//   way a measurement gives one row of kFields values per piece or tensor.
+//   once, piece by piece, about fifteen launches a piece (piece_row). On a
+//   backend with a kernel for opdump::fused_stats, every tensor is one launch
+//   of that kernel. Each way a measurement gives one row of kFields values
+//   per piece or tensor.
 //   A batch collects up to kBatchResults measurements on one device and
 //   stream; closing it computes the staged rows, copies all rows to the host
 //   asynchronously (pinned memory on CUDA) and records an event, all on that
@@ -39,6 +41,7 @@
 
 #include <pthread.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -52,6 +55,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
 
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/opdump.h"
@@ -75,9 +79,9 @@ struct DeviceResult {
 
 namespace {
 
-// One row per piece: finite count, NaN count, +inf count, zero count, and
-// over the finite values min, max, mean and (population) variance.
-constexpr int64_t kFields = 8;
+// One row per piece (kFields, device_stats.h): finite count, NaN count, +inf
+// count, zero count, and over the finite values min, max, mean and the sum of
+// squared deviations from that mean.
 // piece_row keeps at most about 17 bytes per element of a piece alive at
 // once (two float64 copies and a one-byte mask); the pieces are sized for 64
 // bytes per element, which leaves room for a backend's own temporaries.
@@ -152,6 +156,25 @@ std::atomic<int64_t> g_measured{0}, g_dropped{0}, g_capturing{0}, g_job_waits{0}
 
 c10::Stream current_stream(c10::Device d) { return c10::impl::getDeviceGuardImpl(d.type())->getStream(d); }
 
+// The backend's kernel for opdump::fused_stats, where it registered one
+// (device_stats.h), asked once per device type: backends register theirs
+// when they load, before their tensors are measured.
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(const at::Tensor& t) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("opdump::fused_stats", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  // 0: not asked yet, 1: none, 2: registered.
+  static std::array<std::atomic<uint8_t>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
+      known{};
+  auto& k = known[static_cast<size_t>(t.device().type())];
+  uint8_t v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = op.hasKernelForDispatchKey(c10::legacyExtractDispatchKey(t.key_set())) ? 2 : 1;
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v == 2 ? &op : nullptr;
+}
+
 // ---- launching -------------------------------------------------------------
 
 // The pieces of `t`, each of at most kPieceElements elements. A dense
@@ -205,7 +228,10 @@ at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc) {
     std::tie(lo, hi) = at::aminmax(replaced);
   }
   const auto inf = std::numeric_limits<double>::infinity();
-  return at::stack({count, at::ne(x, x).sum(acc), at::eq(x, inf).sum(acc), at::eq(x, 0).sum(acc), lo, hi, mu, var});
+  // The replaced elements sit at the mean: n times the variance over all n
+  // elements is the finite values' sum of squared deviations.
+  const at::Tensor m2 = at::mul(var, static_cast<double>(piece.numel()));
+  return at::stack({count, at::ne(x, x).sum(acc), at::eq(x, inf).sum(acc), at::eq(x, 0).sum(acc), lo, hi, mu, m2});
 }
 
 // The rows of the staged tensors `x` (float64, one after the other, of
@@ -240,8 +266,7 @@ at::Tensor segment_rows(const at::Tensor& x, const at::Tensor& lengths) {
     lo = seg(replaced, "min");
     hi = seg(replaced, "max");
   }
-  const at::Tensor var = at::div(m2, lengths.to(acc));
-  return at::stack({count, nans, pinf, zeros, lo, hi, mean, var}, 1);
+  return at::stack({count, nans, pinf, zeros, lo, hi, mean, m2}, 1);
 }
 
 // The statistics of one piece from its row.
@@ -257,9 +282,7 @@ Acc piece_acc(const double* v, int64_t n) {
     a.min = v[4];
     a.max = v[5];
     a.mean = v[6];
-    // The replaced elements sit at the mean: the variance over all n
-    // elements is the finite values' sum of squared deviations over n.
-    a.m2 = v[7] * static_cast<double>(n);
+    a.m2 = v[7];
     a.sum = v[6] * static_cast<double>(count);
     a.sumsq = a.m2 + static_cast<double>(count) * v[6] * v[6];
   }
@@ -450,7 +473,8 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   const c10::Device device = t.device();
   const c10::Stream stream = current_stream(device);
   const at::ScalarType acc = device.is_mps() ? at::kFloat : at::kDouble;  // MPS has no float64
-  const bool stage = t.numel() <= kStageMaxElements;
+  const auto* fused = fused_kernel(t);
+  const bool stage = fused == nullptr && t.numel() <= kStageMaxElements;
   std::unique_lock<std::mutex> lock(g.mutex);
   auto full = [&](const Batch& b) {
     return b.parts.size() >= kBatchResults || (stage && b.staged + t.numel() > kStageElements);
@@ -474,7 +498,15 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   }
   Batch& b = **it;
   Batch::Part part{std::make_shared<DeviceResult>(), static_cast<int64_t>(b.rows.size()), -1, {}};
-  if (stage) {
+  if (fused != nullptr) {
+    at::Tensor row = fused->call(t);
+    // A row of another shape would fail the whole batch at its close.
+    TORCH_CHECK(row.numel() == kFields && row.scalar_type() == at::kDouble && row.device() == device,
+                "the backend's opdump::fused_stats returned ", row.sizes(), " ", row.scalar_type(), " on ",
+                row.device(), ", not ", kFields, " float64 values on ", device);
+    b.rows.push_back(row.reshape({kFields}));
+    part.piece_numel.push_back(t.numel());
+  } else if (stage) {
     if (!b.stage.defined()) b.stage = at::empty({kStageElements}, at::TensorOptions().dtype(acc).device(device));
     const at::Tensor src = t.is_complex() ? at::abs(t) : t;
     b.stage.narrow(0, b.staged, t.numel()).view(t.sizes()).copy_(src);
@@ -572,6 +604,11 @@ bool device_flush(int64_t timeout_ms) {
     close(g.open.begin() + static_cast<std::ptrdiff_t>(i));  // erases it: same i again
   }
   return g.changed.wait_until(lock, deadline, [] { return g.in_flight.empty(); }) && all;
+}
+
+void register_device_ops(torch::Library& ops) {
+  ops.def("fused_stats(Tensor t) -> Tensor");
+  register_capture_ops(ops);
 }
 
 rust::Vec<int64_t> device_counts() {

@@ -32,6 +32,19 @@ struct Acc;
 // tensor itself: the size of the pieces it is reduced in follows from it.
 constexpr int64_t kDeviceScratchBytes = int64_t{64} << 20;
 
+// The row of statistics a measurement gives on the device, float64:
+// [finite count, NaN count, +inf count, zero count, min, max, mean, m2], the
+// last four over the finite values (m2: the sum of their squared deviations
+// from their mean; anything when none is finite). Complex tensors are
+// measured by magnitude, integers and bools as float64.
+//
+// A backend may compute it in one kernel: opdump defines the op
+//   opdump::fused_stats(Tensor t) -> Tensor      (the row, on t's device)
+// and uses a backend's kernel for it, registered on the backend's dispatch
+// key, when there is one (it must take at most kDeviceScratchBytes of device
+// memory). Otherwise the row comes from ATen reductions, in pieces.
+constexpr int64_t kFields = 8;
+
 // A recorded call whose rows wait for device results. The job's thread fills
 // `call` and leaves the op; results may arrive before or after that. Whoever
 // completes the last one (the job's thread at exit, or opdump-device) hands
@@ -96,6 +109,9 @@ bool stream_capturing(const at::Tensor& t);
 // Defines opdump::stream_capturing in `ops` and registers its kernels
 // (capture.cpp).
 void register_capture_ops(torch::Library& ops);
+// Defines the ops a backend may implement for the device path in `ops`:
+// opdump::stream_capturing and opdump::fused_stats.
+void register_device_ops(torch::Library& ops);
 // Lets opdump-device wait for events while another thread captures (CUDA's
 // global capture mode forbids it otherwise).
 void relax_capture_mode_for_this_thread();

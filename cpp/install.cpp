@@ -65,7 +65,7 @@ bool install() {
     ops->def("step() -> int", &op_step);
     ops->def("stats() -> int[]", &op_stats);
     ops->def("device_stats() -> int[]", &op_device_stats);
-    register_capture_ops(*ops);
+    register_device_ops(*ops);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
     pthread_atfork(&uninitialized_atfork_prepare, &uninitialized_atfork_parent,
