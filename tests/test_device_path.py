@@ -10,6 +10,8 @@ while a capture is marked."""
 
 import math
 
+import pytest
+
 from conftest import MEASURED, ROOT
 
 STATS = ("min", "max", "mean", "std", "l2", "absmax", "nan_count", "posinf_count", "neginf_count", "zero_count")
@@ -48,13 +50,21 @@ print(json.dumps({{"waits": waits, "waits_after_flush": testdev.host_waits(),
 """
 
 
+@pytest.fixture(params=["aten", "fused"])
+def kernel(request):
+    """How the device computes a measurement: opdump's ATen reductions in
+    pieces (what CUDA runs), or testdev's kernel for opdump::fused_stats (a
+    backend with a fused reduction). The environment of the job."""
+    return {"TESTDEV_FUSED_STATS": "1" if request.param == "fused" else "0"}
+
+
 def tinylm_job(run, steps=2, on=True, **env):
     job = run(TINYLM_STEPS.format(scripts=str(ROOT / "scripts"), steps=steps, on=on), testdev=True, **env)
     assert job.returncode == 0, job.stderr
     return job
 
 
-def test_measuring_a_large_tensor_takes_bounded_device_memory(run):
+def test_measuring_a_large_tensor_takes_bounded_device_memory(run, kernel):
     """A 512 MiB float32 tensor is measured with at most 64 MiB of extra
     device memory (kDeviceScratchBytes), against values whose statistics are
     known exactly: a NaN, +inf and -inf in different pieces of the tensor."""
@@ -72,7 +82,7 @@ def test_measuring_a_large_tensor_takes_bounded_device_memory(run):
     peak = testdev.max_memory_allocated() - base
     torch.ops.opdump.disable()
     print(json.dumps({"peak": peak, "device_stats": torch.ops.opdump.device_stats()}))
-    """, testdev=True, timeout=600)
+    """, testdev=True, timeout=600, **kernel)
     assert job.returncode == 0, job.stderr
     r = job.result()
     assert r["peak"] <= 64 * 2**20, f"measuring took {r['peak'] / 2**20:.1f} MiB of device memory"
@@ -93,7 +103,7 @@ def test_measuring_a_large_tensor_takes_bounded_device_memory(run):
     assert math.isclose(row["mean"], mean, rel_tol=1e-12)
 
 
-def test_tensors_in_many_pieces_equal_cpu_statistics(run):
+def test_tensors_in_many_pieces_equal_cpu_statistics(run, kernel):
     """Tensors over a piece (2**20 elements), dense or not, with NaN and
     infinities in some pieces and a piece with no finite value at all, give
     the CPU's statistics."""
@@ -114,7 +124,7 @@ def test_tensors_in_many_pieces_equal_cpu_statistics(run):
         torch.ops.aten.alias(t)
     torch.ops.opdump.flush()
     print(json.dumps(len(tensors)))
-    """, testdev=True, OPDUMP_REUSE="0", timeout=600)
+    """, testdev=True, OPDUMP_REUSE="0", timeout=600, **kernel)
     assert job.returncode == 0, job.stderr
     n = job.result()
     t = job.table()
@@ -130,9 +140,9 @@ def test_tensors_in_many_pieces_equal_cpu_statistics(run):
                 assert math.isclose(u, v, rel_tol=1e-12, abs_tol=1e-300), (x.dtype, x.shape, k, u, v)
 
 
-def test_a_training_step_waits_on_the_job_thread_at_most_once_per_256_tensors(run):
-    off = tinylm_job(run, on=False).result()
-    on = tinylm_job(run).result()
+def test_a_training_step_waits_on_the_job_thread_at_most_once_per_256_tensors(run, kernel):
+    off = tinylm_job(run, on=False, **kernel).result()
+    on = tinylm_job(run, **kernel).result()
     extra = on["waits"]["job"] - off["waits"]["job"]
     assert on["measured"] > 500, on
     assert extra <= on["measured"] // 256, (on, off)
@@ -142,11 +152,11 @@ def test_a_training_step_waits_on_the_job_thread_at_most_once_per_256_tensors(ru
     assert math.isclose(on["loss"], off["loss"], rel_tol=0, abs_tol=0), "opdump changed the job's numbers"
 
 
-def test_asynchronous_records_equal_synchronous_ones(run):
+def test_asynchronous_records_equal_synchronous_ones(run, kernel):
     """OPDUMP_DEVICE_SYNC=1 waits for each measurement on the job's thread:
     the same rows, with the same values to the bit."""
-    a = tinylm_job(run).table()
-    b = tinylm_job(run, OPDUMP_DEVICE_SYNC="1").table()
+    a = tinylm_job(run, **kernel).table()
+    b = tinylm_job(run, OPDUMP_DEVICE_SYNC="1", **kernel).table()
     keys = ["seq", "role", "arg", "list_index"]
     a = a.sort_values(keys).reset_index(drop=True)
     b = b.sort_values(keys).reset_index(drop=True)

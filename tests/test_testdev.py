@@ -1186,6 +1186,60 @@ def test_an_observer_sees_a_direct_op_once_on_testdev(run):
     assert elsewhere.empty, elsewhere[["op", "overload", "depth", "tensor_device"]]
 
 
+def test_hidden_fallback_shows_an_observer_each_op_once(run):
+    """TESTDEV_HIDE_FALLBACK=1: the fallback's copies to the host and back and
+    the CPU kernel's own calls are hidden, as inside a device's own kernel;
+    the results and the faults are the same."""
+    code = """
+    testdev.set_fault("aten::gelu=scale:2")
+    torch.manual_seed(0)
+    x = torch.randn(16, 8).to("testdev")
+    torch.ops.opdump.enable()
+    y = torch.nn.functional.gelu(x) + x.cos()
+    torch.ops.opdump.disable()
+    torch.ops.opdump.flush()
+    print(json.dumps({"y": y.cpu().tolist(), "hidden": testdev.fallback_hidden(), "fired": testdev.fault_counts()}))
+    """
+    shown, hidden = run(code, testdev=True), run(code, testdev=True, TESTDEV_HIDE_FALLBACK="1")
+    assert shown.returncode == 0 and hidden.returncode == 0, (shown.stderr, hidden.stderr)
+    a, b = shown.result(), hidden.result()
+    assert (a["hidden"], b["hidden"]) == (False, True)
+    assert a["y"] == b["y"] and a["fired"] == b["fired"] == {"aten::gelu": 1}
+    ops_shown, ops_hidden = set(shown.table().op), set(hidden.table().op)
+    assert {"aten::_to_cpu", "aten::_copy_from_and_resize"} <= ops_shown, ops_shown
+    # The ops themselves, and the allocation of their outputs on testdev.
+    assert ops_hidden == {"aten::gelu", "aten::cos", "aten::add", "aten::empty"}, ops_hidden
+    assert set(hidden.table().tensor_device) == {"testdev:0"}
+
+
+def test_fused_statistics_kernel_can_be_switched_off_and_bad_switches_raise():
+    res = _python(
+        """
+        testdev.load()
+        print(testdev.fused_stats_enabled(), testdev.fallback_hidden())
+        """,
+        TESTDEV_FUSED_STATS="0",
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False False"
+    res = _python(
+        """
+        try:
+            testdev.load()
+        except ValueError as e:
+            print("ValueError:", e)
+        print(testdev.fused_stats_enabled(), testdev.fallback_hidden())
+        """,
+        TESTDEV_FUSED_STATS="off",
+        TESTDEV_HIDE_FALLBACK="yes",
+    )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("ValueError: testdev: bad environment:")
+    assert 'TESTDEV_FUSED_STATS="off"' in lines[0] and 'TESTDEV_HIDE_FALLBACK="yes"' in lines[0]
+    assert lines[1] == "True False"  # the bad ones keep their defaults
+
+
 # ---- graph capture -----------------------------------------------------------
 
 

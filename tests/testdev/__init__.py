@@ -113,8 +113,9 @@ def load(build: bool = True) -> None:
     """Loads the testdev backend into this process (once) and names it "testdev".
 
     build: build (or rebuild a stale) library first, as build.py does.
-    Raises ValueError when TESTDEV_FAULT, TESTDEV_SYNC_US, TESTDEV_LAUNCH_US or
-    TESTDEV_DIRECT (read as the library loads) is malformed, RuntimeError when
+    Raises ValueError when TESTDEV_FAULT, TESTDEV_SYNC_US, TESTDEV_LAUNCH_US,
+    TESTDEV_DIRECT, TESTDEV_FUSED_STATS or TESTDEV_HIDE_FALLBACK (read as the
+    library loads) is malformed, RuntimeError when
     PrivateUse1 is already taken by another backend.
     """
     global _loaded
@@ -223,6 +224,18 @@ def traced_direct_ops() -> dict[str, int]:
 def direct_enabled() -> bool:
     """Whether the direct kernels are on (TESTDEV_DIRECT=0 at load turns them off)."""
     return _ops().direct_enabled()
+
+
+def fused_stats_enabled() -> bool:
+    """Whether testdev implements opdump::fused_stats, an observer's statistics
+    in one kernel (TESTDEV_FUSED_STATS=0 at load turns it off)."""
+    return _ops().fused_stats_enabled()
+
+
+def fallback_hidden() -> bool:
+    """Whether the fallback hides its own dispatcher calls (its copies, the CPU
+    kernel's parts) from an observer (TESTDEV_HIDE_FALLBACK=1 at load)."""
+    return _ops().fallback_hidden()
 
 
 # ---- what the device counts (README.md, "What the device counts") -------------

@@ -30,8 +30,9 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = Path(os.environ.get("TESTDEV_BUILD_DIR", HERE / "build"))
 LIBRARY = BUILD_DIR / "libtestdev.so"
 STAMP = BUILD_DIR / "libtestdev.stamp.json"
-SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE / "counters.cpp"]
-HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h"]
+SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE / "counters.cpp",
+           HERE / "fused_stats.cpp"]
+HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h"]
 
 
 class BuildError(RuntimeError):

@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace testdev {
 
 constexpr c10::DeviceType kDev = c10::DeviceType::PrivateUse1;
@@ -12,5 +14,12 @@ constexpr c10::DeviceType kDev = c10::DeviceType::PrivateUse1;
 // other tensor is returned as it is. The alias keeps the testdev storage
 // alive.
 at::Tensor host_alias(const at::Tensor& t);
+
+// A 0/1 switch from the environment, read when the library loads: `name`
+// unset or empty gives `otherwise`. Any other value is reported on stderr,
+// kept for env_error() (load() raises it) and also gives `otherwise`.
+bool env_switch(const char* name, bool otherwise);
+// What env_switch found malformed ("" when nothing).
+std::string env_switch_errors();
 
 }  // namespace testdev

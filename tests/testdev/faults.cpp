@@ -15,6 +15,7 @@
 #include "faults.h"
 
 #include "counters.h"
+#include "device.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
@@ -33,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -474,6 +476,15 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_on_cpu(op, op, stack);
 }
 
+bool fallback_hidden() {
+  // TESTDEV_HIDE_FALLBACK=1: what run_on_cpu dispatches itself (the copies
+  // to the host and back, the CPU kernel's own dispatcher calls) runs with
+  // an observer's key excluded, so an observer sees each op once, on
+  // testdev, as with a backend whose kernels run on the device.
+  static const bool hidden = env_switch("TESTDEV_HIDE_FALLBACK", false);
+  return hidden;
+}
+
 void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& op,
                 torch::jit::Stack* stack) {
   Launch launch;  // the copies below are part of this one launch
@@ -500,6 +511,9 @@ void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& o
       }
     }
   }
+
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> hidden;
+  if (fallback_hidden()) hidden.emplace(c10::DispatchKey::TESTING_ONLY_GenericMode);
 
   // Arguments written but not marked so: the CPU kernel gets CPU copies of
   // them, copied back afterwards as cpu_fallback does for marked ones.
@@ -533,6 +547,7 @@ void run_on_cpu(const c10::OperatorHandle& reached, const c10::OperatorHandle& o
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(host.get_state());
   }
+  hidden.reset();
   if (fault != nullptr) {
     const size_t num_returns = op.schema().returns().size();
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {

@@ -63,6 +63,10 @@ void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out);
 // applies the fault that names it, if any.
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Whether the fallback hides its own dispatcher calls from an observer
+// (TESTDEV_HIDE_FALLBACK=1, read once).
+bool fallback_hidden();
+
 // The fallback's work for an op that reached the device as `reached` but runs
 // on the CPU as `op`, whose arguments are on the stack: the device's kernels
 // for convolution_overrideable and convolution_backward_overrideable (whose

@@ -25,6 +25,7 @@
 #include "device.h"
 #include "direct.h"
 #include "faults.h"
+#include "fused_stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
@@ -49,6 +50,8 @@
 #include <torch/library.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <memory>
 #include <tuple>
 
@@ -113,6 +116,28 @@ at::Tensor host_alias(const at::Tensor& t) {
   alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
                                                     t.storage_offset());
   return alias;
+}
+
+namespace {
+std::mutex g_switch_mutex;
+std::string g_switch_errors;
+}  // namespace
+
+bool env_switch(const char* name, bool otherwise) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return otherwise;
+  const std::string v(env);
+  if (v == "0" || v == "1") return v == "1";
+  const std::string e = std::string(name) + "=\"" + v + "\" is not 0 or 1";
+  std::fprintf(stderr, "testdev: ignoring %s\n", e.c_str());
+  std::lock_guard<std::mutex> lock(g_switch_mutex);
+  g_switch_errors += (g_switch_errors.empty() ? "" : "; ") + e;
+  return otherwise;
+}
+
+std::string env_switch_errors() {
+  std::lock_guard<std::mutex> lock(g_switch_mutex);
+  return g_switch_errors;
 }
 
 namespace {
@@ -462,10 +487,12 @@ at::Tensor op_call_unobserved(std::string name, const at::Tensor& x) {
 // What the environment asked for that could not be done (TESTDEV_FAULT is
 // reported apart, by env_fault_error): "" when all is well.
 std::string op_env_error() {
-  std::string out = env_cost_error();
-  const std::string direct = env_direct_error();
-  if (!out.empty() && !direct.empty()) out += "; ";
-  return out + direct;
+  std::string out;
+  for (const std::string& e : {env_cost_error(), env_direct_error(), env_switch_errors()}) {
+    if (!out.empty() && !e.empty()) out += "; ";
+    out += e;
+  }
+  return out;
 }
 std::vector<int64_t> op_memory_stats() {
   return memory_stats();
@@ -490,6 +517,12 @@ void op_set_costs(std::optional<double> sync_us, std::optional<double> launch_us
 }
 std::vector<double> op_costs() {
   return costs();
+}
+bool op_fused_stats_enabled() {
+  return fused_stats_enabled();
+}
+bool op_fallback_hidden() {
+  return fallback_hidden();
 }
 bool op_direct_enabled() {
   return direct_enabled();
@@ -535,6 +568,8 @@ void register_control_ops(torch::Library& m) {
   m.def("set_costs(float? sync_us, float? launch_us) -> ()", TORCH_FN(op_set_costs));
   m.def("costs() -> float[]", TORCH_FN(op_costs));
   m.def("direct_enabled() -> bool", TORCH_FN(op_direct_enabled));
+  m.def("fused_stats_enabled() -> bool", TORCH_FN(op_fused_stats_enabled));
+  m.def("fallback_hidden() -> bool", TORCH_FN(op_fallback_hidden));
   m.def("traced_direct_ops() -> (str[], int[])", TORCH_FN(op_traced_direct_ops));
   m.def("capture_begin() -> ()", TORCH_FN(op_capture_begin));
   m.def("capture_end() -> ()", TORCH_FN(op_capture_end));
@@ -593,9 +628,11 @@ void register_all() {
   libs.push_back(std::make_unique<torch::Library>(
       torch::Library::IMPL, "opdump", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   libs.back()->impl("stream_capturing", TORCH_FN(stream_capturing));
+  register_fused_stats(*libs.back());
 
   init_faults_from_env();
   init_costs_from_env();
+  fallback_hidden();  // reads TESTDEV_HIDE_FALLBACK now, to report a bad value at load
 }
 
 struct Init {
