@@ -137,6 +137,15 @@ def assert_stats_match(row, ref, rtol=1e-9, atol=1e-12, what=""):
             assert math.isclose(float(got), v, rel_tol=rtol, abs_tol=atol), f"{what} {k}: {got} vs {v}"
 
 
+@pytest.fixture(params=["aten", "fused"])
+def kernel(request):
+    """How testdev computes opdump's statistics of its tensors: opdump's ATen
+    reductions, staged or in pieces (what CUDA runs), or testdev's kernel for
+    opdump::fused_stats (a backend with a fused reduction). The environment
+    of the job."""
+    return {"TESTDEV_FUSED_STATS": "1" if request.param == "fused" else "0"}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def built():
     if not LIB.exists() or not CORE.exists():

@@ -10,8 +10,6 @@ while a capture is marked."""
 
 import math
 
-import pytest
-
 from conftest import MEASURED, ROOT
 
 STATS = ("min", "max", "mean", "std", "l2", "absmax", "nan_count", "posinf_count", "neginf_count", "zero_count")
@@ -48,14 +46,6 @@ print(json.dumps({{"waits": waits, "waits_after_flush": testdev.host_waits(),
                   "measured": after[0] - before[0], "device_stats": after,
                   "loss": float(loss)}}))
 """
-
-
-@pytest.fixture(params=["aten", "fused"])
-def kernel(request):
-    """How the device computes a measurement: opdump's ATen reductions in
-    pieces (what CUDA runs), or testdev's kernel for opdump::fused_stats (a
-    backend with a fused reduction). The environment of the job."""
-    return {"TESTDEV_FUSED_STATS": "1" if request.param == "fused" else "0"}
 
 
 def tinylm_job(run, steps=2, on=True, **env):

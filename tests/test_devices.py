@@ -32,7 +32,7 @@ def test_partitions_route_rows_by_device(run):
     assert sorted(mm.tensor_device) == ["cpu", "testdev:0"]
 
 
-def test_device_stats_equal_cpu_stats(run):
+def test_device_stats_equal_cpu_stats(run, kernel):
     job = run("""
     torch.manual_seed(0)
     dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -55,7 +55,7 @@ def test_device_stats_equal_cpu_stats(run):
         torch.ops.aten.alias(t)
     torch.ops.opdump.flush()
     print(json.dumps(len(tensors)))
-    """, testdev=True)
+    """, testdev=True, **kernel)
     assert job.returncode == 0, job.stderr
     n = job.result()
     t = job.table()

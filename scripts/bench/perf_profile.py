@@ -4,6 +4,7 @@ for the timed steps only (after warm-up and start-up).
     .venv/bin/python scripts/bench/perf_profile.py                      # on, tiny, 1 thread
     .venv/bin/python scripts/bench/perf_profile.py --config off --steps 40
     .venv/bin/python scripts/bench/perf_profile.py --workload large --steps 2
+    .venv/bin/python scripts/bench/perf_profile.py --workload testdev --env TESTDEV_SYNC_US=20 --env TESTDEV_HIDE_FALLBACK=1
 
 Needs `perf` (Debian: `apt-get install linux-perf`) and
 kernel.perf_event_paranoid <= 2. The child prints CLOCK_MONOTONIC marks around
@@ -40,6 +41,13 @@ def child(spec: dict) -> None:
     if spec["threads"] == 1:
         torch.set_num_threads(1)
     cfg = spec["config"]
+    w = WORKLOADS[spec["workload"]]
+    device = w.get("device", "cpu")
+    if device == "testdev":
+        sys.path.insert(0, str(ROOT))
+        import tests.testdev as testdev
+
+        testdev.load(build=False)
     if cfg in ("off", "on", "on-noreuse"):
         torch.ops.load_library(str(LIB))
     peer = None
@@ -47,10 +55,11 @@ def child(spec: dict) -> None:
         from peer_dumper import PeerDumper
         peer = PeerDumper(spec["out_dir"])
         peer.__enter__()
-    w = WORKLOADS[spec["workload"]]
     model = tinylm.make(0, vocab=w["vocab"], d=w["d"], layers=w["layers"], heads=w["heads"], seq=w["seq"])
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = tinylm.batches(spec["warmup"] + spec["steps"], batch=w["batch"], seq=w["seq"], vocab=w["vocab"])
+    data = [(x.to(device), y.to(device)) for x, y in data]
     times = []
     for i, (x, y) in enumerate(data):
         if i == spec["warmup"]:
@@ -83,6 +92,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25, help="symbols to print")
     ap.add_argument("--freq", type=int, default=999)
     ap.add_argument("--keep", help="keep perf.data at this path")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable of the profiled process (TESTDEV_SYNC_US=20, ...); repeatable")
     args = ap.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -95,6 +106,7 @@ def main() -> int:
         spec = dict(config=args.config, workload=args.workload, threads=1 if args.threads == "1" else 0,
                     warmup=args.warmup, steps=args.steps, out_dir=str(tmp / "dump"))
         env = clean_env()
+        env.update(e.split("=", 1) for e in args.env)
         if args.config in ("on", "on-noreuse"):
             env.update(OPDUMP="1", OPDUMP_DIR=str(tmp / "dump"))
             if args.config == "on-noreuse":

@@ -18,6 +18,15 @@ Configurations:
   peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
   msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
 
+Then the device tables: the TinyLM step on the test device `testdev`, with a
+simulated cost per host wait (TESTDEV_SYNC_US), one table per way testdev runs
+(TESTDEV_SETTINGS: with kernels of its own and a fused statistics kernel; with
+ATen reductions for the statistics, as on CUDA; with its CPU fallback seen),
+in the configurations
+  baseline, off, on  as above
+  on-sync     OPDUMP=1 OPDUMP_DEVICE_SYNC=1 (the job's thread waits for every measured tensor)
+  on-before   OPDUMP=1 with the library given by --before-lib (an earlier build, for before/after)
+
 Then the parts: the writer alone (scripts/bench/writer-bench) and
 `opdump compare` on two synthetic dumps of 1,000,000 op calls each.
 """
@@ -49,8 +58,26 @@ WORKLOADS = {
     "tiny": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512),
     # Larger tensors, so the statistics passes show against memory bandwidth.
     "large": dict(d=512, layers=4, heads=8, seq=64, batch=8, vocab=512),
+    # The demo's TinyLM step on the test device (the device tables).
+    "testdev": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512, device="testdev"),
 }
 CONFIGS = ["baseline", "off", "on", "on-noreuse", "peer", "msprobe"]
+DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-before"]
+# How testdev runs, for the device tables: (title, environment).
+TESTDEV_SETTINGS = {
+    "fused": ("testdev with kernels of its own and a fused statistics kernel "
+              "(TESTDEV_HIDE_FALLBACK=1), as a backend with its own kernels",
+              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "1", "TESTDEV_DIRECT": "1"}),
+    "aten": ("testdev with kernels of its own, statistics by ATen reductions "
+             "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FUSED_STATS=0), as on CUDA",
+             {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "1"}),
+    "fallback": ("testdev with its CPU fallback seen and no direct kernels "
+                 "(TESTDEV_DIRECT=0 TESTDEV_FUSED_STATS=0), as the 26-50x were measured",
+                 {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
+}
+# The configurations that load libopdump.so, and those that dump with it.
+LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before")
+DUMPING = ("on", "on-noreuse", "on-sync", "on-before")
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
@@ -58,6 +85,8 @@ DESCRIBE = {
     "on-noreuse": "OPDUMP=1 OPDUMP_REUSE=0",
     "peer": "Python TorchDispatchMode -> Parquet",
     "msprobe": "msprobe statistics, L1",
+    "on-sync": "OPDUMP=1 OPDUMP_DEVICE_SYNC=1",
+    "on-before": "OPDUMP=1, the --before-lib build",
 }
 
 
@@ -80,9 +109,16 @@ def child(spec: dict) -> None:
         torch.set_num_threads(1)
     out_dir = spec["out_dir"]
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    device = spec.get("device", "cpu")
+    if device == "testdev":
+        sys.path.insert(0, str(ROOT))
+        import tests.testdev as testdev
 
-    if cfg in ("off", "on", "on-noreuse"):
-        torch.ops.load_library(spec.get("lib", str(LIB)))
+        testdev.load(build=False)
+        testdev.set_job_thread()
+
+    if cfg in LOADING:
+        torch.ops.load_library(spec["before_lib"] if cfg == "on-before" else spec.get("lib", str(LIB)))
     peer = debugger = None
     if cfg == "peer":
         from peer_dumper import PeerDumper
@@ -99,14 +135,14 @@ def child(spec: dict) -> None:
         debugger = PrecisionDebugger(config_path=str(conf))
 
     def flush():
-        if cfg in ("on", "on-noreuse", "off"):
+        if cfg in LOADING:
             torch.ops.opdump.flush()
         elif cfg == "peer":
             peer.flush()
 
     def counts() -> dict:
         """Op calls and rows written so far (after a flush)."""
-        if cfg in ("on", "on-noreuse"):
+        if cfg in DUMPING:
             written, dropped, failed = torch.ops.opdump.stats()
             return dict(op_calls=written, dropped=dropped, failed=failed, **_parquet_counts(out_dir))
         if cfg == "off":
@@ -122,8 +158,10 @@ def child(spec: dict) -> None:
         w = WORKLOADS[wl]
         plan = spec["plan"][wl]
         model = tinylm.make(0, vocab=w["vocab"], d=w["d"], layers=w["layers"], heads=w["heads"], seq=w["seq"])
+        model = model.to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         data = tinylm.batches(plan["warmup"] + plan["steps"], batch=w["batch"], seq=w["seq"], vocab=w["vocab"])
+        data = [(x.to(device), y.to(device)) for x, y in data]
 
         def step(x, y):
             if debugger is not None:
@@ -138,6 +176,8 @@ def child(spec: dict) -> None:
 
         flush()
         before = counts()
+        if device == "testdev":
+            testdev.reset_counters()
         times, cpu = [], []
         ran = 0
         t_start = None
@@ -166,6 +206,10 @@ def child(spec: dict) -> None:
         after = counts()
         rep = {"times": times, "cpu": cpu, "steps_run": ran, "threads": torch.get_num_threads(),
                "flush_s": flush_s}
+        if device == "testdev":
+            # Host waits of the job's thread during the timed steps and the
+            # final flush (counted by the test device), per timed step.
+            rep["job_waits_per_step"] = testdev.host_waits()["job"] / len(times)
         for k, v in after.items():
             rep[k] = v - before.get(k, 0) if k not in ("dropped", "failed", "files") else v
         reports[wl] = rep
@@ -268,10 +312,13 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     out = tmp / f"{spec['config']}-t{spec['threads']}-r{spec['repeat']}"
     spec = dict(spec, out_dir=str(out))
     env = clean_env()
-    if spec["config"] in ("on", "on-noreuse"):
+    env.update(spec.get("env", {}))
+    if spec["config"] in DUMPING:
         env.update(OPDUMP="1", OPDUMP_DIR=str(out))
         if spec["config"] == "on-noreuse":
             env["OPDUMP_REUSE"] = "0"
+        if spec["config"] == "on-sync":
+            env["OPDUMP_DEVICE_SYNC"] = "1"
     opdump_lines = []
     try:
         r = subprocess.run([py, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
@@ -301,20 +348,26 @@ def plans(args) -> dict:
         "tiny": dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps, max_seconds=args.max_seconds),
         "large": dict(warmup=args.large_warmup, steps=args.large_steps, min_steps=args.min_steps,
                       max_seconds=args.large_max_seconds),
+        "testdev": dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps,
+                        max_seconds=args.testdev_max_seconds),
     }
 
 
 def bench_threads(threads: int, workloads: list[str], configs: list[str], args, py_for: dict,
-                  tmp: Path) -> list[str]:
+                  tmp: Path, device: dict | None = None) -> list[str]:
     """Every configuration, `args.repeats` times, interleaved; each child runs
-    every workload in turn. Returns the tables, one per workload."""
+    every workload in turn. Returns the tables, one per workload. `device`:
+    the test device's settings ({"title", "env"}) for the device tables."""
     plan = {wl: p for wl, p in plans(args).items() if wl in workloads}
     results = {wl: {c: [] for c in configs} for wl in workloads}
     for rep in range(args.repeats):
         k = rep % len(configs)
         order = configs[k:] + configs[:k]
         for c in order:
-            spec = dict(config=c, threads=threads, repeat=rep, workloads=workloads, plan=plan, lib=args.lib)
+            spec = dict(config=c, threads=threads, repeat=rep, workloads=workloads, plan=plan, lib=args.lib,
+                        before_lib=args.before_lib_copy)
+            if device:
+                spec.update(device="testdev", env=device["env"])
             t0 = time.time()
             reps = run_child(py_for[c], spec, tmp, args.child_timeout)
             msgs = []
@@ -327,20 +380,22 @@ def bench_threads(threads: int, workloads: list[str], configs: list[str], args, 
                   f"{'; '.join(msgs)} ({time.time() - t0:.1f}s)", file=sys.stderr, flush=True)
     lines = []
     for wl in workloads:
-        lines += render(wl, threads, configs, results[wl], plan[wl], args)
+        lines += render(wl, threads, configs, results[wl], plan[wl], args, device)
     return lines
 
 
-def render(workload: str, threads: int, configs: list[str], results: dict, plan: dict, args) -> list[str]:
+def render(workload: str, threads: int, configs: list[str], results: dict, plan: dict, args,
+           device: dict | None = None) -> list[str]:
     w = WORKLOADS[workload]
     warmup, steps, max_s = plan["warmup"], plan["steps"], plan["max_seconds"]
     tname = "1 (torch.set_num_threads(1))" if threads == 1 else "default"
     nthreads = {r.get("threads") for rs in results.values() for r in rs if "threads" in r}
     if threads != 1 and nthreads:
         tname += f" ({'/'.join(str(n) for n in sorted(nthreads))})"
+    on_device = f" on {device['title']}" if device else ""
     lines = [
         f"### {workload}: TinyLM d={w['d']}, {w['layers']} blocks, {w['heads']} heads, seq {w['seq']}, "
-        f"batch {w['batch']}, vocab {w['vocab']}, AdamW; intra-op threads: {tname}",
+        f"batch {w['batch']}, vocab {w['vocab']}, AdamW{on_device}; intra-op threads: {tname}",
         f"{args.repeats} repeats, configuration order rotated each repeat; each: {warmup} warm-up steps, "
         f"then up to {steps} timed steps (at least {args.min_steps}, stopping after {max_s:g} s).",
         "",
@@ -388,7 +443,7 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         drops = [r.get("dropped", 0) + r.get("failed", 0) for r in good]
         if any(drops):
             notes.append(f"{c}: dropped+failed op calls per run: {drops}")
-        if c in ("on", "on-noreuse", "peer"):
+        if c in DUMPING or c == "peer":
             fl = statistics.median(r.get("flush_s", 0.0) for r in good)
             nt = statistics.median(len(r["times"]) for r in good)
             notes.append(f"{c}: final flush after the timed steps: median {fl * 1e3:.0f} ms "
@@ -400,7 +455,16 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
                          f"(how many times slower {what} is than opdump)")
     if "on" in meds and "on-noreuse" in meds:
         notes.append(f"on-noreuse / on = {meds['on-noreuse'] / meds['on']:.2f}× (what reuse and view shortcuts buy)")
-    SUMMARY["groups"][(workload, threads)] = (meds, ams, cpus)
+    if "on" in meds and "on-sync" in meds:
+        notes.append(f"on-sync / on = {meds['on-sync'] / meds['on']:.2f}× (what not waiting for the device buys)")
+    if "on" in meds and "on-before" in meds:
+        notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× (the --before-lib build against this one)")
+    if device:
+        waits = {c: statistics.median(r["job_waits_per_step"] for r in results[c] if "job_waits_per_step" in r)
+                 for c in configs if any("job_waits_per_step" in r for r in results[c])}
+        notes.append("host waits of the job's thread per step (testdev's count, median): "
+                     + ", ".join(f"{c} {v:.1f}" for c, v in waits.items()))
+    SUMMARY["groups"][(workload, threads, device["key"] if device else None)] = (meds, ams, cpus)
     if notes:
         lines.append("")
         lines.extend(f"- {n}" for n in notes)
@@ -420,8 +484,10 @@ def goal_table() -> list[str]:
     def tname(t):
         return "1 thread" if t == 1 else "default threads"
 
-    for (wl, t), (meds, ams, cpus) in groups.items():
+    for (wl, t, dev), (meds, ams, cpus) in groups.items():
         base, base_am, base_cpu = meds.get("baseline"), ams.get("baseline"), cpus.get("baseline")
+        if dev:
+            wl = f"{wl} ({dev}, {SUMMARY['testdev_sync_us']:g} µs per host wait)"
         if base and "off" in meds:
             r, rc = meds["off"] / base, cpus["off"] / base_cpu
             rows.append(f"| loaded but off, {wl}, {tname(t)} | ≤ 1.02× | {r:.2f}× (CPU time {rc:.2f}×) "
@@ -447,7 +513,7 @@ def goal_table() -> list[str]:
                     f"{mib:.0f} MiB | {'met' if secs <= 10 else 'not met'} (time) |")
     if not rows:
         return []
-    return ["### Goals of issue 6 against this run", "", "| figure | goal | measured | |", "|---|---|---|---|"] \
+    return ["### Goals against this run", "", "| figure | goal | measured | |", "|---|---|---|---|"] \
         + rows + [""]
 
 
@@ -568,6 +634,16 @@ def main() -> int:
     ap.add_argument("--compare-ops", type=int, default=1_000_000)
     ap.add_argument("--compare-runs", type=int, default=2)
     ap.add_argument("--out", help="also write the report (markdown) to this file")
+    ap.add_argument("--no-testdev", action="store_true", help="skip the device tables on testdev")
+    ap.add_argument("--testdev-only", action="store_true", help="only the device tables on testdev")
+    ap.add_argument("--testdev-sync-us", type=float, default=20,
+                    help="device tables: simulated cost of each host wait on testdev (TESTDEV_SYNC_US)")
+    ap.add_argument("--testdev-settings", default=",".join(TESTDEV_SETTINGS),
+                    help="device tables, a comma list of: " + ", ".join(TESTDEV_SETTINGS))
+    ap.add_argument("--testdev-configs", default=",".join(DEVICE_CONFIGS))
+    ap.add_argument("--testdev-max-seconds", type=float, default=3.0)
+    ap.add_argument("--before-lib", help="an earlier build's libopdump.so (with its libopdump_core.so beside it) "
+                                         "for the on-before configuration; without it on-before is left out")
     args = ap.parse_args()
 
     if args.child:
@@ -578,13 +654,27 @@ def main() -> int:
     if args.repeats < 5:
         print(f"bench: note: {args.repeats} repeats (the protocol asks for at least 5)", file=sys.stderr)
     if args.quick:
-        args.workloads, args.threads, args.no_parts = "tiny", "1", True
+        args.workloads, args.threads, args.no_parts, args.no_testdev = "tiny", "1", True, True
+    if args.testdev_only:
+        args.configs, args.no_parts = "", True
+    unknown = [t for t in args.testdev_settings.split(",") if t and t not in TESTDEV_SETTINGS]
+    if unknown:
+        print(f"bench: unknown --testdev-settings {','.join(unknown)}; known: {', '.join(TESTDEV_SETTINGS)}",
+              file=sys.stderr)
+        return 2
+    SUMMARY["testdev_sync_us"] = args.testdev_sync_us
     if not LIB.exists():
         print(f"bench: {LIB} is missing; run scripts/setup.sh", file=sys.stderr)
         return 2
 
     configs = [] if args.parts_only else [c for c in args.configs.split(",") if c]
-    py_for = {c: str(VENV_PY) for c in configs}
+    device_configs = [] if args.parts_only or args.no_testdev else [c for c in args.testdev_configs.split(",") if c]
+    if not args.before_lib:
+        device_configs = [c for c in device_configs if c != "on-before"]
+        if "on-before" in configs:
+            print("bench: on-before needs --before-lib", file=sys.stderr)
+            return 2
+    py_for = {c: str(VENV_PY) for c in configs + device_configs}
     header_notes = []
     if "msprobe" in configs:
         ms_py, why = ensure_msprobe(not args.no_msprobe_install)
@@ -630,6 +720,15 @@ def main() -> int:
     for p in (LIB, core):
         shutil.copy2(p, libdir / p.name)
     args.lib = str(libdir / LIB.name)
+    args.before_lib_copy = None
+    if args.before_lib:
+        before = Path(args.before_lib).resolve()
+        (tmp / "before").mkdir()
+        for p in (before, before.with_name("libopdump_core.so")):
+            shutil.copy2(p, tmp / "before" / p.name)
+        args.before_lib_copy = str(tmp / "before" / before.name)
+        report.insert(-1, f"- on-before: {before} (built "
+                      f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(before.stat().st_mtime))})")
     t_all = time.time()
     try:
         for tsetting in [t for t in args.threads.split(",") if t and configs]:
@@ -637,6 +736,13 @@ def main() -> int:
             print(f"bench: threads={tsetting}", file=sys.stderr, flush=True)
             report += bench_threads(threads, [w for w in args.workloads.split(",") if w], configs, args,
                                     py_for, tmp)
+        for setting in [t for t in args.testdev_settings.split(",") if t and device_configs]:
+            what, env = TESTDEV_SETTINGS[setting]
+            env = dict(env, TESTDEV_SYNC_US=f"{args.testdev_sync_us:g}")
+            title = f"{what}, {args.testdev_sync_us:g} µs per host wait"
+            print(f"bench: {title}", file=sys.stderr, flush=True)
+            report += bench_threads(1, ["testdev"], device_configs, args, py_for, tmp,
+                                    {"title": title, "env": env, "key": setting})
         if not args.no_parts:
             print("bench: writer throughput", file=sys.stderr, flush=True)
             report += writer_bench(args, tmp)
