@@ -308,6 +308,19 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
             i64c(col::NUMEL)?,
             strc(col::STATS_STATUS)?,
         );
+        // Columns of schema version 2: absent from older files, null there.
+        let opt_str = |n| batch.column_by_name(n).map(|c| c.as_string::<i32>());
+        let (module, source, name) = (
+            opt_str(col::MODULE),
+            opt_str(col::SOURCE),
+            opt_str(col::NAME),
+        );
+        let fwd_seq = batch
+            .column_by_name(col::FWD_SEQ)
+            .map(|c| c.as_primitive::<Int64Type>());
+        let str_at = |c: Option<&arrow_array::StringArray>, i| {
+            c.and_then(|c| (!c.is_null(i)).then(|| c.value(i).to_owned()))
+        };
         let shape = column(path, &batch, col::SHAPE)?.as_list::<i32>();
         let stride = column(path, &batch, col::STRIDE)?.as_list::<i32>();
         let f = [
@@ -359,6 +372,9 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                     start_ns: start.value(i),
                     duration_ns: dur.value(i),
                     error: (!error.is_null(i)).then(|| error.value(i).to_owned()),
+                    module: str_at(module, i),
+                    fwd_seq: fwd_seq.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
+                    source: str_at(source, i),
                     tensors: Vec::new(),
                 });
             }
@@ -397,6 +413,7 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                 } else {
                     Stats::NONE
                 },
+                name: str_at(name, i),
             });
         }
     }

@@ -144,6 +144,9 @@ pub struct TensorRecord {
     pub status: StatsStatus,
     /// Meaningful only when `status.has_values()`.
     pub stats: Stats,
+    /// The parameter or buffer this tensor is, by its qualified name, or
+    /// its gradient (`.grad` appended).
+    pub name: Option<String>,
 }
 
 /// One op call with its tensors. Written as one row per tensor.
@@ -167,6 +170,14 @@ pub struct OpRecord {
     pub duration_ns: i64,
     /// The message of the exception the op raised, if it raised.
     pub error: Option<String>,
+    /// The qualified path of the innermost module running the call; for a
+    /// backward call, that of its forward call.
+    pub module: Option<String>,
+    /// For a backward call: the seq of the forward call whose autograd node
+    /// it runs.
+    pub fwd_seq: Option<i64>,
+    /// The innermost line of user code (OPDUMP_SOURCE=1).
+    pub source: Option<String>,
     pub tensors: Vec<TensorRecord>,
 }
 

@@ -16,7 +16,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::record::{OpRecord, Role, StatsStatus};
 
 /// Bumped whenever a column is added, removed or changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 /// The oldest schema version this build can read.
 pub const MIN_READABLE_SCHEMA_VERSION: u32 = 1;
 
@@ -266,6 +266,9 @@ columns! {
         start_ns      START_NS:      Int64,     required, "Epoch time at entry, in nanoseconds.";
         duration_ns   DURATION_NS:   Int64,     required, "Time in the op itself, without opdump's measuring.";
         error         ERROR:         Utf8,      null,     "The message of the exception the op raised, if it raised.";
+        module        MODULE:        Utf8,      null,     "The innermost `nn.Module` running the call (its forward's, for a backward call); null outside any.";
+        fwd_seq       FWD_SEQ:       Int64,     null,     "Backward calls: the seq of the forward call that made the autograd node being run.";
+        source        SOURCE:        Utf8,      null,     "With OPDUMP_SOURCE=1: the innermost line of user code, `file.py:123 in forward`.";
         // The tensor; null from `arg` on in the one row of a call without
         // tensors (role `none`).
         role          ROLE:          Utf8,      required, "`input`, `output`, or `none` for a call without tensors.";
@@ -277,6 +280,7 @@ columns! {
         tensor_device TENSOR_DEVICE: Utf8,      null,     "As torch prints it: `cpu`, `cuda:0`.";
         numel         NUMEL:         Int64,     null,     "Number of elements; -1 when symbolic.";
         stats_status  STATS_STATUS:  Utf8,      null,     "Why the statistics are what they are (see `StatsStatus`).";
+        name          NAME:          Utf8,      null,     "The parameter or buffer this tensor is (`h.3.mlp.c_fc.weight`), or its `.grad`.";
     }
     float_stats {
         min           MIN:           "The smallest finite element.";
@@ -365,6 +369,7 @@ impl BatchBuilder {
             self.tensor_device.append_null();
             self.numel.append_null();
             self.stats_status.append_null();
+            self.name.append_null();
             self.append_stats(None);
             self.rows += 1;
             return;
@@ -382,6 +387,7 @@ impl BatchBuilder {
             self.tensor_device.append_value(&t.device);
             self.numel.append_value(t.numel);
             self.stats_status.append_value(t.status.as_str());
+            self.name.append_option(t.name.as_deref());
             self.append_stats(t.status.has_values().then_some(&t.stats));
             self.rows += 1;
         }
@@ -401,6 +407,9 @@ impl BatchBuilder {
         self.start_ns.append_value(rec.start_ns);
         self.duration_ns.append_value(rec.duration_ns);
         self.error.append_option(rec.error.as_deref());
+        self.module.append_option(rec.module.as_deref());
+        self.fwd_seq.append_option(rec.fwd_seq);
+        self.source.append_option(rec.source.as_deref());
     }
 }
 
@@ -457,6 +466,9 @@ mod tests {
             start_ns: 0,
             duration_ns: 0,
             error: None,
+            module: None,
+            fwd_seq: None,
+            source: None,
             tensors: vec![],
         };
         let mut b = BatchBuilder::new();
@@ -470,6 +482,7 @@ mod tests {
             stride: vec![1],
             device: "cpu".into(),
             numel: 2,
+            name: None,
             status: StatsStatus::Computed,
             stats: Stats::NONE,
         });

@@ -26,6 +26,7 @@ fn record(seq: i64) -> OpRecord {
         stride: vec![1],
         device: "cpu".into(),
         numel: 4,
+        name: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: seq as f64,
@@ -54,6 +55,9 @@ fn record(seq: i64) -> OpRecord {
         start_ns: 1000 + seq,
         duration_ns: 5,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![t(Role::Input, "self"), t(Role::Output, "0")],
     }
 }

@@ -94,6 +94,7 @@ fn tensor() -> impl Strategy<Value = TensorRecord> {
                     stride,
                     device,
                     numel,
+                    name: None,
                     status,
                     stats,
                 }
@@ -140,6 +141,9 @@ fn record() -> impl Strategy<Value = OpRecord> {
                 start_ns,
                 duration_ns,
                 error,
+                module: None,
+                fwd_seq: None,
+                source: None,
                 tensors,
             },
         )

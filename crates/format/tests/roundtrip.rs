@@ -20,6 +20,7 @@ fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
         stride: vec![3, 1],
         device: "cpu".into(),
         numel: 6,
+        name: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: -v,
@@ -51,6 +52,9 @@ fn record(seq: i64) -> OpRecord {
         start_ns: 1000 + seq,
         duration_ns: 5,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![
             tensor(Role::Input, "self", seq as f64),
             tensor(Role::Output, "0", seq as f64 + 1.0),
@@ -125,7 +129,10 @@ fn rotates_by_rows_and_keeps_metadata() {
     let files = list_files(tmp.path()).unwrap();
     assert_eq!(files.len(), 4);
     let kv = file_metadata(&files[1].path).unwrap();
-    assert_eq!(kv[meta::SCHEMA_VERSION], "1");
+    assert_eq!(
+        kv[meta::SCHEMA_VERSION],
+        opdump_format::SCHEMA_VERSION.to_string()
+    );
     assert_eq!(kv[meta::OP_CALLS], "25");
     assert_eq!(kv[meta::SEQ_MIN], "25");
     assert_eq!(kv[meta::SEQ_MAX], "49");

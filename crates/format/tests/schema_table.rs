@@ -120,6 +120,9 @@ fn record() -> OpRecord {
         start_ns: 10,
         duration_ns: 5,
         error: Some("boom".into()),
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![TensorRecord {
             role: Role::Output,
             arg: "0".into(),
@@ -129,6 +132,7 @@ fn record() -> OpRecord {
             stride: vec![3, 1],
             device: "cpu".into(),
             numel: 6,
+            name: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,
