@@ -13,6 +13,8 @@ fn main() {
             "cpp/stats.cpp",
             "cpp/device_stats.cpp",
             "cpp/capture.cpp",
+            "cpp/python_hooks.cpp",
+            "cpp/names.cpp",
             "cpp/threads.cpp",
             "cpp/uninitialized.cpp",
             "cpp/provenance.cpp",

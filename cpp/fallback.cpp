@@ -14,7 +14,9 @@
 #include <string_view>
 #include <vector>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -428,6 +430,7 @@ struct Recorder {
               bool values_defined, bool produced) {
     if (!t.defined()) return;
     TensorRow row{};
+    row.name = tensor_name(t);
     row.role = role;
     row.arg = rust::String(arg);
     row.list_index = list_index;
@@ -774,8 +777,15 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
+  if (ticket.source) rec.call.source = rust::String(python_source());
   record_inputs(rec, op, *stack, ticket, written);
+  // The autograd nodes the op makes take the next sequence numbers of this
+  // thread: the call claims them for its backward calls (fwd_seq).
+  const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
   run_timed(rec, op, next, stack);
+  const auto end_node = static_cast<int64_t>(at::sequence_number::peek());
+  if (end_node > first_node)
+    op_made_nodes(static_cast<int64_t>(at::RecordFunction::currentThreadId()), first_node, end_node);
   record_outputs(rec, op, *stack, ticket, written);
 }
 
@@ -792,9 +802,12 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     op.redispatchBoxed(next, stack);
     return;
   }
+  python_hooks_tick();
   const auto& overload = op.operator_name().overload_name;
+  int64_t node_thread = -1, node_seq_nr = -1;
+  current_backward_node(node_thread, node_seq_nr);
   OpTicket ticket = op_enter(rust::Str(name), rust::Str(overload.empty() ? "default" : overload),
-                             current_phase());
+                             current_phase(), node_thread, node_seq_nr);
   record_and_run(op, next, stack, ticket);
 }
 

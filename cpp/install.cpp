@@ -31,6 +31,12 @@ std::vector<int64_t> op_device_stats() {
   auto v = control_device_stats();
   return std::vector<int64_t>(v.begin(), v.end());
 }
+// Called by the module hooks (python_hooks.cpp).
+void op_module_enter(std::string path) { control_module_enter(rust::Str(path)); }
+void op_module_exit() { control_module_exit(); }
+void op_name_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> names) {
+  names_add(tensors, names);
+}
 
 bool already_registered(c10::Dispatcher& d, std::string& why) {
   if (d.hasBackendFallbackForDispatchKey(kHookKey)) {
@@ -65,6 +71,9 @@ bool install() {
     ops->def("step() -> int", &op_step);
     ops->def("stats() -> int[]", &op_stats);
     ops->def("device_stats() -> int[]", &op_device_stats);
+    ops->def("module_enter(str path) -> ()", &op_module_enter);
+    ops->def("module_exit() -> ()", &op_module_exit);
+    ops->def("name_tensors(Tensor[] tensors, str[] names) -> ()", &op_name_tensors);
     register_device_ops(*ops);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
@@ -87,6 +96,7 @@ void set_active(bool on) {
     thread_hook_disable();
   }
   g_active.store(on, std::memory_order_release);
+  python_hooks_want(on);
 }
 
 rust::String torch_version() {

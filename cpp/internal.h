@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/Tensor.h>
@@ -46,6 +48,22 @@ extern std::atomic<bool> g_active;
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 // The phase of the calling thread (threads.cpp).
+// The module hooks (python_hooks.cpp): install them when dumping goes on
+// (and OPDUMP_MODULES allows), remove them when it goes off; ask again from
+// the hook while torch is still importing. The user-code line of the
+// calling thread (OPDUMP_SOURCE), or "".
+void python_hooks_want(bool on);
+void python_hooks_tick();
+std::string python_source();
+
+// Names of parameters, buffers and their gradients (names.cpp).
+void names_add(const std::vector<at::Tensor>& tensors, const std::vector<std::string>& names);
+void names_new_optimizer_scope();
+rust::String tensor_name(const at::Tensor& t);
+
+// The autograd node the calling thread runs in backward: its forward thread
+// and sequence number. False outside a node.
+bool current_backward_node(int64_t& thread, int64_t& seq_nr);
 Phase current_phase();
 // Adds (once) or re-enables the RecordFunction callback; disables it.
 void thread_hook_enable();

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -34,6 +35,14 @@ namespace {
 
 thread_local bool tl_key_on = false;
 thread_local int tl_backward = 0;
+// The autograd nodes this thread is running, innermost last: each one's
+// forward thread (RecordFunction's numbering) and sequence number, which
+// its forward op call left (fallback.cpp, op_made_nodes).
+struct RunningNode {
+  int64_t thread;
+  int64_t seq_nr;
+};
+thread_local std::vector<RunningNode> tl_nodes;
 thread_local int tl_optimizer_step = 0;
 thread_local int tl_zero_grad = 0;
 
@@ -56,9 +65,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   switch (fn.scope()) {
     case at::RecordScope::BACKWARD_FUNCTION:
       ++tl_backward;
+      tl_nodes.push_back({static_cast<int64_t>(fn.forwardThreadId()), fn.seqNr()});
       return std::make_unique<ScopeContext>(Scope::Backward);
     case at::RecordScope::USER_SCOPE: {
       const std::string_view name(fn.name());
+      if (name.starts_with(kOptimizerStep) || name.starts_with(kZeroGrad)) names_new_optimizer_scope();
       if (name.starts_with(kOptimizerStep)) {
         ++tl_optimizer_step;
         return std::make_unique<ScopeContext>(Scope::OptimizerStep);
@@ -79,6 +90,7 @@ void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   switch (static_cast<ScopeContext*>(ctx)->scope) {
     case Scope::Backward:
       if (tl_backward > 0) --tl_backward;
+      if (!tl_nodes.empty()) tl_nodes.pop_back();
       break;
     case Scope::OptimizerStep:
       if (tl_optimizer_step > 0 && --tl_optimizer_step == 0) optimizer_step_done();
@@ -102,6 +114,13 @@ Phase current_phase() {
   if (tl_optimizer_step > 0 || tl_zero_grad > 0) return Phase::Optimizer;
   if (tl_backward > 0 || torch::autograd::get_current_graph_task_id() != -1) return Phase::Backward;
   return Phase::Forward;
+}
+
+bool current_backward_node(int64_t& thread, int64_t& seq_nr) {
+  if (tl_nodes.empty()) return false;
+  thread = tl_nodes.back().thread;
+  seq_nr = tl_nodes.back().seq_nr;
+  return true;
 }
 
 void thread_hook_enable() {

@@ -63,6 +63,8 @@ pub mod ffi {
         depth: i32,
         /// Reuse statistics already measured, and copy them through views.
         shortcuts: bool,
+        /// Name the line of user code that made the call (OPDUMP_SOURCE=1).
+        source: bool,
     }
 
     /// Statistics over the finite elements of a tensor, in float64 (`Stats`
@@ -97,6 +99,8 @@ pub mod ffi {
         status: StatsStatus,
         /// Meaningful when `status` is Computed, Reused or View.
         stats: TensorStats,
+        /// The parameter or buffer it is, or its `.grad`; empty: none.
+        name: String,
     }
 
     /// A recorded call's place, taken from the thread's stack when it leaves
@@ -113,6 +117,10 @@ pub mod ffi {
         step: i64,
         phase: Phase,
         thread: i64,
+        /// The interned module path; u32::MAX: none.
+        module_id: u32,
+        /// -1: none.
+        fwd_seq: i64,
     }
 
     /// How the device path waits (from OPDUMP_QUEUE_FULL,
@@ -135,6 +143,8 @@ pub mod ffi {
         duration_ns: i64,
         has_error: bool,
         error: String,
+        /// The source line, e.g. file.py:123 in forward; empty: not asked for, or not found.
+        source: String,
         tensors: Vec<TensorRow>,
     }
 
@@ -143,8 +153,19 @@ pub mod ffi {
     // ----------------------------------------------------------------------
     extern "Rust" {
         /// At an op's entry: assigns its seq, pushes the thread's nesting
-        /// stack and decides whether it is recorded.
-        fn op_enter(op: &str, overload: &str, phase: Phase) -> OpTicket;
+        /// stack and decides whether it is recorded. `node_thread`,
+        /// `node_seq_nr`: the autograd node a backward call runs (its forward
+        /// thread and sequence number), or -1.
+        fn op_enter(
+            op: &str,
+            overload: &str,
+            phase: Phase,
+            node_thread: i64,
+            node_seq_nr: i64,
+        ) -> OpTicket;
+        /// After the op ran, before its exit: it made the autograd nodes
+        /// `first..end` of forward thread `thread`.
+        fn op_made_nodes(thread: i64, first: i64, end: i64);
         /// At an op's exit, always paired with `op_enter`: pops the stack and,
         /// when the call was recorded, takes the record (leaving `call` empty).
         fn op_exit(call: &mut OpCall);
@@ -171,6 +192,11 @@ pub mod ffi {
         fn control_step() -> i64;
         fn control_stats() -> Vec<i64>;
         fn control_device_stats() -> Vec<i64>;
+        /// From the Python module hooks: a module's forward begins, ends.
+        fn control_module_enter(path: &str);
+        fn control_module_exit();
+        /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
+        fn modules_enabled() -> bool;
     }
 
     // ----------------------------------------------------------------------
@@ -278,6 +304,7 @@ fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
         stride: std::mem::take(&mut row.stride),
         device: std::mem::take(&mut row.device),
         numel: row.numel,
+        name: (!row.name.is_empty()).then(|| std::mem::take(&mut row.name)),
         status: status(row.status)?,
         stats: stats(&row.stats),
     })
@@ -292,6 +319,7 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
         start_ns: call.start_ns,
         duration_ns: call.duration_ns,
         error: call.has_error.then(|| std::mem::take(&mut call.error)),
+        source: (!call.source.is_empty()).then(|| std::mem::take(&mut call.source)),
         tensors: call
             .tensors
             .iter_mut()
@@ -305,13 +333,23 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
 // panics.
 // ---------------------------------------------------------------------------
 
-fn op_enter(op: &str, overload: &str, p: ffi::Phase) -> ffi::OpTicket {
+fn op_enter(
+    op: &str,
+    overload: &str,
+    p: ffi::Phase,
+    node_thread: i64,
+    node_seq_nr: i64,
+) -> ffi::OpTicket {
+    let node = (node_seq_nr >= 0).then_some(recorder::Node {
+        thread: node_thread,
+        seq_nr: node_seq_nr,
+    });
     let t = match phase(p) {
-        Ok(p) => recorder::op_enter(op, overload, p),
+        Ok(p) => recorder::op_enter(op, overload, p, node),
         Err(why) => {
             runtime::fail(&format!("internal error at an op's entry ({why})"));
             // Entry and exit stay paired: push a frame that records nothing.
-            recorder::op_enter(op, overload, format::Phase::Forward)
+            recorder::op_enter(op, overload, format::Phase::Forward, None)
         }
     };
     let Ticket {
@@ -319,13 +357,19 @@ fn op_enter(op: &str, overload: &str, p: ffi::Phase) -> ffi::OpTicket {
         inputs,
         depth,
         shortcuts,
+        source,
     } = t;
     ffi::OpTicket {
         record,
         inputs,
         depth,
         shortcuts,
+        source,
     }
+}
+
+fn op_made_nodes(thread: i64, first: i64, end: i64) {
+    recorder::op_made_nodes(thread, first, end);
 }
 
 fn op_exit(call: &mut ffi::OpCall) {
@@ -346,6 +390,8 @@ fn op_depart() -> ffi::Departure {
             format::Phase::Optimizer => ffi::Phase::Optimizer,
         },
         thread: d.map_or(0, |d| d.thread),
+        module_id: d.and_then(|d| d.module).unwrap_or(u32::MAX),
+        fwd_seq: d.and_then(|d| d.fwd_seq).unwrap_or(-1),
     }
 }
 
@@ -360,6 +406,8 @@ fn op_submit(d: &ffi::Departure, call: &mut ffi::OpCall) {
         step: d.step,
         phase,
         thread: d.thread,
+        module: (d.module_id != u32::MAX).then_some(d.module_id),
+        fwd_seq: (d.fwd_seq >= 0).then_some(d.fwd_seq),
     });
     match departure {
         Ok(departure) => recorder::op_submit(departure, || take_call(call)),
@@ -410,4 +458,16 @@ fn control_stats() -> Vec<i64> {
 
 fn control_device_stats() -> Vec<i64> {
     runtime::control_device_stats()
+}
+
+fn control_module_enter(path: &str) {
+    recorder::module_enter(path);
+}
+
+fn control_module_exit() {
+    recorder::module_exit();
+}
+
+fn modules_enabled() -> bool {
+    runtime::modules_enabled()
 }

@@ -29,6 +29,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_QUEUE", "16384", "capacity of the record channel to the writer thread, in op calls"),
     ("OPDUMP_QUEUE_FULL", "block", "when the channel, or the pool of device statistics waiting to come back, is full: block (wait, nothing lost) or drop (count and go on)"),
     ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record (or a device measurement) is dropped, so a hung disk or device never hangs the job"),
+    ("OPDUMP_MODULES", "1", "in a Python process, name the nn.Module running each call (module column), the parameters and buffers (name column), and the forward call behind each backward call (fwd_seq), through global module hooks installed while dumping; 0 installs none"),
+    ("OPDUMP_SOURCE", "0", "1 gives top-level calls outside backward a source column: the innermost line of user code, file.py:123 in forward (costs a Python frame walk per call)"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
@@ -61,6 +63,10 @@ pub struct Config {
     pub queue_wait: Duration,
     /// Device tensors are measured with a wait on the job's thread.
     pub device_sync: bool,
+    /// Python module hooks while dumping (module, name, fwd_seq).
+    pub modules: bool,
+    /// The source line of top-level calls outside backward.
+    pub source: bool,
     /// A forked child records into its own files.
     pub fork_record: bool,
     pub file_mode: u32,
@@ -101,6 +107,8 @@ impl Default for Config {
             queue_full: QueueFull::Block,
             queue_wait: Duration::from_millis(10_000),
             device_sync: false,
+            modules: true,
+            source: false,
             fork_record: false,
             file_mode: 0o600,
         }
@@ -227,6 +235,14 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             "OPDUMP_QUEUE_WAIT_MS" => match parse_count(v) {
                 Some(n) => c.queue_wait = Duration::from_millis(n),
                 None => bad(&name, v, "a number of milliseconds is expected"),
+            },
+            "OPDUMP_MODULES" => match parse_bool(v) {
+                Some(b) => c.modules = b,
+                None => bad(&name, v, "use 1 or 0"),
+            },
+            "OPDUMP_SOURCE" => match parse_bool(v) {
+                Some(b) => c.source = b,
+                None => bad(&name, v, "use 1 or 0"),
             },
             "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
                 Some(b) => c.device_sync = b,

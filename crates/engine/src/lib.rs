@@ -5,6 +5,8 @@
 //! - [`selection`]: which op calls are recorded (regexes, steps, ranks,
 //!   depth, the record cap);
 //! - [`recorder`]: sequencing and nesting of op calls, per thread;
+//! - [`modules`]: the module path of a call, and the forward call behind a
+//!   backward one;
 //! - [`sink`]: the bounded channel and the writer thread;
 //! - [`runtime`]: process-wide state, signals, fork, exit, and the
 //!   `torch.ops.opdump.*` switches;
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod host;
+pub mod modules;
 pub mod recorder;
 pub mod runtime;
 pub mod selection;

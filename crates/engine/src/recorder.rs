@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use opdump_format::{OpRecord, Phase, TensorRecord};
 
 use crate::host;
+use crate::modules::{self, Forward, ModuleId};
 use crate::runtime;
 use crate::selection::{self, CallSite, Cap, OpVerdicts, RecordCap};
 
@@ -30,6 +31,9 @@ pub struct Ticket {
     pub depth: i32,
     /// Reuse statistics already measured, and copy them through views.
     pub shortcuts: bool,
+    /// Whether to name the line of user code that made the call
+    /// (OPDUMP_SOURCE=1; top-level calls outside backward).
+    pub source: bool,
 }
 
 impl Ticket {
@@ -38,6 +42,7 @@ impl Ticket {
         inputs: false,
         depth: 0,
         shortcuts: false,
+        source: false,
     };
 }
 
@@ -50,6 +55,8 @@ pub struct Call {
     pub start_ns: i64,
     pub duration_ns: i64,
     pub error: Option<String>,
+    /// `file.py:123 in forward`, when the ticket asked for it.
+    pub source: Option<String>,
     pub tensors: Vec<TensorRecord>,
 }
 
@@ -107,6 +114,9 @@ pub struct Frame {
     pub depth: i32,
     pub step: i64,
     pub phase: Phase,
+    pub module: Option<ModuleId>,
+    /// Backward calls: the forward call whose autograd node runs.
+    pub fwd_seq: Option<i64>,
 }
 
 /// The calls one thread is inside, innermost last.
@@ -212,7 +222,15 @@ fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64
     }
 }
 
-fn enter(op: &str, overload: &str, phase: Phase) -> Ticket {
+/// The autograd node a backward call runs: its forward thread and sequence
+/// number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub thread: i64,
+    pub seq_nr: i64,
+}
+
+fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
     let rt = runtime::get();
     STACK.with(|cell| {
         let mut stack = cell.borrow_mut();
@@ -220,20 +238,52 @@ fn enter(op: &str, overload: &str, phase: Phase) -> Ticket {
         let record = RECORDING.load(Ordering::Relaxed)
             && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
         let seq = record.then(|| SEQUENCER.take_seq());
+        // A backward call belongs to the module of its forward call; work
+        // outside a node (and forward recomputed in backward) to the module
+        // the thread is in.
+        let forward = match (record, phase, node) {
+            (true, Phase::Backward, Some(n)) => modules::forward_of(n.thread, n.seq_nr),
+            _ => None,
+        };
+        let module = if record {
+            forward.and_then(|f| f.module).or_else(modules::current)
+        } else {
+            None
+        };
         stack.push(Frame {
             seq,
             parent,
             depth,
             step,
             phase,
+            module,
+            fwd_seq: forward.map(|f| f.seq),
         });
         Ticket {
             record,
             inputs: rt.is_some_and(|rt| rt.config.inputs),
             depth,
             shortcuts: rt.is_some_and(|rt| rt.config.reuse),
+            source: record
+                && depth == 0
+                && phase != Phase::Backward
+                && rt.is_some_and(|rt| rt.config.source),
         }
     })
+}
+
+/// The call on top of this thread's stack made the autograd nodes
+/// `first..end` of `thread`: it claims them, if it is recorded.
+fn made_nodes(thread: i64, first: i64, end: i64) {
+    let top = STACK.with(|cell| cell.borrow().frames.last().copied());
+    if let Some(Frame {
+        seq: Some(seq),
+        module,
+        ..
+    }) = top
+    {
+        modules::claim_nodes(thread, first, end, Forward { seq, module });
+    }
 }
 
 /// Where a recorded call was, taken when it left the op; its record may be
@@ -246,6 +296,8 @@ pub struct Departure {
     pub step: i64,
     pub phase: Phase,
     pub thread: i64,
+    pub module: Option<ModuleId>,
+    pub fwd_seq: Option<i64>,
 }
 
 /// Pops the calling thread's stack: the call's place when it is recorded.
@@ -258,6 +310,8 @@ fn depart() -> Option<Departure> {
         step: frame.step,
         phase: frame.phase,
         thread: TID.with(|t| *t),
+        module: frame.module,
+        fwd_seq: frame.fwd_seq,
     })
 }
 
@@ -281,6 +335,9 @@ fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
         start_ns: call.start_ns,
         duration_ns: call.duration_ns,
         error: call.error,
+        module: d.module.and_then(modules::path),
+        fwd_seq: d.fwd_seq,
+        source: call.source,
         tensors: call.tensors,
     });
 }
@@ -298,11 +355,32 @@ fn exit(take: impl FnOnce() -> Result<Call, String>) {
 
 /// At an op's entry: assigns its seq, pushes the thread's nesting stack and
 /// decides whether it is recorded.
-pub fn op_enter(op: &str, overload: &str, phase: Phase) -> Ticket {
-    catch_unwind(AssertUnwindSafe(|| enter(op, overload, phase))).unwrap_or_else(|_| {
+pub fn op_enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
+    catch_unwind(AssertUnwindSafe(|| enter(op, overload, phase, node))).unwrap_or_else(|_| {
         runtime::fail("internal error at an op's entry");
         Ticket::SKIP
     })
+}
+
+/// After the op ran, before its exit: it made the autograd nodes
+/// `first..end` of the forward thread `thread`.
+pub fn op_made_nodes(thread: i64, first: i64, end: i64) {
+    if catch_unwind(AssertUnwindSafe(|| made_nodes(thread, first, end))).is_err() {
+        runtime::fail("internal error noting an op's autograd nodes");
+    }
+}
+
+/// A module's forward begins (`module_enter`) or ends on this thread.
+pub fn module_enter(path: &str) {
+    if catch_unwind(AssertUnwindSafe(|| modules::enter(path))).is_err() {
+        runtime::fail("internal error entering a module");
+    }
+}
+
+pub fn module_exit() {
+    if catch_unwind(AssertUnwindSafe(modules::exit)).is_err() {
+        runtime::fail("internal error leaving a module");
+    }
 }
 
 /// At an op's exit, always paired with [`op_enter`]: pops the stack and,
@@ -347,6 +425,8 @@ mod tests {
             depth: stack.depth(),
             step: 0,
             phase: Phase::Forward,
+            module: None,
+            fwd_seq: None,
         }
     }
 
@@ -404,7 +484,7 @@ mod tests {
     fn exit_without_runtime_never_takes_the_record() {
         // Recording is off and no runtime exists: the record is never built,
         // and entry and exit stay paired.
-        let t = op_enter("aten::mm", "default", Phase::Forward);
+        let t = op_enter("aten::mm", "default", Phase::Forward, None);
         assert!(!t.record);
         let mut taken = false;
         op_exit(|| {

@@ -308,6 +308,11 @@ pub fn device_settings() -> DeviceSettings {
     }
 }
 
+/// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
+pub fn modules_enabled() -> bool {
+    get().is_some_and(|rt| rt.config.modules)
+}
+
 /// One line on stderr; opdump stays on.
 pub fn warn(what: &str) {
     guarded((), || say(what))

@@ -40,6 +40,9 @@ pub struct Counters {
     pub failed: AtomicU64,
 }
 
+// Nearly every message is a record: boxing it would add an allocation per op
+// call to spare the rare Flush and Stop their unused bytes.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Record(OpRecord),
     /// Complete every open file, then answer.
@@ -400,6 +403,7 @@ mod tests {
             stride: vec![1],
             device: device.into(),
             numel: 4,
+            name: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,
@@ -425,6 +429,9 @@ mod tests {
             start_ns: 0,
             duration_ns: 1,
             error: None,
+            module: None,
+            fwd_seq: None,
+            source: None,
             tensors: vec![t(Role::Input), t(Role::Output)],
         }
     }

@@ -1,0 +1,282 @@
+// The module hooks: which nn.Module runs each call, with no change to the
+// job (README.md, "Where in the model").
+//
+// How they get in. The plugin is loaded into a Python process, but must not
+// need one (a C++ job loads torch too), so it links no libpython: the few
+// functions of the Python C API it uses are looked up at run time among the
+// symbols the process has. When dumping is switched on (and OPDUMP_MODULES
+// is not 0), opdump asks the interpreter, with Py_AddPendingCall, to run
+// `apply(True)` of a small module of its own (kHooksSource, compiled into
+// `_opdump_module_hooks`) on the main thread at its next safe point: with
+// the GIL held, never inside a dispatcher call, never at dlopen time. That
+// registers two global module hooks, `register_module_forward_pre_hook` and
+// `register_module_forward_hook(always_call=True)`, which cover every module,
+// those made later included. While torch is still being imported, `apply`
+// does nothing and says so; the next recorded op asks again. Switching
+// dumping off removes the hooks the same way.
+//
+// What they cost. Loaded but never switched on: nothing (no hook, no
+// pending call; the hook fallback's one atomic check below). On: Python
+// calls torch.ops.opdump.module_enter/module_exit around every module's
+// forward (about 5 µs a module call), and name_tensors once per root model.
+//
+// With OPDUMP_SOURCE=1 the same module's `source()` names the innermost line
+// of user code for each top-level call: the GIL is taken on the job's thread
+// for it (torch releases it around an op).
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <string>
+
+#include "opdump/cpp/internal.h"
+#include "opdump/src/bridge.rs.h"
+
+namespace opdump {
+
+namespace {
+
+// The module's source. `apply(want)` installs or removes the hooks and
+// returns whether that is done; `source()` returns the caller's user-code
+// line, or "".
+constexpr const char* kHooksSource = R"PY(
+import os
+import sys
+import threading
+import weakref
+
+_handles = []
+_local = threading.local()
+_paths = weakref.WeakKeyDictionary()  # module -> its qualified path
+_torch_dir = None
+
+
+def _ready():
+    t = sys.modules.get("torch")
+    if t is None or getattr(getattr(t, "__spec__", None), "_initializing", False):
+        return False
+    return "torch.nn.modules.module" in sys.modules
+
+
+def _name_subtree(mod, prefix, name_tensors):
+    # named_modules() names the subtree as a job sees it; tied modules and
+    # parameters keep their first name.
+    for path, sub in mod.named_modules(prefix=prefix):
+        if path and sub not in _paths:
+            _paths[sub] = path
+    tensors = list(mod.named_parameters(prefix=prefix)) + list(mod.named_buffers(prefix=prefix))
+    if tensors:
+        name_tensors([t for _, t in tensors], [n for n, _ in tensors])
+
+
+def _path_of(mod, parent, name_tensors):
+    path = _paths.get(mod)
+    if path is not None:
+        return path
+    if parent is None:
+        # Called by the job itself: a root, named by its class, its
+        # submodules by their paths below it.
+        path = type(mod).__name__
+        _paths[mod] = path
+        _name_subtree(mod, "", name_tensors)
+        return path
+    # Made after its root was named, or a model called inside another: its
+    # place in the module that calls it.
+    pmod, ppath, proot = parent
+    attr = next((k for k, v in pmod._modules.items() if v is mod), None) or type(mod).__name__
+    path = attr if proot else ppath + "." + attr
+    _paths[mod] = path
+    _name_subtree(mod, path, name_tensors)
+    return path
+
+
+def apply(want):
+    if not want:
+        for h in _handles:
+            h.remove()
+        _handles.clear()
+        return True
+    if _handles:
+        return True
+    if not _ready():
+        return False
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    global _torch_dir
+    _torch_dir = os.path.dirname(torch.__file__) + os.sep
+    ops = torch.ops.opdump
+    enter, leave, name_tensors = ops.module_enter, ops.module_exit, ops.name_tensors
+
+    def pre(mod, args):
+        stack = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        parent = stack[-1] if stack else None
+        path = _path_of(mod, parent, name_tensors)
+        stack.append((mod, path, parent is None))
+        enter(path)
+
+    def post(mod, args, out):
+        stack = getattr(_local, "stack", None)
+        if stack and stack[-1][0] is mod:
+            stack.pop()
+            leave()
+
+    _handles.append(nn_module.register_module_forward_pre_hook(pre))
+    _handles.append(nn_module.register_module_forward_hook(post, always_call=True))
+    return True
+
+
+def source():
+    f = sys._getframe(0).f_back
+    here = sys._getframe(0).f_code.co_filename
+    while f is not None:
+        name = f.f_code.co_filename
+        if name != here and not (_torch_dir and name.startswith(_torch_dir)) and not name.startswith("<frozen"):
+            try:
+                shown = os.path.relpath(name)
+                if shown.startswith(".."):
+                    shown = name
+            except ValueError:
+                shown = name
+            return f"{shown}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return ""
+)PY";
+
+// The functions of the C API opdump calls, found in the process.
+struct PyApi {
+  int (*is_initialized)() = nullptr;
+  int (*gil_ensure)() = nullptr;  // PyGILState_STATE is an int-sized enum
+  void (*gil_release)(int) = nullptr;
+  int (*add_pending_call)(int (*)(void*), void*) = nullptr;
+  void* (*compile_string)(const char*, const char*, int) = nullptr;
+  void* (*exec_code_module)(const char*, void*) = nullptr;
+  void* (*get_attr)(void*, const char*) = nullptr;
+  void* (*call_one_arg)(void*, void*) = nullptr;
+  void* (*call_no_args)(void*) = nullptr;
+  int (*is_true)(void*) = nullptr;
+  const char* (*as_utf8)(void*) = nullptr;
+  void* (*bool_from_long)(long) = nullptr;
+  void (*dec_ref)(void*) = nullptr;
+  void (*err_clear)() = nullptr;
+
+  bool complete() const {
+    return is_initialized && gil_ensure && gil_release && add_pending_call && compile_string && exec_code_module &&
+           get_attr && call_one_arg && call_no_args && is_true && as_utf8 && bool_from_long && dec_ref && err_clear;
+  }
+};
+
+template <typename F>
+void find(F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+const PyApi* python() {
+  static const PyApi* api = []() -> const PyApi* {
+    static PyApi a;
+    find(a.is_initialized, "Py_IsInitialized");
+    find(a.gil_ensure, "PyGILState_Ensure");
+    find(a.gil_release, "PyGILState_Release");
+    find(a.add_pending_call, "Py_AddPendingCall");
+    find(a.compile_string, "Py_CompileString");
+    find(a.exec_code_module, "PyImport_ExecCodeModule");
+    find(a.get_attr, "PyObject_GetAttrString");
+    find(a.call_one_arg, "PyObject_CallOneArg");
+    find(a.call_no_args, "PyObject_CallNoArgs");
+    find(a.is_true, "PyObject_IsTrue");
+    find(a.as_utf8, "PyUnicode_AsUTF8");
+    find(a.bool_from_long, "PyBool_FromLong");
+    find(a.dec_ref, "Py_DecRef");
+    find(a.err_clear, "PyErr_Clear");
+    return a.complete() ? &a : nullptr;  // not a Python process (or < 3.9)
+  }();
+  return api;
+}
+
+constexpr int kPyFileInput = 257;  // Py_file_input
+// The module's file name in tracebacks and frames (source() skips it).
+constexpr const char* kHooksFile = "<opdump module hooks>";
+
+std::atomic<bool> g_want{false};     // dumping is on and OPDUMP_MODULES is 1
+std::atomic<bool> g_applied{false};  // the hooks are as g_want says
+std::atomic<bool> g_scheduled{false};
+std::atomic<bool> g_broken{false};  // apply failed: no more tries
+// _opdump_module_hooks, a reference kept for good. Set under the GIL.
+std::atomic<void*> g_module{nullptr};
+
+// The module, compiled and imported the first time (GIL held).
+void* hooks_module(const PyApi& py) {
+  if (void* m = g_module.load()) return m;
+  void* code = py.compile_string(kHooksSource, kHooksFile, kPyFileInput);
+  if (code == nullptr) return nullptr;
+  void* m = py.exec_code_module("_opdump_module_hooks", code);
+  py.dec_ref(code);
+  g_module.store(m);
+  return m;
+}
+
+// Runs on the main thread with the GIL held (Py_AddPendingCall).
+int apply_pending(void*) {
+  const PyApi* py = python();
+  g_scheduled.store(false);
+  const bool want = g_want.load();
+  void* mod = hooks_module(*py);
+  void* fn = mod != nullptr ? py->get_attr(mod, "apply") : nullptr;
+  void* arg = fn != nullptr ? py->bool_from_long(want ? 1 : 0) : nullptr;
+  void* done = arg != nullptr ? py->call_one_arg(fn, arg) : nullptr;
+  const int ok = done != nullptr ? py->is_true(done) : -1;
+  for (void* o : {done, arg, fn})
+    if (o != nullptr) py->dec_ref(o);
+  if (ok < 0) {
+    py->err_clear();  // the job's own error state stays as it was: clean
+    g_broken.store(true);
+    warn(rust::Str("the module hooks could not be installed; the module and name columns stay empty"));
+    return 0;
+  }
+  // Not yet (torch is still importing): the next recorded op asks again.
+  if (ok == 1 && want == g_want.load()) g_applied.store(true);
+  return 0;
+}
+
+void schedule() {
+  const PyApi* py = python();
+  if (py == nullptr || g_broken.load(std::memory_order_relaxed) || !py->is_initialized()) return;
+  if (g_scheduled.exchange(true)) return;
+  if (py->add_pending_call(&apply_pending, nullptr) != 0) g_scheduled.store(false);
+}
+
+}  // namespace
+
+void python_hooks_want(bool on) {
+  const bool want = on && modules_enabled();
+  if (want == g_want.load() && g_applied.load()) return;
+  g_want.store(want);
+  g_applied.store(false);
+  // Never installed and not wanted: nothing to remove, no Python to run.
+  if (want || g_module.load() != nullptr) schedule();
+}
+
+void python_hooks_tick() {
+  if (!g_applied.load(std::memory_order_relaxed) && g_want.load(std::memory_order_relaxed)) schedule();
+}
+
+std::string python_source() {
+  const PyApi* py = python();
+  void* mod = g_module.load();
+  if (py == nullptr || !py->is_initialized() || mod == nullptr) return {};
+  const int gil = py->gil_ensure();
+  std::string out;
+  void* fn = py->get_attr(mod, "source");
+  void* s = fn != nullptr ? py->call_no_args(fn) : nullptr;
+  const char* text = s != nullptr ? py->as_utf8(s) : nullptr;
+  if (text != nullptr) out = text;
+  for (void* o : {s, fn})
+    if (o != nullptr) py->dec_ref(o);
+  if (text == nullptr) py->err_clear();
+  py->gil_release(gil);
+  return out;
+}
+
+}  // namespace opdump

@@ -1,0 +1,205 @@
+//! Where in the model a call runs: the module path of forward calls, and the
+//! forward call behind each backward call.
+//!
+//! - **Module paths.** The plugin's Python hooks (cpp/python_hooks.cpp) call
+//!   `torch.ops.opdump.module_enter(path)` before each `nn.Module.forward`
+//!   and `module_exit()` after it. Each thread keeps the stack of modules it
+//!   is inside; a call takes the innermost one. Paths are interned: a call
+//!   carries a `u32`.
+//! - **Backward to forward.** A forward call that makes autograd nodes tells
+//!   the engine the nodes' sequence numbers (they are per thread, so the key
+//!   is the forward thread and the number). The innermost recorded call that
+//!   made a node claims it: it exits first. A backward call then finds the
+//!   forward call of the node being run, with that call's module.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// An interned module path.
+pub type ModuleId = u32;
+
+#[derive(Default)]
+struct Interned {
+    ids: HashMap<Arc<str>, ModuleId>,
+    names: Vec<Arc<str>>,
+}
+
+fn interned() -> &'static RwLock<Interned> {
+    static I: OnceLock<RwLock<Interned>> = OnceLock::new();
+    I.get_or_init(Default::default)
+}
+
+/// The id of a path, the same for the same path in every thread.
+pub fn intern(path: &str) -> ModuleId {
+    if let Some(id) = interned()
+        .read()
+        .ok()
+        .and_then(|i| i.ids.get(path).copied())
+    {
+        return id;
+    }
+    let Ok(mut i) = interned().write() else {
+        return ModuleId::MAX;
+    };
+    if let Some(&id) = i.ids.get(path) {
+        return id;
+    }
+    let id = ModuleId::try_from(i.names.len()).unwrap_or(ModuleId::MAX);
+    let name: Arc<str> = Arc::from(path);
+    i.names.push(name.clone());
+    i.ids.insert(name, id);
+    id
+}
+
+/// The path of an id.
+pub fn path(id: ModuleId) -> Option<String> {
+    let i = interned().read().ok()?;
+    i.names.get(id as usize).map(|n| n.to_string())
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<ModuleId>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A module's forward begins on this thread.
+pub fn enter(path: &str) {
+    let id = intern(path);
+    STACK.with(|s| s.borrow_mut().push(id));
+}
+
+/// The innermost module's forward ends on this thread; an exit without an
+/// entry (hooks installed in the middle of a forward) is ignored.
+pub fn exit() {
+    STACK.with(|s| {
+        s.borrow_mut().pop();
+    });
+}
+
+/// The innermost module this thread is inside.
+pub fn current() -> Option<ModuleId> {
+    STACK.with(|s| s.borrow().last().copied())
+}
+
+/// What a backward call learns of the forward call that made its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forward {
+    pub seq: i64,
+    pub module: Option<ModuleId>,
+}
+
+/// Autograd node (forward thread, sequence number) → the forward call that
+/// made it. Bounded: the oldest entries go first, so a job that never runs
+/// backward keeps a fixed amount.
+pub struct NodeMap {
+    map: HashMap<(i64, i64), Forward>,
+    order: VecDeque<(i64, i64)>,
+    cap: usize,
+}
+
+impl NodeMap {
+    pub fn new(cap: usize) -> Self {
+        NodeMap {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            cap,
+        }
+    }
+
+    /// The nodes `first..end` made on `thread` by the call `fwd`, except
+    /// those a call inside it claimed already.
+    pub fn claim(&mut self, thread: i64, first: i64, end: i64, fwd: Forward) {
+        for nr in first..end {
+            let key = (thread, nr);
+            if self.map.contains_key(&key) {
+                continue;
+            }
+            if self.order.len() >= self.cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+            self.map.insert(key, fwd);
+            self.order.push_back(key);
+        }
+    }
+
+    pub fn get(&self, thread: i64, nr: i64) -> Option<Forward> {
+        self.map.get(&(thread, nr)).copied()
+    }
+}
+
+/// Enough for the autograd nodes of a few steps of a large model.
+const NODE_MAP_CAP: usize = 1 << 18;
+
+fn nodes() -> &'static Mutex<NodeMap> {
+    static N: OnceLock<Mutex<NodeMap>> = OnceLock::new();
+    N.get_or_init(|| Mutex::new(NodeMap::new(NODE_MAP_CAP)))
+}
+
+pub fn claim_nodes(thread: i64, first: i64, end: i64, fwd: Forward) {
+    // A call that made more nodes than the map holds would only evict its
+    // own: keep the last ones.
+    let first = first.max(end - NODE_MAP_CAP as i64);
+    if let Ok(mut n) = nodes().lock() {
+        n.claim(thread, first, end, fwd);
+    }
+}
+
+pub fn forward_of(thread: i64, nr: i64) -> Option<Forward> {
+    nodes().lock().ok()?.get(thread, nr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_innermost_call_claims_its_nodes_first() {
+        let mut m = NodeMap::new(16);
+        let addmm = Forward {
+            seq: 5,
+            module: Some(1),
+        };
+        let linear = Forward {
+            seq: 4,
+            module: Some(1),
+        };
+        m.claim(1, 10, 11, addmm); // addmm exits first
+        m.claim(1, 9, 12, linear); // linear's range covers it
+        assert_eq!(m.get(1, 10), Some(addmm));
+        assert_eq!(m.get(1, 9), Some(linear));
+        assert_eq!(m.get(1, 11), Some(linear));
+        assert_eq!(m.get(2, 10), None, "sequence numbers are per thread");
+    }
+
+    #[test]
+    fn the_map_is_bounded_and_forgets_the_oldest() {
+        let mut m = NodeMap::new(3);
+        let f = |seq| Forward { seq, module: None };
+        for nr in 0..5 {
+            m.claim(0, nr, nr + 1, f(nr));
+        }
+        assert_eq!(m.get(0, 0), None);
+        assert_eq!(m.get(0, 1), None);
+        assert_eq!(m.get(0, 4), Some(f(4)));
+        assert_eq!(m.map.len(), 3);
+    }
+
+    #[test]
+    fn module_stacks_are_per_thread_and_paths_interned() {
+        enter("Model");
+        enter("blocks.0");
+        let id = current().unwrap();
+        assert_eq!(path(id).as_deref(), Some("blocks.0"));
+        assert_eq!(intern("blocks.0"), id);
+        std::thread::spawn(|| assert_eq!(current(), None))
+            .join()
+            .unwrap();
+        exit();
+        assert_eq!(path(current().unwrap()).as_deref(), Some("Model"));
+        exit();
+        exit(); // unbalanced: ignored
+        assert_eq!(current(), None);
+    }
+}
