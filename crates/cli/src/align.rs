@@ -23,7 +23,7 @@ use regex::Regex;
 
 use crate::diff::{diff, DiffStats};
 use crate::dump::{Dump, NONE};
-use crate::intern::FxMap;
+use crate::intern::{mix, FxMap, NO_ID};
 use crate::progress::Progress;
 
 /// Which op calls take part.
@@ -78,14 +78,38 @@ pub struct Alignment {
     pub steps_ignored: bool,
 }
 
-/// Per dump: signature of every op and whether it is ignored.
+/// Per dump: signature of every op, the looser key of loose pairs, and
+/// whether it is ignored.
 struct Prepared {
     sig: Vec<u64>,
+    loose: Vec<u64>,
     ignored: Vec<bool>,
 }
 
-fn prepare(d: &Dump, filter: &Filter) -> Prepared {
-    let sig: Vec<u64> = (0..d.len() as u32).map(|i| d.signature(i)).collect();
+/// The module path's part of a call's keys: two calls of one op in
+/// different layers are different calls, even where their shapes agree (a
+/// call missing on one side then cannot pair with the next layer's).
+fn module_key(d: &Dump, i: u32) -> u64 {
+    match d.module[i as usize] {
+        NO_ID => 0,
+        m => d.texts.hash(m),
+    }
+}
+
+fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
+    let key = |i: u32, base: u64| {
+        if by_module {
+            mix(base, module_key(d, i))
+        } else {
+            base
+        }
+    };
+    let sig: Vec<u64> = (0..d.len() as u32)
+        .map(|i| key(i, d.signature(i)))
+        .collect();
+    let loose: Vec<u64> = (0..d.len() as u32)
+        .map(|i| key(i, d.name_signature(i)))
+        .collect();
     let mut ignored = vec![false; d.len()];
     if let Some(re) = &filter.ignore {
         // One regex test per distinct (op, overload), not per call.
@@ -98,7 +122,11 @@ fn prepare(d: &Dump, filter: &Filter) -> Prepared {
             });
         }
     }
-    Prepared { sig, ignored }
+    Prepared {
+        sig,
+        loose,
+        ignored,
+    }
 }
 
 /// Roots by (step, phase), in seq order.
@@ -136,7 +164,7 @@ fn align_lists(
     stats: &mut DiffStats,
     out: &mut Vec<Pair>,
 ) -> u64 {
-    let Sides { a, b, pa, pb } = *s;
+    let Sides { pa, pb, .. } = *s;
     let sa: Vec<u64> = xa.iter().map(|&i| pa.sig[i as usize]).collect();
     let sb: Vec<u64> = xb.iter().map(|&i| pb.sig[i as usize]).collect();
     let matches = diff(&sa, &sb, stats);
@@ -146,8 +174,8 @@ fn align_lists(
     let mut prev = (0usize, 0usize);
     let loose_gap = |a0: usize, a1: usize, b0: usize, b1: usize, out: &mut Vec<Pair>| {
         if a1 - a0 == b1 - b0 && a1 > a0 {
-            let same_names =
-                (0..a1 - a0).all(|k| a.name_signature(xa[a0 + k]) == b.name_signature(xb[b0 + k]));
+            let same_names = (0..a1 - a0)
+                .all(|k| pa.loose[xa[a0 + k] as usize] == pb.loose[xb[b0 + k] as usize]);
             if same_names {
                 for k in 0..a1 - a0 {
                     out.push(Pair {
@@ -223,11 +251,14 @@ fn ignored_calls(d: &Dump, p: &Prepared) -> u64 {
     n
 }
 
-/// Both dumps' signatures, computed on two threads.
+/// Both dumps' signatures, computed on two threads. Module paths take part
+/// when both dumps have them (a dump of schema 1, or one written with
+/// `OPDUMP_MODULES=0`, has none).
 fn prepare_both(a: &Dump, b: &Dump, filter: &Filter) -> (Prepared, Prepared) {
+    let by_module = a.has_modules && b.has_modules;
     let (pa, pb) = std::thread::scope(|s| {
-        let ha = s.spawn(|| prepare(a, filter));
-        let pb = prepare(b, filter);
+        let ha = s.spawn(|| prepare(a, filter, by_module));
+        let pb = prepare(b, filter, by_module);
         (ha.join(), pb)
     });
     match pa {

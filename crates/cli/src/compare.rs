@@ -264,6 +264,17 @@ pub fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared> {
     let b = b?;
     timing("read", t0);
     for d in [&a, &b] {
+        notes.extend(d.schema_note());
+    }
+    if a.has_modules != b.has_modules {
+        let (with, without) = if a.has_modules { (&a, &b) } else { (&b, &a) };
+        notes.push(format!(
+            "{} has module paths and {} has none: calls are aligned without them",
+            with.path.display(),
+            without.path.display()
+        ));
+    }
+    for d in [&a, &b] {
         if d.skipped_other_pids > 0 {
             notes.push(format!(
                 "{}: left out {} op calls of other processes of rank {} (kept pid {})",

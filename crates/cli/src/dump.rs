@@ -14,6 +14,8 @@ use crate::dtype::DType;
 use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
 
 pub const NONE: u32 = u32::MAX;
+/// A null seq (`fwd_seq` of a call outside backward).
+pub const NO_SEQ: i64 = i64::MIN;
 
 /// Per-tensor columns. Role, phase and status are the format crate's enums,
 /// one byte each.
@@ -46,6 +48,9 @@ pub struct Tensors {
     /// Optional evidence columns of later schema versions; empty when the
     /// dump has none. 0 means null.
     pub fingerprint: Vec<u64>,
+    /// Id in [`Dump::texts`] of the parameter or buffer the tensor is
+    /// (`fc1.weight`, `fc1.weight.grad`); `NO_ID` when none or unknown.
+    pub name: Vec<u32>,
 }
 
 impl Tensors {
@@ -102,10 +107,16 @@ pub struct Dump {
     pub stats_accumulate: String,
     /// Op calls of other processes of the same rank, left out.
     pub skipped_other_pids: u64,
+    /// The oldest schema version among the files read: below 2, the
+    /// `module`, `fwd_seq`, `source` and `name` columns are null.
+    pub schema_version: u32,
+    /// Some op call has a `module` (the job ran `nn.Module`s with
+    /// `OPDUMP_MODULES` on).
+    pub has_modules: bool,
 
     /// Op names, overloads and argument names.
     pub names: Interner,
-    /// `args` and `error` texts.
+    /// `args`, `error`, `module`, `source` and tensor `name` texts.
     pub texts: Interner,
     pub dtypes: Vec<DType>,
 
@@ -122,6 +133,14 @@ pub struct Dump {
     pub args: Vec<u32>,
     /// `NO_ID` when the op did not raise.
     pub error: Vec<u32>,
+    /// Id in `texts` of the innermost module running the call (its
+    /// forward's, for a backward call); `NO_ID` outside any.
+    pub module: Vec<u32>,
+    /// Backward calls: the seq of the forward call that made the autograd
+    /// node being run; [`NO_SEQ`] when null.
+    pub fwd_seq: Vec<i64>,
+    /// Id in `texts` of the user's source line (`OPDUMP_SOURCE=1`).
+    pub source: Vec<u32>,
     pub t_start: Vec<u32>,
     pub t_len: Vec<u32>,
     /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
@@ -168,6 +187,35 @@ impl Dump {
     pub fn error_text(&self, i: u32) -> Option<&str> {
         let e = self.error[i as usize];
         (e != NO_ID).then(|| self.texts.get(e))
+    }
+
+    /// The module path of the call, when the dump has one.
+    pub fn module_of(&self, i: u32) -> Option<&str> {
+        let m = self.module[i as usize];
+        (m != NO_ID).then(|| self.texts.get(m))
+    }
+
+    pub fn source_of(&self, i: u32) -> Option<&str> {
+        let s = self.source[i as usize];
+        (s != NO_ID).then(|| self.texts.get(s))
+    }
+
+    /// The forward call's seq, for a backward call.
+    pub fn fwd_seq_of(&self, i: u32) -> Option<i64> {
+        let s = self.fwd_seq[i as usize];
+        (s != NO_SEQ).then_some(s)
+    }
+
+    /// The forward call itself, when it is in the dump.
+    pub fn fwd_of(&self, i: u32) -> Option<u32> {
+        let s = self.fwd_seq_of(i)?;
+        self.seq.binary_search(&s).ok().map(|k| k as u32)
+    }
+
+    /// The parameter, buffer or `.grad` name of a tensor.
+    pub fn tensor_name(&self, t: u32) -> Option<&str> {
+        let n = *self.tensors.name.get(t as usize)?;
+        (n != NO_ID).then(|| self.texts.get(n))
     }
 
     pub fn tensors_of(&self, i: u32) -> std::ops::Range<u32> {
@@ -236,6 +284,18 @@ impl Dump {
             self.names.hash(self.op[i as usize]),
             self.names.hash(self.overload[i as usize]),
         )
+    }
+
+    /// What a reader should know about a dump of an older schema: said
+    /// once per dump, in the report's notes.
+    pub fn schema_note(&self) -> Option<String> {
+        (self.schema_version < 2).then(|| {
+            format!(
+                "{}: schema version {}, written before opdump recorded where in the model a call ran: no module, fwd_seq, source or name",
+                self.path.display(),
+                self.schema_version
+            )
+        })
     }
 
     /// Steps present among the roots, sorted.

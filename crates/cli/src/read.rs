@@ -22,12 +22,13 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use opdump_format::reader::{list_files, open_batches, open_regular, DumpFile};
 use opdump_format::schema::{col, meta};
+use opdump_format::SCHEMA_VERSION;
 use opdump_format::{Phase, Role, StatsStatus};
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 
 use crate::dtype::DType;
-use crate::dump::{Dump, Tensors, NONE};
+use crate::dump::{Dump, Tensors, NONE, NO_SEQ};
 use crate::error::{CliError, Result};
 use crate::intern::{hash_bytes, mix, Interner, ShapeInterner, NO_ID};
 use crate::panic_guard;
@@ -63,9 +64,16 @@ const REQUIRED: [&str; 25] = [
     col::ZERO_COUNT,
 ];
 
-/// Read when present: `error` (schema 1 has it), and evidence columns that
-/// later schema versions add.
-const OPTIONAL: [&str; 2] = [col::ERROR, FINGERPRINT];
+/// Read when present: `error` (schema 1 has it), where in the model a call
+/// ran (schema 2), and evidence columns that later schema versions add.
+const OPTIONAL: [&str; 6] = [
+    col::ERROR,
+    col::MODULE,
+    col::FWD_SEQ,
+    col::SOURCE,
+    col::NAME,
+    FINGERPRINT,
+];
 
 /// A bitwise fingerprint of the tensor's values, when the dump has one (a
 /// later issue adds it). Any integer, binary or string type is accepted: only
@@ -85,6 +93,8 @@ pub struct FileInfo {
     /// Bytes on disk: bounds the buffers reserved for the file's rows.
     pub bytes: u64,
     pub stats_accumulate: Option<String>,
+    /// `opdump.schema_version` (checked readable by the format crate).
+    pub schema_version: u32,
 }
 
 /// A row takes more than this many bytes on disk in a real dump (a tensor
@@ -136,6 +146,9 @@ pub fn scan(dir: &Path) -> Result<DumpIndex> {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(rows),
                 stats_accumulate: kv(meta::STATS_ACCUMULATE),
+                schema_version: kv(meta::SCHEMA_VERSION)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(SCHEMA_VERSION),
                 path: path.clone(),
             })
         })?;
@@ -204,14 +217,21 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &Progress, label: &str) -> R
     } else {
         "float64"
     };
-    b.finish(
+    let schema_version = files
+        .iter()
+        .map(|f| f.schema_version)
+        .min()
+        .unwrap_or(SCHEMA_VERSION);
+    let mut d = b.finish(
         index.dir.clone(),
         rank,
         Some(pid),
         files.len(),
         accumulate.to_string(),
         skipped,
-    )
+    )?;
+    d.schema_version = schema_version;
+    Ok(d)
 }
 
 /// A call cannot be its own ancestor. A corrupt or hostile file can say it
@@ -260,6 +280,9 @@ struct Builder {
     overload: Vec<u32>,
     args: Vec<u32>,
     error: Vec<u32>,
+    module: Vec<u32>,
+    fwd_seq: Vec<i64>,
+    source: Vec<u32>,
     t_start: Vec<u32>,
     t_len: Vec<u32>,
     t: Tensors,
@@ -269,7 +292,10 @@ struct Builder {
 const NO_PARENT: i64 = i64::MIN;
 
 /// String columns read as dictionaries.
-const DICT_COLUMNS: [&str; 9] = [
+const DICT_COLUMNS: [&str; 12] = [
+    col::MODULE,
+    col::SOURCE,
+    col::NAME,
     col::PHASE,
     col::OP,
     col::OVERLOAD,
@@ -359,6 +385,10 @@ struct Cols<'a> {
     overload: StrCol<'a>,
     args: StrCol<'a>,
     error: Option<StrCol<'a>>,
+    module: Option<StrCol<'a>>,
+    fwd_seq: Option<&'a Int64Array>,
+    source: Option<StrCol<'a>>,
+    name: Option<StrCol<'a>>,
     role: StrCol<'a>,
     arg: StrCol<'a>,
     list_index: &'a arrow_array::Int32Array,
@@ -403,6 +433,12 @@ impl<'a> Cols<'a> {
                 .ok_or_else(|| bad_type(path, n, a))
         };
         let strc = |n: &str| StrCol::new(path, b, n);
+        let opt_strc = |n: &str| -> Result<Option<StrCol<'a>>> {
+            match b.column_by_name(n) {
+                Some(_) => Ok(Some(strc(n)?)),
+                None => Ok(None),
+            }
+        };
         let shape = {
             let a = get(path, b, col::SHAPE)?;
             let l = a
@@ -422,10 +458,14 @@ impl<'a> Cols<'a> {
             op: strc(col::OP)?,
             overload: strc(col::OVERLOAD)?,
             args: strc(col::ARGS)?,
-            error: match b.column_by_name(col::ERROR) {
-                Some(_) => Some(strc(col::ERROR)?),
+            error: opt_strc(col::ERROR)?,
+            module: opt_strc(col::MODULE)?,
+            fwd_seq: match b.column_by_name(col::FWD_SEQ) {
+                Some(_) => Some(i64c(col::FWD_SEQ)?),
                 None => None,
             },
+            source: opt_strc(col::SOURCE)?,
+            name: opt_strc(col::NAME)?,
             role: strc(col::ROLE)?,
             arg: strc(col::ARG)?,
             list_index: i32c(col::LIST_INDEX)?,
@@ -548,6 +588,10 @@ struct RowCodes {
     /// Ids in `texts`.
     args: Vec<u32>,
     error: Vec<u32>,
+    module: Vec<u32>,
+    source: Vec<u32>,
+    /// Tensor rows: the parameter name.
+    name: Vec<u32>,
     /// Index into the dtypes.
     dtype: Vec<u32>,
 }
@@ -624,6 +668,7 @@ impl Builder {
             nf_counts: Vec::new(),
             zero: reserved(rows),
             fingerprint: Vec::new(),
+            name: reserved(rows),
         };
         Builder {
             names: Interner::default(),
@@ -638,6 +683,9 @@ impl Builder {
             overload: reserved(ops),
             args: reserved(ops),
             error: reserved(ops),
+            module: reserved(ops),
+            fwd_seq: reserved(ops),
+            source: reserved(ops),
             t_start: reserved(ops),
             t_len: reserved(ops),
             t,
@@ -762,6 +810,15 @@ impl Builder {
             Some(e) => e.codes(NO_ID, |s| Ok(texts.intern(s)))?,
             None => vec![NO_ID; rows],
         };
+        let mut optional = |c: &Option<StrCol<'_>>| -> Result<Vec<u32>> {
+            match c {
+                Some(c) => c.codes(NO_ID, |s| Ok(texts.intern(s))),
+                None => Ok(vec![NO_ID; rows]),
+            }
+        };
+        let module = optional(&c.module)?;
+        let source = optional(&c.source)?;
+        let name = optional(&c.name)?;
         let dtypes = &mut self.dtypes;
         let dtype = c
             .dtype
@@ -775,6 +832,9 @@ impl Builder {
             arg,
             args,
             error,
+            module,
+            source,
+            name,
             dtype,
         })
     }
@@ -859,6 +919,12 @@ impl Builder {
         self.overload.push(codes.overload[i]);
         self.args.push(codes.args[i]);
         self.error.push(codes.error[i]);
+        self.module.push(codes.module[i]);
+        self.source.push(codes.source[i]);
+        self.fwd_seq.push(match c.fwd_seq {
+            Some(f) if !f.is_null(i) => f.value(i),
+            _ => NO_SEQ,
+        });
         self.t_start
             .push((self.t.role.len() + tensors_before) as u32);
         self.t_len.push(0);
@@ -878,6 +944,7 @@ impl Builder {
         let t = &mut self.t;
         t.role.extend_from_slice(&tensors.roles);
         t.arg.extend(rows.iter().map(|&i| codes.arg[i as usize]));
+        t.name.extend(rows.iter().map(|&i| codes.name[i as usize]));
         t.dtype
             .extend(rows.iter().map(|&i| codes.dtype[i as usize] as u16));
         t.status
@@ -934,6 +1001,9 @@ impl Builder {
             apply(&mut self.overload, &perm);
             apply(&mut self.args, &perm);
             apply(&mut self.error, &perm);
+            apply(&mut self.module, &perm);
+            apply(&mut self.fwd_seq, &perm);
+            apply(&mut self.source, &perm);
             apply(&mut self.t_start, &perm);
             apply(&mut self.t_len, &perm);
             if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
@@ -985,6 +1055,8 @@ impl Builder {
             pid,
             stats_accumulate,
             skipped_other_pids,
+            schema_version: SCHEMA_VERSION,
+            has_modules: self.module.iter().any(|&m| m != NO_ID),
             names: self.names,
             texts: self.texts,
             dtypes: self.dtypes,
@@ -997,6 +1069,9 @@ impl Builder {
             overload: self.overload,
             args: self.args,
             error: self.error,
+            module: self.module,
+            fwd_seq: self.fwd_seq,
+            source: self.source,
             t_start: self.t_start,
             t_len: self.t_len,
             child_start,

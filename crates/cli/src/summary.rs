@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::dump::Dump;
 use crate::error::{CliError, Result};
-use crate::intern::FxMap;
+use crate::intern::{FxMap, NO_ID};
 use crate::progress::Progress;
 use crate::read::{load, scan};
 use crate::report::model::{DumpInfo, OpBrief, StatsReport};
@@ -34,8 +34,27 @@ pub struct NonfiniteOp {
     pub first_seq: i64,
 }
 
+/// Op calls of one module (innermost: a call in `h.3.mlp.fc` counts for
+/// it, not for `h.3.mlp`), and where NaN or Inf first came out in it.
+#[derive(Serialize, Clone, Debug)]
+pub struct ModuleCalls {
+    pub module: String,
+    pub calls: u64,
+    /// The first call's seq: modules are listed in this order, the model's.
+    pub first_seq: i64,
+    /// Calls with NaN / Inf in some output.
+    pub calls_nan_out: u64,
+    pub calls_inf_out: u64,
+    /// The first call with NaN or Inf in some output.
+    pub first_nonfinite_seq: Option<i64>,
+    pub first_nonfinite_op: Option<String>,
+    pub first_nonfinite_phase: Option<&'static str>,
+}
+
 #[derive(Serialize, Clone, Debug)]
 pub struct TensorBrief {
+    /// The parameter, buffer or `.grad` it is.
+    pub name: Option<String>,
     pub role: &'static str,
     pub arg: String,
     pub list_index: Option<i32>,
@@ -68,6 +87,7 @@ impl OpSite {
             tensors: d
                 .tensors_of(i)
                 .map(|t| TensorBrief {
+                    name: d.tensor_name(t).map(str::to_string),
                     role: d.tensors.role[t as usize].as_str(),
                     arg: d.arg_name(t).to_string(),
                     list_index: d.list_index(t),
@@ -84,6 +104,11 @@ impl OpSite {
 pub struct RankSummary {
     pub dump: DumpInfo,
     pub per_op: Vec<OpCalls>,
+    /// Per module, in the order the model first called them; empty when
+    /// the dump has no module paths.
+    pub per_module: Vec<ModuleCalls>,
+    /// Op calls outside any module.
+    pub calls_outside_modules: u64,
     pub per_phase: BTreeMap<&'static str, u64>,
     /// Op calls per step (all depths).
     pub per_step: BTreeMap<i64, u64>,
@@ -162,6 +187,8 @@ pub fn summarize(d: &Dump) -> RankSummary {
     let mut nonfinite: FxMap<(u32, u32), NonfiniteOp> = FxMap::default();
     let mut raised = 0u64;
     let mut first_raised = None;
+    let mut per_module: FxMap<u32, ModuleCalls> = FxMap::default();
+    let mut outside = 0u64;
     for i in 0..d.len() as u32 {
         let key = (d.op[i as usize], d.overload[i as usize]);
         *per_op.entry(key).or_default() += 1;
@@ -172,6 +199,29 @@ pub fn summarize(d: &Dump) -> RankSummary {
             first_raised.get_or_insert(i);
         }
         let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
+        match d.module[i as usize] {
+            NO_ID => outside += 1,
+            m => {
+                let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
+                    module: d.texts.get(m).to_string(),
+                    calls: 0,
+                    first_seq: d.seq[i as usize],
+                    calls_nan_out: 0,
+                    calls_inf_out: 0,
+                    first_nonfinite_seq: None,
+                    first_nonfinite_op: None,
+                    first_nonfinite_phase: None,
+                });
+                e.calls += 1;
+                e.calls_nan_out += nan_out as u64;
+                e.calls_inf_out += inf_out as u64;
+                if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
+                    e.first_nonfinite_seq = Some(d.seq[i as usize]);
+                    e.first_nonfinite_op = Some(d.full_name(i));
+                    e.first_nonfinite_phase = Some(d.phase[i as usize].as_str());
+                }
+            }
+        }
         if nf_in || nan_out || inf_out {
             let e = nonfinite.entry(key).or_insert_with(|| NonfiniteOp {
                 op: d.names.get(key.0).into(),
@@ -199,6 +249,8 @@ pub fn summarize(d: &Dump) -> RankSummary {
             .cmp(&x.calls)
             .then_with(|| (&x.op, &x.overload).cmp(&(&y.op, &y.overload)))
     });
+    let mut per_module: Vec<ModuleCalls> = per_module.into_values().collect();
+    per_module.sort_by_key(|m| m.first_seq);
     let mut nonfinite_ops: Vec<NonfiniteOp> = nonfinite.into_values().collect();
     nonfinite_ops.sort_by_key(|x| x.first_seq);
 
@@ -213,6 +265,8 @@ pub fn summarize(d: &Dump) -> RankSummary {
     RankSummary {
         dump: DumpInfo::of(d),
         per_op,
+        calls_outside_modules: if per_module.is_empty() { 0 } else { outside },
+        per_module,
         per_phase,
         per_step,
         ops_raised: raised,
@@ -240,6 +294,11 @@ pub fn run(dir: &Path, rank: Option<u32>, progress: &Progress) -> Result<Summary
     let mut notes = Vec::new();
     for r in ranks {
         let d = load(&index, r, progress, &format!("rank {r}"))?;
+        if let Some(n) = d.schema_note() {
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
         if d.skipped_other_pids > 0 {
             notes.push(format!(
                 "rank {r}: left out {} op calls of other processes (kept pid {})",

@@ -58,6 +58,7 @@ pub fn tensor(role: Role, arg: &str, dtype: &str, shape: &[i64], x: f64) -> Tens
         stride: contiguous_stride(shape),
         device: "cpu".into(),
         numel: n,
+        name: None,
         status: StatsStatus::Computed,
         stats: stats_for(n, x),
     }
@@ -88,6 +89,8 @@ pub struct DumpWriter {
     pub step: i64,
     pub phase: Phase,
     pub calls: u64,
+    /// The module path given to the op calls begun from now on.
+    pub module: Option<String>,
 }
 
 /// An op that has begun and not yet ended.
@@ -130,6 +133,7 @@ impl DumpWriter {
             step: 0,
             phase: Phase::Forward,
             calls: 0,
+            module: None,
         }
     }
 
@@ -163,6 +167,9 @@ impl DumpWriter {
                 start_ns: seq * 1000,
                 duration_ns: 500,
                 error: None,
+                module: self.module.clone(),
+                fwd_seq: None,
+                source: None,
                 tensors: inputs,
             },
         }
@@ -382,8 +389,10 @@ impl<'a> SyntheticRun<'a> {
             nan: 0,
         };
         for layer in 0..self.layers {
+            self.w.module = Some(format!("layers.{layer}"));
             cur = self.forward_layer(step, layer, cur)?;
         }
+        self.w.module = None;
         let loss = self.loss(cur)?;
         self.w.phase = Phase::Backward;
         // The backward of every layer sees the last activation: the model
@@ -393,9 +402,11 @@ impl<'a> SyntheticRun<'a> {
             err: loss.err,
             nan: loss.nan,
         };
-        for _layer in (0..self.layers).rev() {
+        for layer in (0..self.layers).rev() {
+            self.w.module = Some(format!("layers.{layer}"));
             grad = self.backward_layer(grad, cur)?;
         }
+        self.w.module = None;
         self.w.phase = Phase::Optimizer;
         self.optimizer(grad)
     }

@@ -284,3 +284,41 @@ fn long_repetitive_run_aligns_layer_by_layer() {
     }
     assert_eq!(pairs.len(), layers * 6 - 1);
 }
+
+/// Three layers calling the same op with the same shapes; B lacks layer 0's
+/// call. Module paths decide which calls pair: without them the first two
+/// calls of A would pair with B's two (layer 0 with layer 1).
+fn write_layers(dir: &Path, layers: &[usize], with_modules: bool) {
+    let mut w = DumpWriter::new(dir, 0, "cpu");
+    for &l in layers {
+        w.module = with_modules.then(|| format!("layers.{l}"));
+        w.leaf(
+            "aten::mul",
+            "Tensor",
+            "",
+            vec![input("self", "float32", &[8], l as f64)],
+            vec![output(0, "float32", &[8], l as f64)],
+        )
+        .expect("write");
+    }
+    w.close().expect("close");
+}
+
+#[test]
+fn module_paths_decide_which_calls_pair() {
+    let t = tmp();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_layers(&a, &[0, 1, 2], true);
+    write_layers(&b, &[1, 2], true);
+    let (da, db, al) = align_dirs(&a, &b);
+    assert_eq!(seq_pairs(&da, &db, &al), vec![(1, 0), (2, 1)]);
+    assert_eq!(seqs(&da, &al.only_a), vec![0]);
+    assert_eq!(da.module_of(al.only_a[0]), Some("layers.0"));
+
+    // Without module paths on one side, alignment goes by signature alone.
+    let c = t.path().join("c");
+    write_layers(&c, &[1, 2], false);
+    let (da, dc, al) = align_dirs(&a, &c);
+    assert!(!dc.has_modules);
+    assert_eq!(seq_pairs(&da, &dc, &al), vec![(0, 0), (1, 1)]);
+}

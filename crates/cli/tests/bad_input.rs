@@ -175,6 +175,9 @@ fn write_file(path: &Path, version: &str) {
         start_ns: 0,
         duration_ns: 1,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![opdump_cli::synth::input("self", "float32", &[2], 1.0)],
     };
     bb.append(&rec);

@@ -408,6 +408,7 @@ fn tensor(n: usize, stats: Stats) -> TensorRecord {
         stride: vec![1],
         device: "cpu".into(),
         numel: n as i64,
+        name: None,
         status: StatsStatus::Computed,
         stats,
     }
@@ -438,6 +439,9 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
             start_ns: 0,
             duration_ns: 0,
             error: None,
+            module: None,
+            fwd_seq: None,
+            source: None,
             tensors: vec![tensor(n, stats)],
         };
         w.append(&rec).unwrap();

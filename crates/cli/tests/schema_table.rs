@@ -33,6 +33,9 @@ fn record(seq: i64) -> OpRecord {
         start_ns: 0,
         duration_ns: 1,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![TensorRecord {
             role: Role::Output,
             arg: "0".into(),
@@ -42,6 +45,7 @@ fn record(seq: i64) -> OpRecord {
             stride: vec![3, 1],
             device: "cpu".into(),
             numel: 6,
+            name: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,
@@ -163,4 +167,75 @@ fn each_mistyped_column_is_refused_or_unread() {
     ]
     .into();
     assert_eq!(unread, expected);
+}
+
+/// A dump of schema version 1 (no `module`, `fwd_seq`, `source`, `name`
+/// columns) loads with those null, and the reports say so once per dump.
+#[test]
+fn schema_1_dumps_load_without_module_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v2 = [col::MODULE, col::FWD_SEQ, col::SOURCE, col::NAME];
+    let write_v1 = |root: &Path| {
+        let (fields, cols) = columns();
+        let (fields, cols): (Vec<Field>, Vec<ArrayRef>) = fields
+            .into_iter()
+            .zip(cols)
+            .filter(|(f, _)| !v2.contains(&f.name().as_str()))
+            .unzip();
+        let dir = root.join("rank=0").join("device=cpu");
+        std::fs::create_dir_all(&dir).unwrap();
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new(schema.clone(), cols).unwrap();
+        // Two files: the note is still said once.
+        for part in ["part-5-00000.parquet", "part-5-00001.parquet"] {
+            let f = std::fs::File::create(dir.join(part)).unwrap();
+            let mut w = ArrowWriter::try_new(f, schema.clone(), None).unwrap();
+            let mut b = batch.clone();
+            if part.ends_with("1.parquet") {
+                // seqs 3 and 4
+                let seq: ArrayRef = Arc::new(Int64Array::from(vec![3, 4]));
+                let i = b.schema().index_of(col::SEQ).unwrap();
+                let mut cs = b.columns().to_vec();
+                cs[i] = seq;
+                b = RecordBatch::try_new(b.schema(), cs).unwrap();
+            }
+            w.write(&b).unwrap();
+            w.append_key_value_metadata(KeyValue::new(
+                meta::SCHEMA_VERSION.to_string(),
+                "1".to_string(),
+            ));
+            w.close().unwrap();
+        }
+        root.to_path_buf()
+    };
+    let old = write_v1(&tmp.path().join("old"));
+    let d = try_load(&old).unwrap();
+    assert_eq!(d.seq, vec![1, 2, 3, 4]);
+    assert_eq!(d.schema_version, 1);
+    assert!(!d.has_modules);
+    assert!((0..4).all(|i| d.module_of(i).is_none() && d.fwd_seq_of(i).is_none()));
+    assert!((0..4).all(|t| d.tensor_name(t).is_none()));
+
+    let (fields, cols) = columns();
+    let new = write_dump(&tmp.path().join("new"), fields, cols);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_opdump"))
+        .args(["compare", old.to_str().unwrap(), new.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let notes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("schema version 1"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{text}");
+    assert!(
+        notes[0].contains("no module, fwd_seq, source or name"),
+        "{text}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_opdump"))
+        .args(["summary", old.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("schema version 1").count(), 1, "{text}");
 }

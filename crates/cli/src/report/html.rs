@@ -275,8 +275,9 @@ fn draw_points(s: &mut String, f: &Frame, bins: &[Bin], pairs: &AlignedPairs<'_>
         };
         let label = pairs.label(bin.worst_pair);
         let title = format!(
-            "{} seq A {} / B {}: rel err {}{}",
+            "{}{} seq A {} / B {}: rel err {}{}",
             label.name,
+            label.module.map_or(String::new(), |m| format!(" in {m}")),
             label.seq_a,
             label.seq_b,
             num(bin.max_err),
@@ -346,6 +347,52 @@ fn stats_cells(s: &Option<StatsReport>) -> String {
     }
 }
 
+/// Where in the model the call ran, as a small table (nothing when the
+/// dumps have no module paths, names or source lines).
+fn where_rows(out: &mut String, r: &OpReport) {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    if let Some(m) = &r.module {
+        let mut v = format!("<code>{}</code>", esc(m));
+        if let Some(mb) = &r.module_b {
+            let _ = write!(v, " (B: <code>{}</code>)", esc(mb));
+        }
+        rows.push(("module", v));
+    }
+    if let Some(f) = r.fwd_seq {
+        let mut v = match &r.fwd_op {
+            Some(op) => format!("{} (seq A {f}", esc(op)),
+            None => format!("seq A {f} (not in the dump"),
+        };
+        if let Some(fb) = r.fwd_seq_b {
+            let _ = write!(v, ", seq B {fb}");
+        }
+        v.push(')');
+        if let Some(m) = &r.fwd_module {
+            let _ = write!(v, " in <code>{}</code>", esc(m));
+        }
+        rows.push(("backward of", v));
+    }
+    if !r.names.is_empty() {
+        let names: Vec<String> = r
+            .names
+            .iter()
+            .map(|n| format!("<code>{}</code>", esc(n)))
+            .collect();
+        rows.push(("names", names.join(", ")));
+    }
+    if let Some(src) = &r.source {
+        rows.push(("source", format!("<code>{}</code>", esc(src))));
+    }
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("<table class=\"kv where\">");
+    for (k, v) in rows {
+        let _ = write!(out, "<tr><th>{k}</th><td>{v}</td></tr>");
+    }
+    out.push_str("</table>");
+}
+
 fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
     let _ = write!(out, "<h2>{}</h2>", esc(title));
     let Some(r) = r else {
@@ -390,9 +437,11 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
             esc(args)
         );
     }
+    out.push_str("</table>");
+    where_rows(out, r);
     let _ = write!(
         out,
-        "</table><p>output rel err <b>{}</b>, tolerance {} ({}, reduction length {}), input rel err {}, amplification <b>{}</b></p>",
+        "<p>output rel err <b>{}</b>, tolerance {} ({}, reduction length {}), input rel err {}, amplification <b>{}</b></p>",
         num(r.rel_err),
         num(r.tolerance),
         esc(r.compute_dtype.as_deref().unwrap_or("exact")),
@@ -405,10 +454,13 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
          <th>min</th><th>max</th><th>mean</th><th>std</th><th>l2</th><th>absmax</th><th>nan</th><th>+inf</th><th>-inf</th><th>zeros</th></tr>",
     );
     for t in &r.tensors {
-        let name = match t.list_index {
+        let mut name = match t.list_index {
             Some(i) => format!("{} {}[{i}]", t.role, t.arg),
             None => format!("{} {}", t.role, t.arg),
         };
+        if let Some(n) = &t.name {
+            let _ = write!(name, " ({n})");
+        }
         let dtype = match (&t.dtype_a, &t.dtype_b) {
             (Some(x), Some(y)) if x != y => format!("{x} / {y}"),
             (Some(x), _) | (None, Some(x)) => x.clone(),
@@ -502,7 +554,7 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
                 None => "first introduced by calls only in B".into(),
             },
             (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, crate::compare::HEADLINE_DOMINANCE),
-            (Some(i), _) => format!("first introduced at {} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b),
+            (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it (exit status 3)".into(),
             (None, false) => "no divergence".into(),
         }
@@ -519,11 +571,11 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
     op_section(&mut o, "First introduced divergence", &r.first_introduced);
     op_section(&mut o, "First divergence", &r.first_divergence);
     if !r.top_introduced.is_empty() {
-        o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th></tr>");
+        o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
         for (k, t) in r.top_introduced.iter().enumerate() {
             let _ = write!(
                 o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
                 k + 1,
                 esc(&full(&t.op, &t.overload)),
                 t.seq_a,
@@ -532,7 +584,8 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
                 t.depth,
                 num(t.rel_err),
                 num(t.tolerance),
-                num(t.amplification)
+                num(t.amplification),
+                esc(t.module.as_deref().unwrap_or("-"))
             );
         }
         o.push_str("</table>");

@@ -98,6 +98,13 @@ pub struct OpBrief {
     pub depth: i32,
     pub parent_op: Option<String>,
     pub parent_seq: Option<i64>,
+    /// The innermost module running the call; null outside any, or in a
+    /// dump without module paths.
+    pub module: Option<String>,
+    /// Backward calls: the seq of their forward call.
+    pub fwd_seq: Option<i64>,
+    /// `file.py:123 in forward`, with `OPDUMP_SOURCE=1`.
+    pub source: Option<String>,
 }
 
 impl OpBrief {
@@ -112,6 +119,9 @@ impl OpBrief {
             depth: d.depth[i as usize],
             parent_op: p.map(|p| d.full_name(p)),
             parent_seq: p.map(|p| d.seq[p as usize]),
+            module: d.module_of(i).map(str::to_string),
+            fwd_seq: d.fwd_seq_of(i),
+            source: d.source_of(i).map(str::to_string),
         }
     }
 }
@@ -243,6 +253,9 @@ pub struct TensorReport {
     pub role: &'static str,
     pub arg: String,
     pub list_index: Option<i32>,
+    /// The parameter or buffer the tensor is (`fc1.weight`), or its
+    /// `.grad`: A's, else B's.
+    pub name: Option<String>,
     pub verdict: TensorVerdict,
     pub evidence: &'static str,
     pub dtype_a: Option<String>,
@@ -281,6 +294,7 @@ impl TensorReport {
             role: row.role,
             arg: row.arg.unwrap_or_default().to_string(),
             list_index: row.list_index,
+            name: row.name.map(str::to_string),
             verdict: row.verdict,
             evidence: row.evidence,
             dtype_a: row.a.as_ref().map(|s| s.dtype.to_string()),
@@ -318,6 +332,22 @@ pub struct OpReport {
     pub args_b: String,
     /// Outermost first; the op itself is not included.
     pub ancestors: Vec<AncestorRef>,
+    /// The innermost module running the call (for a backward call, its
+    /// forward call's): A's, else B's.
+    pub module: Option<String>,
+    /// B's, where it differs from A's.
+    pub module_b: Option<String>,
+    /// Backward calls: the forward call whose autograd node ran them.
+    pub fwd_seq: Option<i64>,
+    pub fwd_seq_b: Option<i64>,
+    /// That forward call's `op.overload` and module (A's dump).
+    pub fwd_op: Option<String>,
+    pub fwd_module: Option<String>,
+    /// The parameter, buffer and `.grad` names among the call's tensors, in
+    /// tensor order.
+    pub names: Vec<String>,
+    /// The user's source line (`OPDUMP_SOURCE=1`): A's, else B's.
+    pub source: Option<String>,
     pub verdict: OpVerdict,
     pub op_class: &'static str,
     pub compute_dtype: Option<String>,
@@ -372,7 +402,33 @@ impl OpReport {
                 }
             })
             .collect();
+        let (ma, mb) = (a.module_of(ia), b.module_of(ib));
+        let fwd = a.fwd_of(ia);
+        let mut names: Vec<String> = Vec::new();
+        for t in &cmp.tensors {
+            let n =
+                t.ta.and_then(|x| a.tensor_name(x))
+                    .or_else(|| t.tb.and_then(|x| b.tensor_name(x)));
+            if let Some(n) = n {
+                if !names.iter().any(|m| m == n) {
+                    names.push(n.to_string());
+                }
+            }
+        }
         OpReport {
+            module: ma.or(mb).map(str::to_string),
+            module_b: mb
+                .filter(|&m| ma.is_some_and(|x| x != m))
+                .map(str::to_string),
+            fwd_seq: a.fwd_seq_of(ia),
+            fwd_seq_b: b.fwd_seq_of(ib),
+            fwd_op: fwd.map(|f| a.full_name(f)),
+            fwd_module: fwd.and_then(|f| a.module_of(f)).map(str::to_string),
+            names,
+            source: a
+                .source_of(ia)
+                .or_else(|| b.source_of(ib))
+                .map(str::to_string),
             op: a.op_name(ia).into(),
             overload: a.overload_name(ia).into(),
             seq_a: a.seq[ia as usize],
@@ -584,11 +640,13 @@ pub struct AlignedPairs<'a> {
 }
 
 /// What names a pair in a tooltip.
-pub struct PairLabel {
+pub struct PairLabel<'a> {
     /// `aten::add.Tensor`.
     pub name: String,
     pub seq_a: i64,
     pub seq_b: i64,
+    /// A's module path, when the dump has one.
+    pub module: Option<&'a str>,
 }
 
 impl<'a> AlignedPairs<'a> {
@@ -633,9 +691,10 @@ impl<'a> AlignedPairs<'a> {
         self.c.a.parent[self.a_index(k)] == NONE
     }
 
-    pub fn label(&self, k: usize) -> PairLabel {
+    pub fn label(&self, k: usize) -> PairLabel<'a> {
         let p = self.c.alignment.pairs[k];
         PairLabel {
+            module: self.c.a.module_of(p.a),
             name: self.c.a.full_name(p.a),
             seq_a: self.c.a.seq[p.a as usize],
             seq_b: self.c.b.seq[p.b as usize],
@@ -692,10 +751,15 @@ pub struct OpRow<'a> {
     pub rel_err: f64,
     pub amplification: f64,
     pub shapes_differ: bool,
+    pub module_a: Option<&'a str>,
+    pub module_b: Option<&'a str>,
+    pub fwd_seq_a: Option<i64>,
+    pub fwd_seq_b: Option<i64>,
 }
 
 /// One side of a tensor pair.
 pub struct TensorSide<'a> {
+    pub name: Option<&'a str>,
     pub dtype: &'a str,
     pub shape: &'a [i64],
     pub stats: StatsReport,
@@ -707,6 +771,8 @@ pub struct TensorRow<'a> {
     /// The argument name, from A, else from B.
     pub arg: Option<&'a str>,
     pub list_index: Option<i32>,
+    /// The parameter name, from A, else from B.
+    pub name: Option<&'a str>,
     pub verdict: TensorVerdict,
     pub evidence: &'static str,
     pub a: Option<TensorSide<'a>>,
@@ -723,6 +789,7 @@ impl<'a> TensorRow<'a> {
     fn of(c: &'a Compared, t: &TensorCmp) -> Self {
         let (a, b) = (&c.a, &c.b);
         let side = |d: &'a Dump, x: u32| TensorSide {
+            name: d.tensor_name(x),
             dtype: &d.dtype(x).name,
             shape: d.shape(x),
             stats: StatsReport::of(d, x),
@@ -737,6 +804,10 @@ impl<'a> TensorRow<'a> {
                 .ta
                 .and_then(|x| a.list_index(x))
                 .or_else(|| t.tb.and_then(|x| b.list_index(x))),
+            name: t
+                .ta
+                .and_then(|x| a.tensor_name(x))
+                .or_else(|| t.tb.and_then(|x| b.tensor_name(x))),
             verdict: t.verdict,
             evidence: t.evidence,
             a: t.ta.map(|x| side(a, x)),
@@ -773,6 +844,10 @@ impl<'a> PairDetails<'a> {
             rel_err: self.cmp.out_err,
             amplification: self.cmp.amplification,
             shapes_differ: p.loose,
+            module_a: a.module_of(p.a),
+            module_b: b.module_of(p.b),
+            fwd_seq_a: a.fwd_seq_of(p.a),
+            fwd_seq_b: b.fwd_seq_of(p.b),
         }
     }
 

@@ -43,6 +43,10 @@ fn schema() -> SchemaRef {
         Field::new("op_rel_err", DataType::Float64, true),
         Field::new("op_amplification", DataType::Float64, true),
         Field::new("shapes_differ", DataType::Boolean, false),
+        Field::new("module_a", DataType::Utf8, true),
+        Field::new("module_b", DataType::Utf8, true),
+        Field::new("fwd_seq_a", DataType::Int64, true),
+        Field::new("fwd_seq_b", DataType::Int64, true),
         Field::new("role", DataType::Utf8, false),
         Field::new("arg", DataType::Utf8, true),
         Field::new("list_index", DataType::Int32, true),
@@ -51,6 +55,7 @@ fn schema() -> SchemaRef {
     ];
     for side in ["a", "b"] {
         let list = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+        f.push(Field::new(format!("name_{side}"), DataType::Utf8, true));
         f.push(Field::new(format!("dtype_{side}"), DataType::Utf8, true));
         f.push(Field::new(format!("shape_{side}"), list, true));
         f.push(Field::new(format!("numel_{side}"), DataType::Int64, true));
@@ -81,6 +86,7 @@ fn schema() -> SchemaRef {
 
 /// The columns of one side (a or b) of a tensor pair.
 struct Side {
+    name: StringBuilder,
     dtype: StringBuilder,
     shape: ListBuilder<Int64Builder>,
     numel: Int64Builder,
@@ -92,6 +98,7 @@ struct Side {
 impl Side {
     fn new() -> Self {
         Side {
+            name: StringBuilder::new(),
             dtype: StringBuilder::new(),
             shape: ListBuilder::new(Int64Builder::new()),
             numel: Int64Builder::new(),
@@ -105,6 +112,7 @@ impl Side {
     /// not measured (or do not exist) are null, never NaN.
     fn push(&mut self, side: Option<&TensorSide<'_>>) {
         let Some(side) = side else {
+            self.name.append_null();
             self.dtype.append_null();
             self.shape.append_null();
             self.numel.append_null();
@@ -114,6 +122,7 @@ impl Side {
             return;
         };
         let s = &side.stats;
+        self.name.append_option(side.name);
         self.dtype.append_value(side.dtype);
         self.shape.values().append_slice(side.shape);
         self.shape.append(true);
@@ -131,6 +140,7 @@ impl Side {
     }
 
     fn finish(&mut self, cols: &mut Vec<ArrayRef>) {
+        cols.push(Arc::new(self.name.finish()));
         cols.push(Arc::new(self.dtype.finish()));
         cols.push(Arc::new(self.shape.finish()));
         cols.push(Arc::new(self.numel.finish()));
@@ -160,6 +170,8 @@ struct Columns {
     op_err: Float64Builder,
     op_amp: Float64Builder,
     loose: BooleanBuilder,
+    module: [StringBuilder; 2],
+    fwd_seq: [Int64Builder; 2],
     role: StringBuilder,
     arg: StringBuilder,
     list_index: Int32Builder,
@@ -184,6 +196,8 @@ impl Columns {
             op_err: Float64Builder::new(),
             op_amp: Float64Builder::new(),
             loose: BooleanBuilder::new(),
+            module: std::array::from_fn(|_| StringBuilder::new()),
+            fwd_seq: std::array::from_fn(|_| Int64Builder::new()),
             role: StringBuilder::new(),
             arg: StringBuilder::new(),
             list_index: Int32Builder::new(),
@@ -210,6 +224,10 @@ impl Columns {
         self.op_err.append_option(opt(op.rel_err));
         self.op_amp.append_option(opt(op.amplification));
         self.loose.append_value(op.shapes_differ);
+        self.module[0].append_option(op.module_a);
+        self.module[1].append_option(op.module_b);
+        self.fwd_seq[0].append_option(op.fwd_seq_a);
+        self.fwd_seq[1].append_option(op.fwd_seq_b);
         self.role.append_value(t.role);
         self.arg.append_option(t.arg);
         self.list_index.append_option(t.list_index);
@@ -247,6 +265,12 @@ impl Columns {
         cols.push(Arc::new(self.op_err.finish()));
         cols.push(Arc::new(self.op_amp.finish()));
         cols.push(Arc::new(self.loose.finish()));
+        for bld in &mut self.module {
+            cols.push(Arc::new(bld.finish()));
+        }
+        for bld in &mut self.fwd_seq {
+            cols.push(Arc::new(bld.finish()));
+        }
         cols.push(Arc::new(self.role.finish()));
         cols.push(Arc::new(self.arg.finish()));
         cols.push(Arc::new(self.list_index.finish()));

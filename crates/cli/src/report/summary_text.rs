@@ -7,6 +7,7 @@ use crate::summary::{OpSite, RankSummary, SummaryReport};
 use crate::text::{clean, Clean};
 
 const TOP_OPS: usize = 30;
+const TOP_MODULES: usize = 40;
 
 /// `op.overload` as printed: from the dump, so escaped (see `text`).
 fn full(op: &str, ov: &str) -> String {
@@ -32,6 +33,15 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
         o.phase,
         o.depth
     );
+    if let Some(m) = &o.module {
+        let _ = writeln!(out, "    module  {}", Clean(m));
+    }
+    if let Some(f) = o.fwd_seq {
+        let _ = writeln!(out, "    backward of the forward call at seq {f}");
+    }
+    if let Some(src) = &o.source {
+        let _ = writeln!(out, "    source  {}", Clean(src));
+    }
     if !s.ancestors.is_empty() {
         let chain: Vec<String> = s
             .ancestors
@@ -44,10 +54,13 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
         let _ = writeln!(out, "    args  {}", Clean(&s.args));
     }
     for t in &s.tensors {
-        let name = match t.list_index {
+        let mut name = match t.list_index {
             Some(i) => format!("{}[{i}]", Clean(&t.arg)),
             None => clean(&t.arg).into_owned(),
         };
+        if let Some(n) = &t.name {
+            let _ = write!(name, " ({})", Clean(n));
+        }
         let st = &t.stats;
         let _ = writeln!(
             out,
@@ -63,6 +76,57 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
             st.nan_count,
             st.posinf_count,
             st.neginf_count
+        );
+    }
+}
+
+/// Op calls per module, in the model's order, then the modules whose
+/// outputs held NaN or Inf, by where that first happened.
+fn modules(out: &mut String, r: &RankSummary) {
+    if r.per_module.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  op calls per module ({} modules, in call order; {} calls outside any):",
+        r.per_module.len(),
+        thousands(r.calls_outside_modules)
+    );
+    for m in r.per_module.iter().take(TOP_MODULES) {
+        let _ = writeln!(out, "    {:>12}  {}", thousands(m.calls), Clean(&m.module));
+    }
+    if r.per_module.len() > TOP_MODULES {
+        let _ = writeln!(
+            out,
+            "    ... {} more (see --json)",
+            r.per_module.len() - TOP_MODULES
+        );
+    }
+    let mut nf: Vec<_> = r
+        .per_module
+        .iter()
+        .filter(|m| m.first_nonfinite_seq.is_some())
+        .collect();
+    if nf.is_empty() {
+        return;
+    }
+    nf.sort_by_key(|m| m.first_nonfinite_seq);
+    out.push_str("  first NaN/Inf by module (first seen first):\n");
+    let _ = writeln!(
+        out,
+        "    {:<40} {:>10} {:>10} {:>10}  first op",
+        "module", "NaN out", "Inf out", "first seq"
+    );
+    for m in nf.iter().take(TOP_OPS) {
+        let _ = writeln!(
+            out,
+            "    {:<40} {:>10} {:>10} {:>10}  {} ({})",
+            clean(&m.module),
+            m.calls_nan_out,
+            m.calls_inf_out,
+            m.first_nonfinite_seq.unwrap_or_default(),
+            Clean(m.first_nonfinite_op.as_deref().unwrap_or("-")),
+            m.first_nonfinite_phase.unwrap_or("-")
         );
     }
 }
@@ -117,6 +181,7 @@ fn rank(out: &mut String, r: &RankSummary) {
             r.per_op.len() - TOP_OPS
         );
     }
+    modules(out, r);
     if r.ops_raised > 0 {
         let _ = writeln!(out, "  op calls that raised: {}", thousands(r.ops_raised));
         site(out, "first that raised", &r.first_raised);

@@ -172,13 +172,11 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
     } else {
         format!("{} vs {}", shape(&t.shape_a), shape(&t.shape_b))
     };
-    let _ = write!(
-        out,
-        "    {:<6} {:<12} {dtype} {shp}  {}",
-        t.role,
-        name,
-        t.verdict.as_str()
-    );
+    let _ = write!(out, "    {:<6} {:<12} ", t.role, name);
+    if let Some(n) = &t.name {
+        let _ = write!(out, "{} ", Clean(n));
+    }
+    let _ = write!(out, "{dtype} {shp}  {}", t.verdict.as_str());
     if matches!(
         t.verdict.as_str(),
         "close" | "diverged" | "rng" | "discontinuous"
@@ -203,6 +201,50 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
     stats_row(out, "B", &t.b);
 }
 
+/// Where in the model the call ran: its module, the forward call of a
+/// backward call, the source line.
+fn where_block(out: &mut String, r: &OpReport) {
+    if let Some(m) = &r.module {
+        let _ = write!(out, "  module  {}", Clean(m));
+        if let Some(mb) = &r.module_b {
+            let _ = write!(out, "  (B: {})", Clean(mb));
+        }
+        out.push('\n');
+    }
+    if let Some(f) = r.fwd_seq {
+        let _ = write!(out, "  backward of  ");
+        match &r.fwd_op {
+            Some(op) => {
+                let _ = write!(out, "{} (seq A {f}", Clean(op));
+            }
+            None => {
+                let _ = write!(out, "seq A {f} (not in the dump");
+            }
+        }
+        if let Some(fb) = r.fwd_seq_b {
+            let _ = write!(out, ", seq B {fb}");
+        }
+        out.push(')');
+        if let Some(m) = &r.fwd_module {
+            let _ = write!(out, " in {}", Clean(m));
+        }
+        out.push('\n');
+    }
+    if !r.names.is_empty() {
+        let names: Vec<String> = r.names.iter().map(|n| clean(n).into_owned()).collect();
+        let _ = writeln!(out, "  names  {}", names.join(", "));
+    }
+    if let Some(src) = &r.source {
+        let _ = writeln!(out, "  source  {}", Clean(src));
+    }
+}
+
+/// ` in blocks.0.mlp.act` when the call has a module, else nothing.
+fn in_module(m: &Option<String>) -> String {
+    m.as_ref()
+        .map_or(String::new(), |m| format!(" in {}", Clean(m)))
+}
+
 fn op_block(out: &mut String, title: &str, r: &OpReport) {
     let _ = writeln!(
         out,
@@ -224,6 +266,7 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
             r.depth
         );
     }
+    where_block(out, r);
     if !r.ancestors.is_empty() {
         let chain: Vec<String> = r
             .ancestors
@@ -297,6 +340,9 @@ fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
                 "  B  seq {}  step {}  {}  depth {}  {parent}",
                 o.seq, o.step, o.phase, o.depth
             );
+            if let Some(m) = &o.module {
+                let _ = writeln!(out, "  module  {}", Clean(m));
+            }
             let args = u.args.as_deref().unwrap_or("");
             let _ = writeln!(
                 out,
@@ -414,13 +460,13 @@ pub fn render(r: &CompareReport) -> String {
         out.push_str("\nIntroduced divergences by amplification:\n");
         let _ = writeln!(
             out,
-            "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}",
+            "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}  module",
             "#", "op", "seq A", "seq B", "step", "depth", "rel err", "tolerance", "amplif."
         );
         for (k, t) in r.top_introduced.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}",
+                "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}  {}",
                 k + 1,
                 full_name(&t.op, &t.overload),
                 t.seq_a,
@@ -429,7 +475,8 @@ pub fn render(r: &CompareReport) -> String {
                 t.depth,
                 num(t.rel_err),
                 num(t.tolerance),
-                num(t.amplification)
+                num(t.amplification),
+                t.module.as_deref().map_or("-".into(), clean)
             );
         }
     }
@@ -440,8 +487,9 @@ pub fn render(r: &CompareReport) -> String {
                 let _ = match &u.op {
                     Some(o) => writeln!(
                         out,
-                        "Verdict: DIVERGED. First introduced at {} (only in B, seq B {}, step {}).",
+                        "Verdict: DIVERGED. First introduced at {}{} (only in B, seq B {}, step {}).",
                         full_name(&o.op, &o.overload),
+                        in_module(&o.module),
                         o.seq,
                         o.step
                     ),
@@ -458,13 +506,14 @@ pub fn render(r: &CompareReport) -> String {
         (Some(i), _) => {
             let _ = writeln!(
                 out,
-                "Verdict: DIVERGED. {} at {} (seq A {}, seq B {}, step {}).",
+                "Verdict: DIVERGED. {} at {}{} (seq A {}, seq B {}, step {}).",
                 if r.headline_rule == Some("dominant") {
                     "Introduced"
                 } else {
                     "First introduced"
                 },
                 full_name(&i.op, &i.overload),
+                in_module(&i.module),
                 i.seq_a,
                 i.seq_b,
                 i.step_a

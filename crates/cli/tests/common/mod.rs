@@ -287,6 +287,9 @@ pub fn record(seq: i64, parent_seq: Option<i64>, op: &str, x: f64) -> OpRecord {
         start_ns: seq * 1000,
         duration_ns: 10,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![
             opdump_cli::synth::input("self", "float32", &[4, 8], x),
             opdump_cli::synth::output(0, "float32", &[4, 8], x),
