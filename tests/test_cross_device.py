@@ -44,6 +44,14 @@ def test_planted_device_fault_is_named(cpu_dump, tmp_path, fault, op):
     assert code == 1
     first = report["first_introduced"]
     assert first is not None and first["op"] == op, first
+    # Where in the model: every planted op is first called in the first block.
+    assert first["module"] is not None and first["module"].startswith("blocks.0"), first
+    if op == "aten::gelu":
+        # What the demo prints: the module in the call's block and the verdict.
+        p = subprocess.run([str(CLI), "compare", str(cpu_dump), str(dump)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1, p.stderr
+        assert f"  module  {first['module']}\n" in p.stdout, p.stdout
+        assert f"First introduced at aten::gelu in {first['module']} (seq A" in p.stdout.splitlines()[-1], p.stdout
 
 
 def test_permutation_is_invisible_to_statistics(cpu_dump, tmp_path):

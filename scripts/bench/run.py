@@ -17,6 +17,8 @@ Configurations:
   on-noreuse  OPDUMP=1 OPDUMP_REUSE=0 (reuse and view shortcuts off)
   peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
   msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
+and, on request (--configs): on-nomodules (OPDUMP_MODULES=0), on-source
+(OPDUMP_SOURCE=1), on-before (the --before-lib build).
 
 Then the device tables: the TinyLM step on the test device `testdev`, with a
 simulated cost per host wait (TESTDEV_SYNC_US), one table per way testdev runs
@@ -76,8 +78,8 @@ TESTDEV_SETTINGS = {
                  {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
 }
 # The configurations that load libopdump.so, and those that dump with it.
-LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before")
-DUMPING = ("on", "on-noreuse", "on-sync", "on-before")
+LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source")
+DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source")
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
@@ -87,6 +89,8 @@ DESCRIBE = {
     "msprobe": "msprobe statistics, L1",
     "on-sync": "OPDUMP=1 OPDUMP_DEVICE_SYNC=1",
     "on-before": "OPDUMP=1, the --before-lib build",
+    "on-nomodules": "OPDUMP=1 OPDUMP_MODULES=0 (no module hooks)",
+    "on-source": "OPDUMP=1 OPDUMP_SOURCE=1 (source lines)",
 }
 
 
@@ -319,6 +323,10 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
             env["OPDUMP_REUSE"] = "0"
         if spec["config"] == "on-sync":
             env["OPDUMP_DEVICE_SYNC"] = "1"
+        if spec["config"] == "on-nomodules":
+            env["OPDUMP_MODULES"] = "0"
+        if spec["config"] == "on-source":
+            env["OPDUMP_SOURCE"] = "1"
     opdump_lines = []
     try:
         r = subprocess.run([py, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
@@ -457,6 +465,10 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         notes.append(f"on-noreuse / on = {meds['on-noreuse'] / meds['on']:.2f}× (what reuse and view shortcuts buy)")
     if "on" in meds and "on-sync" in meds:
         notes.append(f"on-sync / on = {meds['on-sync'] / meds['on']:.2f}× (what not waiting for the device buys)")
+    if "on" in meds and "on-nomodules" in meds:
+        notes.append(f"on / on-nomodules = {meds['on'] / meds['on-nomodules']:.2f}× (what the module hooks cost)")
+    if "on" in meds and "on-source" in meds:
+        notes.append(f"on-source / on = {meds['on-source'] / meds['on']:.2f}× (what OPDUMP_SOURCE=1 costs)")
     if "on" in meds and "on-before" in meds:
         notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× (the --before-lib build against this one)")
     if device:
@@ -727,8 +739,9 @@ def main() -> int:
         for p in (before, before.with_name("libopdump_core.so")):
             shutil.copy2(p, tmp / "before" / p.name)
         args.before_lib_copy = str(tmp / "before" / before.name)
-        report.insert(-1, f"- on-before: {before} (built "
-                      f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(before.stat().st_mtime))})")
+        built = max(p.stat().st_mtime for p in (before, before.with_name("libopdump_core.so")))
+        report.insert(-1, f"- on-before: {before} and its libopdump_core.so (built "
+                      f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(built))})")
     t_all = time.time()
     try:
         for tsetting in [t for t in args.threads.split(",") if t and configs]:

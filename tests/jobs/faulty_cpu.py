@@ -39,8 +39,17 @@ def faulty_addmm(scale):
     return addmm
 
 
+def faulty_gelu_backward(scale):
+    def gelu_backward(grad_output, x, approximate="none"):
+        cdf = 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        return grad_output * (cdf + x * pdf) * scale
+
+    return gelu_backward
+
+
 FAULTS = {"aten::gelu": ("gelu", faulty_gelu), "aten::_softmax": ("_softmax", faulty_softmax),
-          "aten::addmm": ("addmm", faulty_addmm)}
+          "aten::addmm": ("addmm", faulty_addmm), "aten::gelu_backward": ("gelu_backward", faulty_gelu_backward)}
 
 lib = None
 spec = os.environ.get("FAULT")

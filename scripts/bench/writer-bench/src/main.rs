@@ -47,6 +47,7 @@ fn tensor(role: Role, arg: &str, shape: &[i64], x: f64) -> TensorRecord {
         stride: stride(shape),
         device: "cpu".to_string(),
         numel,
+        name: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: -2.0 * x,
@@ -86,6 +87,9 @@ fn record(i: i64) -> OpRecord {
         start_ns: 1_700_000_000_000_000_000 + i * 1500,
         duration_ns: 700 + i % 300,
         error: None,
+        module: None,
+        fwd_seq: None,
+        source: None,
         tensors: vec![tensor(Role::Input, "self", shape, x), tensor(Role::Output, "0", shape, x * 1.1)],
     }
 }
