@@ -150,6 +150,7 @@ struct PyApi {
   int (*is_initialized)() = nullptr;
   int (*gil_ensure)() = nullptr;  // PyGILState_STATE is an int-sized enum
   void (*gil_release)(int) = nullptr;
+  void* (*this_thread_state)() = nullptr;
   int (*add_pending_call)(int (*)(void*), void*) = nullptr;
   void* (*compile_string)(const char*, const char*, int) = nullptr;
   void* (*exec_code_module)(const char*, void*) = nullptr;
@@ -163,8 +164,8 @@ struct PyApi {
   void (*err_clear)() = nullptr;
 
   bool complete() const {
-    return is_initialized && gil_ensure && gil_release && add_pending_call && compile_string && exec_code_module &&
-           get_attr && call_one_arg && call_no_args && is_true && as_utf8 && bool_from_long && dec_ref && err_clear;
+    return is_initialized && gil_ensure && gil_release && this_thread_state && add_pending_call && compile_string &&
+           exec_code_module && get_attr && call_one_arg && call_no_args && is_true && as_utf8 && bool_from_long && dec_ref && err_clear;
   }
 };
 
@@ -179,6 +180,7 @@ const PyApi* python() {
     find(a.is_initialized, "Py_IsInitialized");
     find(a.gil_ensure, "PyGILState_Ensure");
     find(a.gil_release, "PyGILState_Release");
+    find(a.this_thread_state, "PyGILState_GetThisThreadState");
     find(a.add_pending_call, "Py_AddPendingCall");
     find(a.compile_string, "Py_CompileString");
     find(a.exec_code_module, "PyImport_ExecCodeModule");
@@ -266,6 +268,9 @@ std::string python_source() {
   const PyApi* py = python();
   void* mod = g_module.load();
   if (py == nullptr || !py->is_initialized() || mod == nullptr) return {};
+  // A thread Python has never run on has no line of user code; taking the
+  // GIL there could also wait on a thread that waits on it.
+  if (py->this_thread_state() == nullptr) return {};
   const int gil = py->gil_ensure();
   std::string out;
   void* fn = py->get_attr(mod, "source");
