@@ -10,15 +10,17 @@
 //!   workers and spawned DataLoader workers, which inherit `LD_PRELOAD` and do
 //!   load torch, keep opdump.
 //!
-//! Before loading the core it compares the torch in the process with the
+//! Before loading a core it compares the torch in the process with the
 //! torch the core was built for, so a mismatch is one `opdump:` line instead
-//! of an undefined-symbol failure.
+//! of an undefined-symbol failure. A wheel carries one core per supported
+//! torch version and loads the one that matches ([`cores`]).
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-const CORE_FILE: &str = "libopdump_core.so";
+mod cores;
+
 const TORCH_LIB: &CStr = c"libtorch_cpu.so";
 const BUILD_TORCH_VERSION: &str = env!("TORCH_VERSION_AT_BUILD");
 
@@ -76,22 +78,23 @@ fn load_core_once(real: DlopenFn) {
     {
         return;
     }
-    let Some(core) = own_dir().map(|d| d.join(CORE_FILE)) else {
+    let Some(dir) = own_dir() else {
         eprintln!("opdump: cannot find where libopdump.so was loaded from; opdump stays off");
         return;
     };
-    if let Some((found, path)) = loaded_torch_version() {
-        let want = base(BUILD_TORCH_VERSION);
-        if base(&found) != want {
-            eprintln!(
-                "opdump: this opdump was built for torch {want}, but this process runs torch {found} \
-                 (from {}); opdump stays off. Rebuild it against this torch: \
-                 OPDUMP_PYTHON=<its python> cargo build --release --workspace",
-                path.display()
-            );
+    let running = loaded_torch_version();
+    let core = match cores::choose(
+        &dir,
+        &cores::bundled_versions(&dir),
+        running.as_ref().map(|(v, p)| (v.as_str(), p.as_path())),
+        BUILD_TORCH_VERSION,
+    ) {
+        Ok(core) => core,
+        Err(why) => {
+            eprintln!("opdump: {why}");
             return;
         }
-    }
+    };
     let Ok(c_core) = CString::new(core.as_os_str().as_encoded_bytes()) else {
         return;
     };
@@ -109,14 +112,10 @@ fn load_core_once(real: DlopenFn) {
         };
         eprintln!(
             "opdump: cannot load {}: {why}. The torch in this process (or its C++ ABI) differs from \
-             the one opdump was built for ({BUILD_TORCH_VERSION}); opdump stays off. Rebuild it against this torch.",
+             the one this core was built for; opdump stays off. Rebuild it against this torch.",
             core.display()
         );
     }
-}
-
-fn base(v: &str) -> &str {
-    v.split('+').next().unwrap_or(v).trim()
 }
 
 /// The directory this library was loaded from.
