@@ -14,7 +14,9 @@ VENV=${VENV:-.venv}
 TORCH_VERSION=${TORCH_VERSION:-2.15.0}
 PY=${PYTHON:-python3}
 
-stamp="$VENV/.opdump-setup-torch-$TORCH_VERSION"
+# The stamp names the torch and the requirements: a changed list installs again.
+reqs=$(sha256sum scripts/requirements-test.txt | cut -c1-12)
+stamp="$VENV/.opdump-setup-torch-$TORCH_VERSION-$reqs"
 if [ ! -f "$stamp" ]; then
   echo "setup: creating $VENV with torch==$TORCH_VERSION (first run downloads several GB)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
