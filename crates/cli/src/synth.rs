@@ -59,6 +59,7 @@ pub fn tensor(role: Role, arg: &str, dtype: &str, shape: &[i64], x: f64) -> Tens
         device: "cpu".into(),
         numel: n,
         name: None,
+        capture_key: None,
         status: StatsStatus::Computed,
         stats: stats_for(n, x),
     }
@@ -170,6 +171,7 @@ impl DumpWriter {
                 module: self.module.clone(),
                 fwd_seq: None,
                 source: None,
+                capture: None,
                 tensors: inputs,
             },
         }

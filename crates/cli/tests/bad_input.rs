@@ -178,6 +178,7 @@ fn write_file(path: &Path, version: &str) {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![opdump_cli::synth::input("self", "float32", &[2], 1.0)],
     };
     bb.append(&rec);

@@ -409,6 +409,7 @@ fn tensor(n: usize, stats: Stats) -> TensorRecord {
         device: "cpu".into(),
         numel: n as i64,
         name: None,
+        capture_key: None,
         status: StatsStatus::Computed,
         stats,
     }
@@ -442,6 +443,7 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
             module: None,
             fwd_seq: None,
             source: None,
+            capture: None,
             tensors: vec![tensor(n, stats)],
         };
         w.append(&rec).unwrap();

@@ -36,6 +36,7 @@ fn record(seq: i64) -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![TensorRecord {
             role: Role::Output,
             arg: "0".into(),
@@ -46,6 +47,7 @@ fn record(seq: i64) -> OpRecord {
             device: "cpu".into(),
             numel: 6,
             name: None,
+            capture_key: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,

@@ -315,6 +315,8 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
             opt_str(col::SOURCE),
             opt_str(col::NAME),
         );
+        // Schema version 3.
+        let (capture_file, capture_key) = (opt_str(col::CAPTURE_FILE), opt_str(col::CAPTURE_KEY));
         let fwd_seq = batch
             .column_by_name(col::FWD_SEQ)
             .map(|c| c.as_primitive::<Int64Type>());
@@ -376,6 +378,7 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                     fwd_seq: fwd_seq.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
                     source: str_at(source, i),
                     tensors: Vec::new(),
+                    capture: None,
                 });
             }
             let role_v = Role::parse(role.value(i))
@@ -414,7 +417,12 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                     Stats::NONE
                 },
                 name: str_at(name, i),
+                capture_key: str_at(capture_key, i),
             });
+            // The file's name is all a reader learns of a capture here.
+            if let Some(file) = str_at(capture_file, i) {
+                rec.capture.get_or_insert_with(Default::default).file = Some(file);
+            }
         }
     }
     Ok(out)

@@ -147,6 +147,40 @@ pub struct TensorRecord {
     /// The parameter or buffer this tensor is, by its qualified name, or
     /// its gradient (`.grad` appended).
     pub name: Option<String>,
+    /// In a captured call: the tensor's key in the capture file
+    /// (`input.self`, `input.tensors.2`, `output.0`).
+    pub capture_key: Option<String>,
+}
+
+/// One tensor of a captured call, copied to the host: its values in its own
+/// dtype, in logical (row-major) order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CapturedTensor {
+    /// `input.<arg>[.<list index>]` or `output.<return index or written
+    /// arg>[.<list index>]`.
+    pub key: String,
+    /// As the dump names dtypes: `float32`, `bfloat16`, `int64`.
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+/// The full tensors of an op call chosen by `OPDUMP_CAPTURE`, written beside
+/// the Parquet files as one safetensors file (see `capture.rs`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Capture {
+    /// The selector that chose the call, as written in `OPDUMP_CAPTURE`.
+    pub selector: String,
+    /// Every argument in schema order, typed, as JSON: what `opdump repro`
+    /// needs to call the op again (`capture.rs` describes the form).
+    pub args: String,
+    /// Inputs as they were before the op ran, outputs after.
+    pub tensors: Vec<CapturedTensor>,
+    /// The outputs were left out: they would have taken the process past
+    /// `OPDUMP_CAPTURE_MAX_BYTES`.
+    pub outputs_skipped: bool,
+    /// The file's name in its partition directory, once it is written.
+    pub file: Option<String>,
 }
 
 /// One op call with its tensors. Written as one row per tensor.
@@ -179,6 +213,8 @@ pub struct OpRecord {
     /// The innermost line of user code (OPDUMP_SOURCE=1).
     pub source: Option<String>,
     pub tensors: Vec<TensorRecord>,
+    /// The call's full tensors, when `OPDUMP_CAPTURE` chose it.
+    pub capture: Option<Capture>,
 }
 
 impl OpRecord {

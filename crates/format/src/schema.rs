@@ -16,7 +16,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::record::{OpRecord, Role, StatsStatus};
 
 /// Bumped whenever a column is added, removed or changes meaning.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 /// The oldest schema version this build can read.
 pub const MIN_READABLE_SCHEMA_VERSION: u32 = 1;
 
@@ -281,6 +281,8 @@ columns! {
         numel         NUMEL:         Int64,     null,     "Number of elements; -1 when symbolic.";
         stats_status  STATS_STATUS:  Utf8,      null,     "Why the statistics are what they are (see `StatsStatus`).";
         name          NAME:          Utf8,      null,     "The parameter or buffer this tensor is (`h.3.mlp.c_fc.weight`), or its `.grad`.";
+        capture_file  CAPTURE_FILE:  Utf8,      null,     "In a call OPDUMP_CAPTURE chose: the safetensors file in the same directory holding the tensor.";
+        capture_key   CAPTURE_KEY:   Utf8,      null,     "In a call OPDUMP_CAPTURE chose: the tensor's key in that file (`input.self`, `output.0`).";
     }
     float_stats {
         min           MIN:           "The smallest finite element.";
@@ -370,6 +372,8 @@ impl BatchBuilder {
             self.numel.append_null();
             self.stats_status.append_null();
             self.name.append_null();
+            self.capture_file.append_null();
+            self.capture_key.append_null();
             self.append_stats(None);
             self.rows += 1;
             return;
@@ -388,6 +392,11 @@ impl BatchBuilder {
             self.numel.append_value(t.numel);
             self.stats_status.append_value(t.status.as_str());
             self.name.append_option(t.name.as_deref());
+            // A key only where the file that holds it was written.
+            let file = rec.capture.as_ref().and_then(|c| c.file.as_deref());
+            let key = file.and(t.capture_key.as_deref());
+            self.capture_file.append_option(key.and(file));
+            self.capture_key.append_option(key);
             self.append_stats(t.status.has_values().then_some(&t.stats));
             self.rows += 1;
         }
@@ -469,6 +478,7 @@ mod tests {
             module: None,
             fwd_seq: None,
             source: None,
+            capture: None,
             tensors: vec![],
         };
         let mut b = BatchBuilder::new();
@@ -483,6 +493,7 @@ mod tests {
             device: "cpu".into(),
             numel: 2,
             name: None,
+            capture_key: None,
             status: StatsStatus::Computed,
             stats: Stats::NONE,
         });

@@ -15,7 +15,7 @@
 
 use std::ffi::{CStr, CString};
 use std::fs;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
+use crate::capture;
 use crate::error::{Error, Result};
 use crate::fsguard::{self, c_name, CheckedFile, DirRefused, GuardedFd, Identity};
 use crate::record::OpRecord;
@@ -109,6 +110,9 @@ pub struct RotatingWriter {
     files_written: u64,
     /// Op calls of files that failed to complete, not yet reported by abandon.
     lost_unreported: u64,
+    /// The number of the next capture file, and how many were written.
+    next_capture: u64,
+    captures_written: u64,
 }
 
 /// Creates `dir` and its missing parents with the given mode. It judges
@@ -221,6 +225,8 @@ impl RotatingWriter {
             ops_written: 0,
             files_written: 0,
             lost_unreported: 0,
+            next_capture: 0,
+            captures_written: 0,
         }
     }
 
@@ -416,6 +422,63 @@ impl RotatingWriter {
         fsguard::publish(dir, &mut file, &f.tmp_name, &f.dest_name)
             .map_err(|e| Error::io(&f.tmp, e))
         // `file` is closed here if it is still ours.
+    }
+
+    /// Writes the capture file of `rec` (`OPDUMP_CAPTURE`) into this
+    /// partition, as `capture-<pid>-<N>.safetensors`, under a hidden name
+    /// first and renamed when complete, and names the file in `rec`, so that
+    /// its rows reference it. Does nothing for a call without a capture. On
+    /// an error nothing is visible and `rec` names no file.
+    pub fn write_capture(&mut self, rec: &mut OpRecord) -> Result<()> {
+        if rec.capture.is_none() {
+            return Ok(());
+        }
+        let bytes = capture::serialize(rec).map_err(|e| Error::format(&self.dir, e))?;
+        let (file_mode, dir_path) = (self.opts.file_mode, self.dir.clone());
+        let pid = self
+            .prefix
+            .strip_prefix("part-")
+            .unwrap_or(&self.prefix)
+            .to_string();
+        let name_error = |e| Error::io(&dir_path, e);
+        let (name, tmp_name, dest_name, mut file) = loop {
+            let name = capture::file_name(&pid, self.next_capture);
+            self.next_capture += 1;
+            let (dest_name, tmp_name) = (
+                c_name(&name).map_err(name_error)?,
+                c_name(&format!(".{name}.tmp")).map_err(name_error)?,
+            );
+            let dir = self.partition()?;
+            if fsguard::name_exists(dir, &dest_name).map_err(name_error)? {
+                continue; // left by an earlier process with the same pid
+            }
+            match CheckedFile::create_new(dir, &tmp_name, file_mode) {
+                Ok(f) => break (name, tmp_name, dest_name, f),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io(dir_path.join(&name), e)),
+            }
+        };
+        let id = file.identity();
+        let written = file.write_all(&bytes).and_then(|()| {
+            let dir = partition_dir(&mut self.part, &self.root, &self.levels, self.opts.dir_mode)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            fsguard::publish(dir, &mut file, &tmp_name, &dest_name)
+        });
+        if let Err(e) = written {
+            drop(file);
+            self.remove_hidden(&tmp_name, id);
+            return Err(Error::io(dir_path.join(&name), e));
+        }
+        if let Some(c) = rec.capture.as_mut() {
+            c.file = Some(name);
+        }
+        self.captures_written += 1;
+        Ok(())
+    }
+
+    /// Capture files written and visible.
+    pub fn captures_written(&self) -> u64 {
+        self.captures_written
     }
 
     /// Removes the hidden file `name` if it is still the file `id`. Best

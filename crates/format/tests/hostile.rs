@@ -27,6 +27,7 @@ fn record(seq: i64) -> OpRecord {
         device: "cpu".into(),
         numel: 4,
         name: None,
+        capture_key: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: seq as f64,
@@ -58,6 +59,7 @@ fn record(seq: i64) -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![t(Role::Input, "self"), t(Role::Output, "0")],
     }
 }

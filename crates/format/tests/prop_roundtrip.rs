@@ -95,6 +95,7 @@ fn tensor() -> impl Strategy<Value = TensorRecord> {
                     device,
                     numel,
                     name: None,
+                    capture_key: None,
                     status,
                     stats,
                 }
@@ -144,6 +145,7 @@ fn record() -> impl Strategy<Value = OpRecord> {
                 module: None,
                 fwd_seq: None,
                 source: None,
+                capture: None,
                 tensors,
             },
         )

@@ -21,6 +21,7 @@ fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
         device: "cpu".into(),
         numel: 6,
         name: None,
+        capture_key: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: -v,
@@ -55,6 +56,7 @@ fn record(seq: i64) -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![
             tensor(Role::Input, "self", seq as f64),
             tensor(Role::Output, "0", seq as f64 + 1.0),
@@ -255,4 +257,58 @@ fn reader_rejects_foreign_and_newer_files() {
         .unwrap_err()
         .to_string()
         .contains("no opdump files"));
+}
+
+#[test]
+fn a_captured_call_writes_its_file_and_its_rows_name_it() {
+    use opdump_format::capture::{meta as cmeta, CaptureFile};
+    use opdump_format::{Capture, CapturedTensor};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = RotatingWriter::new(tmp.path(), "part-77", opts(1000), vec![]);
+    let mut rec = record(5);
+    rec.tensors[0].capture_key = Some("input.self".into());
+    rec.tensors[1].capture_key = Some("output.0".into());
+    let values: Vec<u8> = (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let saved = |key: &str| CapturedTensor {
+        key: key.into(),
+        dtype: "float32".into(),
+        shape: vec![2, 3],
+        data: values.clone(),
+    };
+    rec.capture = Some(Capture {
+        selector: "aten::op#0".into(),
+        args: "[]".into(),
+        tensors: vec![saved("input.self"), saved("output.0")],
+        outputs_skipped: false,
+        file: None,
+    });
+    w.write_capture(&mut rec).unwrap();
+    let name = rec.capture.as_ref().unwrap().file.clone().unwrap();
+    assert_eq!(name, "capture-77-00000.safetensors");
+    w.append(&rec).unwrap();
+    // A record without a capture writes no file and names none.
+    let mut plain = record(6);
+    w.write_capture(&mut plain).unwrap();
+    w.append(&plain).unwrap();
+    w.close_file().unwrap();
+    assert_eq!(w.captures_written(), 1);
+    let f = CaptureFile::open(&tmp.path().join(&name)).unwrap();
+    assert_eq!(f.keys(), ["input.self", "output.0"]);
+    assert_eq!(f.tensor("output.0").unwrap().data, values.as_slice());
+    assert_eq!(f.metadata[cmeta::SEQ], "5");
+    assert_eq!(f.metadata[cmeta::SELECTOR], "aten::op#0");
+    let back = read_all(tmp.path());
+    assert_eq!(
+        back[0].capture.as_ref().unwrap().file.as_deref(),
+        Some(name.as_str())
+    );
+    assert_eq!(back[0].tensors[1].capture_key.as_deref(), Some("output.0"));
+    assert!(back[1].capture.is_none() && back[1].tensors[0].capture_key.is_none());
+    // Nothing hidden is left behind.
+    let hidden: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty());
 }

@@ -123,6 +123,7 @@ fn record() -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![TensorRecord {
             role: Role::Output,
             arg: "0".into(),
@@ -133,6 +134,7 @@ fn record() -> OpRecord {
             device: "cpu".into(),
             numel: 6,
             name: None,
+            capture_key: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,

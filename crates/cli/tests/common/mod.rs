@@ -290,6 +290,7 @@ pub fn record(seq: i64, parent_seq: Option<i64>, op: &str, x: f64) -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![
             opdump_cli::synth::input("self", "float32", &[4, 8], x),
             opdump_cli::synth::output(0, "float32", &[4, 8], x),

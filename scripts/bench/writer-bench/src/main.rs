@@ -48,6 +48,7 @@ fn tensor(role: Role, arg: &str, shape: &[i64], x: f64) -> TensorRecord {
         device: "cpu".to_string(),
         numel,
         name: None,
+        capture_key: None,
         status: StatsStatus::Computed,
         stats: Stats {
             min: -2.0 * x,
@@ -90,6 +91,7 @@ fn record(i: i64) -> OpRecord {
         module: None,
         fwd_seq: None,
         source: None,
+        capture: None,
         tensors: vec![tensor(Role::Input, "self", shape, x), tensor(Role::Output, "0", shape, x * 1.1)],
     }
 }
