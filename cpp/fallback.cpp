@@ -696,6 +696,15 @@ void record_inputs(Recorder& rec, const c10::OperatorHandle& op, const torch::ji
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the inputs of ") + name.name + " failed: " + e.what()));
   }
+  if (ticket.capture) {
+    try {
+      save_inputs(rec.call, op.schema(), stack);
+    } catch (const std::exception& e) {
+      rec.call.captured = false;
+      rec.call.saved.clear();
+      warn(rust::Str(std::string("capturing the inputs of ") + name.name + " failed: " + e.what()));
+    }
+  }
 }
 
 // Runs the op with its wall time. The user's own error goes back to them
@@ -751,6 +760,16 @@ void record_outputs(Recorder& rec, const c10::OperatorHandle& op, const torch::j
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));
+  }
+  if (ticket.capture && rec.call.captured) {
+    try {
+      std::vector<std::pair<std::string, c10::IValue>> by_name;
+      for (const auto& [i, v] : written) by_name.emplace_back(op.schema().arguments()[i].name(), v);
+      save_outputs(rec.call, op.schema(), stack, by_name);
+    } catch (const std::exception& e) {
+      rec.call.capture_outputs_skipped = true;
+      warn(rust::Str(std::string("capturing the outputs of ") + name.name + " failed: " + e.what()));
+    }
   }
 }
 

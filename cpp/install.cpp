@@ -27,6 +27,10 @@ std::vector<int64_t> op_stats() {
   auto v = control_stats();
   return std::vector<int64_t>(v.begin(), v.end());
 }
+std::vector<int64_t> op_capture_stats() {
+  auto v = control_capture_stats();
+  return std::vector<int64_t>(v.begin(), v.end());
+}
 std::vector<int64_t> op_device_stats() {
   auto v = control_device_stats();
   return std::vector<int64_t>(v.begin(), v.end());
@@ -71,6 +75,7 @@ bool install() {
     ops->def("step() -> int", &op_step);
     ops->def("stats() -> int[]", &op_stats);
     ops->def("device_stats() -> int[]", &op_device_stats);
+    ops->def("capture_stats() -> int[]", &op_capture_stats);
     ops->def("module_enter(str path) -> ()", &op_module_enter);
     ops->def("module_exit() -> ()", &op_module_exit);
     ops->def("name_tensors(Tensor[] tensors, str[] names) -> ()", &op_name_tensors);

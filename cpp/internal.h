@@ -61,6 +61,13 @@ void names_add(const std::vector<at::Tensor>& tensors, const std::vector<std::st
 void names_new_optimizer_scope();
 rust::String tensor_name(const at::Tensor& t);
 
+// The full tensors and typed arguments of a call OPDUMP_CAPTURE chose
+// (saved_call.cpp): inputs before the op runs, outputs (the returns, or for
+// an op that returns nothing the arguments it wrote, by name) after.
+void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
+void save_outputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                  const std::vector<std::pair<std::string, c10::IValue>>& written);
+
 // The autograd node the calling thread runs in backward: its forward thread
 // and sequence number. False outside a node.
 bool current_backward_node(int64_t& thread, int64_t& seq_nr);

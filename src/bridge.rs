@@ -65,6 +65,8 @@ pub mod ffi {
         shortcuts: bool,
         /// Name the line of user code that made the call (OPDUMP_SOURCE=1).
         source: bool,
+        /// Save the call's full tensors and arguments (OPDUMP_CAPTURE).
+        capture: bool,
     }
 
     /// Statistics over the finite elements of a tensor, in float64 (`Stats`
@@ -121,6 +123,18 @@ pub mod ffi {
         module_id: u32,
         /// -1: none.
         fwd_seq: i64,
+        /// The OPDUMP_CAPTURE selector that chose the call; -1: none.
+        capture: i32,
+    }
+
+    /// One tensor of a captured call, on the host: its values in its own
+    /// dtype, in logical (row-major) order.
+    struct SavedTensor {
+        /// `input.<arg>[.<i>]` or `output.<return or written arg>[.<i>]`.
+        key: String,
+        dtype: String,
+        shape: Vec<i64>,
+        data: Vec<u8>,
     }
 
     /// How the device path waits (from OPDUMP_QUEUE_FULL,
@@ -146,6 +160,13 @@ pub mod ffi {
         /// The source line, e.g. file.py:123 in forward; empty: not asked for, or not found.
         source: String,
         tensors: Vec<TensorRow>,
+        /// A capture was made (the ticket asked, and its inputs fit the
+        /// byte cap): every argument, typed, as JSON, and the tensors.
+        captured: bool,
+        capture_args: String,
+        saved: Vec<SavedTensor>,
+        /// The outputs did not fit the byte cap and were left out.
+        capture_outputs_skipped: bool,
     }
 
     // ----------------------------------------------------------------------
@@ -197,6 +218,15 @@ pub mod ffi {
         fn control_module_exit();
         /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
         fn modules_enabled() -> bool;
+        /// Takes `bytes` of captured tensors from the process's budget
+        /// (OPDUMP_CAPTURE_MAX_BYTES); false, and counted, when they do not
+        /// fit. `outputs`: the call's inputs were taken already.
+        fn capture_reserve(bytes: u64, outputs: bool) -> bool;
+        /// A copy of host bytes, owned by Rust, for a SavedTensor.
+        fn capture_bytes(data: &[u8]) -> Vec<u8>;
+        /// [captured, not captured for the cap, without outputs for it,
+        /// bytes].
+        fn control_capture_stats() -> Vec<i64>;
     }
 
     // ----------------------------------------------------------------------
@@ -307,7 +337,18 @@ fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
         name: (!row.name.is_empty()).then(|| std::mem::take(&mut row.name)),
         status: status(row.status)?,
         stats: stats(&row.stats),
+        // Given by the engine, which knows what the capture holds.
+        capture_key: None,
     })
+}
+
+fn saved(t: &mut ffi::SavedTensor) -> format::CapturedTensor {
+    format::CapturedTensor {
+        key: std::mem::take(&mut t.key),
+        dtype: std::mem::take(&mut t.dtype),
+        shape: std::mem::take(&mut t.shape),
+        data: std::mem::take(&mut t.data),
+    }
 }
 
 /// Moves the strings and rows out of C++'s record.
@@ -325,6 +366,13 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
             .iter_mut()
             .map(tensor)
             .collect::<Result<_, _>>()?,
+        capture: call.captured.then(|| format::Capture {
+            selector: String::new(), // the engine names it
+            args: std::mem::take(&mut call.capture_args),
+            tensors: call.saved.iter_mut().map(saved).collect(),
+            outputs_skipped: call.capture_outputs_skipped,
+            file: None,
+        }),
     })
 }
 
@@ -358,6 +406,7 @@ fn op_enter(
         depth,
         shortcuts,
         source,
+        capture,
     } = t;
     ffi::OpTicket {
         record,
@@ -365,6 +414,7 @@ fn op_enter(
         depth,
         shortcuts,
         source,
+        capture,
     }
 }
 
@@ -392,6 +442,10 @@ fn op_depart() -> ffi::Departure {
         thread: d.map_or(0, |d| d.thread),
         module_id: d.and_then(|d| d.module).unwrap_or(u32::MAX),
         fwd_seq: d.and_then(|d| d.fwd_seq).unwrap_or(-1),
+        capture: d
+            .and_then(|d| d.capture)
+            .and_then(|i| i32::try_from(i).ok())
+            .unwrap_or(-1),
     }
 }
 
@@ -408,6 +462,7 @@ fn op_submit(d: &ffi::Departure, call: &mut ffi::OpCall) {
         thread: d.thread,
         module: (d.module_id != u32::MAX).then_some(d.module_id),
         fwd_seq: (d.fwd_seq >= 0).then_some(d.fwd_seq),
+        capture: usize::try_from(d.capture).ok(),
     });
     match departure {
         Ok(departure) => recorder::op_submit(departure, || take_call(call)),
@@ -470,4 +525,16 @@ fn control_module_exit() {
 
 fn modules_enabled() -> bool {
     runtime::modules_enabled()
+}
+
+fn capture_reserve(bytes: u64, outputs: bool) -> bool {
+    runtime::capture_reserve(bytes, outputs)
+}
+
+fn capture_bytes(data: &[u8]) -> Vec<u8> {
+    data.to_vec()
+}
+
+fn control_capture_stats() -> Vec<i64> {
+    runtime::control_capture_stats()
 }

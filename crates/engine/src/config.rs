@@ -10,6 +10,7 @@ use std::time::Duration;
 use regex::Regex;
 
 pub use opdump_format::ranges::IntSet;
+use opdump_format::selector::{self, Selector};
 
 /// Every variable opdump reads: name, default, meaning. The README's table
 /// and the unknown-name check both come from here.
@@ -31,6 +32,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_QUEUE_WAIT_MS", "10000", "with block: the longest wait before a record (or a device measurement) is dropped, so a hung disk or device never hangs the job"),
     ("OPDUMP_MODULES", "1", "in a Python process, name the nn.Module running each call (module column), the parameters and buffers (name column), and the forward call behind each backward call (fwd_seq), through global module hooks installed while dumping; 0 installs none"),
     ("OPDUMP_SOURCE", "0", "1 gives top-level calls outside backward a source column: the innermost line of user code, file.py:123 in forward (costs a Python frame walk per call)"),
+    ("OPDUMP_CAPTURE", "(none)", "op calls whose full input and output tensors are saved (safetensors, beside the Parquet files): aten::gelu#0 (the first recorded call of that op), aten::gelu@step=1#2 (the third in step 1), module=blocks.0.mlp#0 (every call inside that module's first forward), several separated by ;"),
+    ("OPDUMP_CAPTURE_MAX_BYTES", "2147483648", "the most bytes of captured tensors a process saves; calls past it are not captured, and counted"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
@@ -67,6 +70,9 @@ pub struct Config {
     pub modules: bool,
     /// The source line of top-level calls outside backward.
     pub source: bool,
+    /// The calls whose tensors are saved (OPDUMP_CAPTURE).
+    pub capture: Vec<Selector>,
+    pub capture_max_bytes: u64,
     /// A forked child records into its own files.
     pub fork_record: bool,
     pub file_mode: u32,
@@ -109,6 +115,8 @@ impl Default for Config {
             device_sync: false,
             modules: true,
             source: false,
+            capture: Vec::new(),
+            capture_max_bytes: 2 << 30,
             fork_record: false,
             file_mode: 0o600,
         }
@@ -243,6 +251,18 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             "OPDUMP_SOURCE" => match parse_bool(v) {
                 Some(b) => c.source = b,
                 None => bad(&name, v, "use 1 or 0"),
+            },
+            "OPDUMP_CAPTURE" => match selector::parse_list(v) {
+                Ok(list) => c.capture = list,
+                Err(why) => bad(
+                    &name,
+                    v,
+                    &format!("{why}; selectors are aten::gelu#0, aten::gelu@step=1#2 or module=blocks.0.mlp#0, separated by ;"),
+                ),
+            },
+            "OPDUMP_CAPTURE_MAX_BYTES" => match parse_count(v) {
+                Some(n) => c.capture_max_bytes = n,
+                None => bad(&name, v, "a number of bytes is expected, e.g. 1073741824"),
             },
             "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
                 Some(b) => c.device_sync = b,

@@ -5,6 +5,7 @@
 //! - [`selection`]: which op calls are recorded (regexes, steps, ranks,
 //!   depth, the record cap);
 //! - [`recorder`]: sequencing and nesting of op calls, per thread;
+//! - [`capture`]: which calls `OPDUMP_CAPTURE` chooses, and the byte cap;
 //! - [`modules`]: the module path of a call, and the forward call behind a
 //!   backward one;
 //! - [`sink`]: the bounded channel and the writer thread;
@@ -16,6 +17,7 @@
 //! The layers: `cpp/` → the bridge (`src/`) → this crate → `opdump-format`.
 //! Unit tests run here in milliseconds, without torch.
 
+pub mod capture;
 pub mod config;
 pub mod host;
 pub mod modules;

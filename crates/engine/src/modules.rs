@@ -65,15 +65,27 @@ thread_local! {
 /// A module's forward begins on this thread.
 pub fn enter(path: &str) {
     let id = intern(path);
-    STACK.with(|s| s.borrow_mut().push(id));
+    let depth = STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.push(id);
+        s.len()
+    });
+    if let Some(c) = crate::capture::get() {
+        c.on_module_enter(path, depth);
+    }
 }
 
 /// The innermost module's forward ends on this thread; an exit without an
 /// entry (hooks installed in the middle of a forward) is ignored.
 pub fn exit() {
-    STACK.with(|s| {
-        s.borrow_mut().pop();
+    let depth = STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        s.len()
     });
+    if let Some(c) = crate::capture::get() {
+        c.on_module_exit(depth);
+    }
 }
 
 /// The innermost module this thread is inside.

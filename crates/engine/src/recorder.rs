@@ -13,8 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::OnceLock;
 
-use opdump_format::{OpRecord, Phase, TensorRecord};
+use opdump_format::{capture as capture_file, Capture, OpRecord, Phase, TensorRecord};
 
+use crate::capture;
 use crate::host;
 use crate::modules::{self, Forward, ModuleId};
 use crate::runtime;
@@ -34,6 +35,9 @@ pub struct Ticket {
     /// Whether to name the line of user code that made the call
     /// (OPDUMP_SOURCE=1; top-level calls outside backward).
     pub source: bool,
+    /// Whether to save the call's full tensors and arguments
+    /// (OPDUMP_CAPTURE chose it).
+    pub capture: bool,
 }
 
 impl Ticket {
@@ -43,6 +47,7 @@ impl Ticket {
         depth: 0,
         shortcuts: false,
         source: false,
+        capture: false,
     };
 }
 
@@ -58,6 +63,9 @@ pub struct Call {
     /// `file.py:123 in forward`, when the ticket asked for it.
     pub source: Option<String>,
     pub tensors: Vec<TensorRecord>,
+    /// The saved tensors and arguments, when the ticket asked for them
+    /// (the selector is filled in at submit).
+    pub capture: Option<Capture>,
 }
 
 /// Process-wide numbering of calls and steps.
@@ -117,6 +125,8 @@ pub struct Frame {
     pub module: Option<ModuleId>,
     /// Backward calls: the forward call whose autograd node runs.
     pub fwd_seq: Option<i64>,
+    /// The OPDUMP_CAPTURE selector that chose the call.
+    pub capture: capture::Chosen,
 }
 
 /// The calls one thread is inside, innermost last.
@@ -250,6 +260,10 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
         } else {
             None
         };
+        let chosen = match capture::get() {
+            Some(c) if record => c.on_call(op, overload, step),
+            _ => None,
+        };
         stack.push(Frame {
             seq,
             parent,
@@ -258,6 +272,7 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
             phase,
             module,
             fwd_seq: forward.map(|f| f.seq),
+            capture: chosen,
         });
         Ticket {
             record,
@@ -268,6 +283,7 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
                 && depth == 0
                 && phase != Phase::Backward
                 && rt.is_some_and(|rt| rt.config.source),
+            capture: chosen.is_some(),
         }
     })
 }
@@ -298,6 +314,7 @@ pub struct Departure {
     pub thread: i64,
     pub module: Option<ModuleId>,
     pub fwd_seq: Option<i64>,
+    pub capture: capture::Chosen,
 }
 
 /// Pops the calling thread's stack: the call's place when it is recorded.
@@ -312,15 +329,34 @@ fn depart() -> Option<Departure> {
         thread: TID.with(|t| *t),
         module: frame.module,
         fwd_seq: frame.fwd_seq,
+        capture: frame.capture,
     })
+}
+
+/// Names the selector of a capture, and gives each tensor row its key in
+/// the capture file, where the file holds that tensor.
+fn finish_capture(chosen: capture::Chosen, call: &mut Call) {
+    let (Some(c), Some(i), Some(cap)) = (capture::get(), chosen, call.capture.as_mut()) else {
+        call.capture = None;
+        return;
+    };
+    cap.selector = c.selector(i);
+    for t in &mut call.tensors {
+        let key = capture_file::key(t.role.as_str(), &t.arg, t.list_index);
+        if cap.tensors.iter().any(|s| s.key == key) {
+            t.capture_key = Some(key);
+        }
+    }
+    c.count_captured();
 }
 
 fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
     let Some(sink) = runtime::sink() else { return };
-    let call = match take() {
+    let mut call = match take() {
         Ok(call) => call,
         Err(why) => return runtime::fail(&format!("internal error at an op's exit ({why})")),
     };
+    finish_capture(d.capture, &mut call);
     sink.send(OpRecord {
         seq: d.seq,
         parent_seq: d.parent_seq,
@@ -339,6 +375,7 @@ fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
         fwd_seq: d.fwd_seq,
         source: call.source,
         tensors: call.tensors,
+        capture: call.capture,
     });
 }
 
@@ -427,6 +464,7 @@ mod tests {
             phase: Phase::Forward,
             module: None,
             fwd_seq: None,
+            capture: None,
         }
     }
 

@@ -114,6 +114,10 @@ pub fn init(host: Host) {
     let config_ok = parsed.errors.is_empty();
     let dir = std::path::absolute(&parsed.config.dir).unwrap_or_else(|_| parsed.config.dir.clone());
     let on = parsed.config.on_at_load;
+    crate::capture::install(crate::capture::Captures::new(
+        parsed.config.capture.clone(),
+        parsed.config.capture_max_bytes,
+    ));
     let _ = RUNTIME.set(Runtime {
         config: parsed.config,
         config_ok,
@@ -376,7 +380,44 @@ extern "C" fn at_exit() {
                  {dev_failed} failed on the device (status failed)"
             ));
         }
+        report_captures(c.captures_failed.load(Ordering::Relaxed));
     }));
+}
+
+/// What OPDUMP_CAPTURE saved, said once at exit: a selector that matched
+/// nothing is the usual mistake, and calls past the byte cap are counted.
+fn report_captures(failed: u64) {
+    let (Some(c), Some(rt)) = (crate::capture::get(), get()) else {
+        return;
+    };
+    let [captured, skipped, partial, bytes] = c.counts();
+    let written = captured.saturating_sub(failed);
+    if captured == 0 && skipped == 0 {
+        say(
+            "OPDUMP_CAPTURE matched no recorded call, so nothing was captured. Selectors count the calls that \
+             are recorded (OPDUMP_INCLUDE, OPDUMP_STEPS, OPDUMP_MAX_DEPTH ...): the indexes `opdump compare` \
+             prints hold for a run with the same settings",
+        );
+        return;
+    }
+    let mut line = format!(
+        "captured {written} op call{} ({:.1} MiB of tensors) into {}/rank=*/device=*/capture-{}-*.safetensors",
+        if written == 1 { "" } else { "s" },
+        bytes as f64 / (1u64 << 20) as f64,
+        rt.dir.display(),
+        pid()
+    );
+    if skipped > 0 || partial > 0 {
+        line += &format!(
+            "; {skipped} more not captured and {partial} without their outputs: \
+             OPDUMP_CAPTURE_MAX_BYTES={} reached",
+            rt.config.capture_max_bytes
+        );
+    }
+    if failed > 0 {
+        line += &format!("; {failed} capture files could not be written");
+    }
+    say(&line);
 }
 
 // ---------------------------------------------------------------------------
@@ -417,6 +458,23 @@ pub fn control_stats() -> Vec<i64> {
                 .collect()
         }
         None => vec![0, 0, 0],
+    })
+}
+
+/// [captured, not captured for the byte cap, captured without outputs for
+/// it, bytes saved] (OPDUMP_CAPTURE).
+pub fn control_capture_stats() -> Vec<i64> {
+    guarded(vec![0; 4], || {
+        crate::capture::get()
+            .map(|c| c.counts().iter().map(|&v| v as i64).collect())
+            .unwrap_or_else(|| vec![0; 4])
+    })
+}
+
+/// Takes bytes of captured tensors from the process's budget.
+pub fn capture_reserve(bytes: u64, outputs: bool) -> bool {
+    guarded(false, || {
+        crate::capture::get().is_some_and(|c| c.reserve(bytes, outputs))
     })
 }
 

@@ -38,6 +38,8 @@ pub struct Counters {
     pub dropped: AtomicU64,
     /// Op calls lost because writing failed.
     pub failed: AtomicU64,
+    /// Capture files that could not be written (their rows name none).
+    pub captures_failed: AtomicU64,
 }
 
 // Nearly every message is a record: boxing it would add an allocation per op
@@ -302,17 +304,32 @@ impl Worker {
         })
     }
 
-    fn write(&mut self, rec: OpRecord) {
+    fn write(&mut self, mut rec: OpRecord) {
         if self.failed {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let device = partition_of(&rec).to_string();
         let w = self.writer_for(&device);
+        // The capture file first, so that the rows can name it; a capture
+        // that cannot be written costs its file, not the dump.
+        let capture_failed = w.write_capture(&mut rec).err();
         let before = w.ops_written();
         let result = w.append(&rec);
         let done = w.ops_written() - before;
         self.counters.written.fetch_add(done, Ordering::Relaxed);
+        if let Some(e) = capture_failed {
+            if self
+                .counters
+                .captures_failed
+                .fetch_add(1, Ordering::Relaxed)
+                == 0
+            {
+                eprintln!(
+                    "opdump: writing a capture file failed ({e}); the call's rows name no file"
+                );
+            }
+        }
         if let Err(e) = result {
             self.fail(&e);
         }
@@ -404,6 +421,7 @@ mod tests {
             device: device.into(),
             numel: 4,
             name: None,
+            capture_key: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,
@@ -432,6 +450,7 @@ mod tests {
             module: None,
             fwd_seq: None,
             source: None,
+            capture: None,
             tensors: vec![t(Role::Input), t(Role::Output)],
         }
     }

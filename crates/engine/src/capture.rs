@@ -1,0 +1,232 @@
+//! Which recorded calls are captured (`OPDUMP_CAPTURE`), and the byte cap.
+//!
+//! Each selector counts the recorded calls it could name, in the order their
+//! entries reach it: `aten::gelu#2` is chosen when it sees its third
+//! `aten::gelu`; `aten::gelu@step=1#2` counts only calls in step 1; a module
+//! selector counts the module's forward calls, and every recorded call on
+//! that thread while that forward runs is captured. The selector text is the
+//! format crate's (`opdump_format::selector`), which `opdump compare` also
+//! prints.
+//!
+//! Copying a tensor to the host takes the bytes from the process's budget
+//! (`OPDUMP_CAPTURE_MAX_BYTES`) first: a call whose inputs do not fit is not
+//! captured, one whose outputs do not fit keeps its inputs, and both are
+//! counted and reported at exit.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use opdump_format::selector::Selector;
+
+/// The selectors and their counts, for the whole process.
+pub struct Captures {
+    selectors: Vec<Selector>,
+    /// How many calls (or module calls) each selector has counted.
+    counts: Vec<AtomicU64>,
+    max_bytes: u64,
+    bytes: AtomicU64,
+    /// Calls captured (files handed to the writer), calls not captured at
+    /// all and calls whose outputs were left out, for the byte cap.
+    captured: AtomicU64,
+    skipped: AtomicU64,
+    partial: AtomicU64,
+}
+
+/// What a ticket says about capturing: the index of the selector that chose
+/// the call.
+pub type Chosen = Option<usize>;
+
+impl Captures {
+    pub fn new(selectors: Vec<Selector>, max_bytes: u64) -> Self {
+        let counts = selectors.iter().map(|_| AtomicU64::new(0)).collect();
+        Captures {
+            selectors,
+            counts,
+            max_bytes,
+            bytes: AtomicU64::new(0),
+            captured: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            partial: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.selectors.is_empty()
+    }
+
+    /// A recorded call enters: counts it for every op selector that could
+    /// name it, and says which one (if any) chooses it. A call inside a
+    /// module call chosen by a module selector is chosen too.
+    pub fn on_call(&self, op: &str, overload: &str, step: i64) -> Chosen {
+        let mut chosen = None;
+        for (i, s) in self.selectors.iter().enumerate() {
+            if let Selector::Op {
+                step: want, index, ..
+            } = s
+            {
+                if s.matches_op(op, overload) && want.is_none_or(|w| w == step) {
+                    let n = self.counts[i].fetch_add(1, Ordering::Relaxed);
+                    if n == *index {
+                        chosen.get_or_insert(i);
+                    }
+                }
+            }
+        }
+        chosen.or_else(|| MODULE_CHOICE.with(Cell::get))
+    }
+
+    /// A module's forward begins on this thread, `depth` modules deep (1 for
+    /// the outermost): counts it for every module selector of its path, and
+    /// starts capturing when one chooses it.
+    pub fn on_module_enter(&self, path: &str, depth: usize) {
+        for (i, s) in self.selectors.iter().enumerate() {
+            if let Selector::Module { path: p, index } = s {
+                if p == path && self.counts[i].fetch_add(1, Ordering::Relaxed) == *index {
+                    MODULE_CHOICE.with(|c| {
+                        if c.get().is_none() {
+                            c.set(Some(i));
+                            MODULE_DEPTH.with(|d| d.set(depth));
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// A module's forward ends: this thread's stack is now `depth` modules
+    /// deep. Capturing stops when the chosen module's call has ended.
+    pub fn on_module_exit(&self, depth: usize) {
+        if MODULE_CHOICE.with(Cell::get).is_some() && MODULE_DEPTH.with(Cell::get) > depth {
+            MODULE_CHOICE.with(|c| c.set(None));
+        }
+    }
+
+    /// The selector's text, for the capture file.
+    pub fn selector(&self, chosen: usize) -> String {
+        self.selectors
+            .get(chosen)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+
+    /// Takes `bytes` from the budget; false (and nothing taken) when they do
+    /// not fit. `outputs`: the call's inputs were taken already.
+    pub fn reserve(&self, bytes: u64, outputs: bool) -> bool {
+        let fits = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                b.checked_add(bytes).filter(|&t| t <= self.max_bytes)
+            })
+            .is_ok();
+        if !fits {
+            if outputs {
+                self.partial.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fits
+    }
+
+    /// A capture was handed to the writer.
+    pub fn count_captured(&self) {
+        self.captured.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// [captured calls, calls not captured for the cap, calls whose outputs
+    /// were left out for it, bytes taken].
+    pub fn counts(&self) -> [u64; 4] {
+        [
+            self.captured.load(Ordering::Relaxed),
+            self.skipped.load(Ordering::Relaxed),
+            self.partial.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        ]
+    }
+}
+
+thread_local! {
+    /// The module selector whose chosen module call this thread is inside,
+    /// and that call's depth in the thread's module stack.
+    static MODULE_CHOICE: Cell<Option<usize>> = const { Cell::new(None) };
+    static MODULE_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+static CAPTURES: OnceLock<Captures> = OnceLock::new();
+
+/// The process's selectors; set once, at the runtime's start.
+pub fn install(c: Captures) {
+    let _ = CAPTURES.set(c);
+}
+
+/// None when `OPDUMP_CAPTURE` is unset: nothing to count.
+pub fn get() -> Option<&'static Captures> {
+    CAPTURES.get().filter(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opdump_format::selector::parse_list;
+
+    fn captures(s: &str, max: u64) -> Captures {
+        Captures::new(parse_list(s).unwrap(), max)
+    }
+
+    #[test]
+    fn op_selectors_count_their_own_calls() {
+        let c = captures("aten::gelu#1;aten::add.Tensor@step=1#0;aten::mm#0", 1 << 20);
+        let calls = [
+            ("aten::gelu", "default", 0), // gelu #0
+            ("aten::add", "Tensor", 0),   // step 0: not counted by the step selector
+            ("aten::gelu", "default", 0), // gelu #1: chosen
+            ("aten::add", "Scalar", 1),   // another overload
+            ("aten::add", "Tensor", 1),   // step 1 #0: chosen
+            ("aten::gelu", "default", 1),
+        ];
+        let chosen: Vec<Chosen> = calls
+            .iter()
+            .map(|(op, ov, step)| c.on_call(op, ov, *step))
+            .collect();
+        assert_eq!(chosen, [None, None, Some(0), None, Some(1), None]);
+        assert_eq!(c.selector(1), "aten::add.Tensor@step=1#0");
+        assert_eq!(c.on_call("aten::mm", "default", 0), Some(2));
+        assert_eq!(c.on_call("aten::mm", "default", 0), None);
+    }
+
+    #[test]
+    fn a_module_selector_captures_what_runs_inside_its_call() {
+        let c = captures("module=blocks.1#1", 1 << 20);
+        // blocks.1's first call: not chosen.
+        c.on_module_enter("Model", 1);
+        c.on_module_enter("blocks.1", 2);
+        assert_eq!(c.on_call("aten::mm", "default", 0), None);
+        c.on_module_exit(1);
+        // Its second call, with a submodule inside: everything is chosen
+        // until blocks.1 itself ends.
+        c.on_module_enter("blocks.1", 2);
+        c.on_module_enter("blocks.1.fc", 3);
+        assert_eq!(c.on_call("aten::addmm", "default", 0), Some(0));
+        c.on_module_exit(2);
+        assert_eq!(c.on_call("aten::gelu", "default", 0), Some(0));
+        c.on_module_exit(1);
+        assert_eq!(c.on_call("aten::mm", "default", 0), None);
+        // Other threads are not inside it.
+        c.on_module_enter("blocks.1", 2); // its third call
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(c.on_call("aten::mm", "default", 0), None));
+        });
+    }
+
+    #[test]
+    fn the_byte_cap_skips_and_counts() {
+        let c = captures("aten::mm#0", 100);
+        assert!(c.reserve(60, false));
+        assert!(!c.reserve(60, false)); // inputs do not fit: not captured
+        assert!(c.reserve(40, false));
+        assert!(!c.reserve(1, true)); // outputs do not fit: inputs kept
+        c.count_captured();
+        assert_eq!(c.counts(), [1, 1, 1, 100]);
+    }
+}
