@@ -50,6 +50,33 @@ pub enum Cmd {
     Compare(CompareArgs),
     /// Describe one dump: op calls per op, phase and step; NaN/Inf origins.
     Summary(SummaryArgs),
+    /// Write a folder that reproduces one op call outside the job: both
+    /// runs' captured tensors of the call and repro.py (torch only).
+    ///
+    /// Both dumps must hold the call's capture (OPDUMP_CAPTURE; `opdump
+    /// compare` prints the values). Exit status: 0 written, 2 error.
+    Repro(ReproArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReproArgs {
+    /// The reference dump (the device you trust), with the call captured.
+    pub dump_a: PathBuf,
+    /// The dump under test, with the call captured.
+    pub dump_b: PathBuf,
+    /// The call, as an op selector in A: `aten::gelu@step=0#1` (default: the
+    /// first introduced divergence of `opdump compare A B`).
+    #[arg(long, value_name = "SELECTOR")]
+    pub call: Option<String>,
+    /// The folder to write (default: repro-<op>-<seq A>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Rank to compare (default: the lowest rank both dumps have).
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Compare even when the dumps look like runs of different programs.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -191,6 +218,29 @@ fn compare_cmd(a: CompareArgs) -> Result<u8> {
     Ok(report.exit_status)
 }
 
+fn repro_cmd(a: ReproArgs) -> Result<u8> {
+    let progress = Progress::auto();
+    let (dir, device_b) = crate::repro::run(
+        crate::repro::ReproOptions {
+            compare: CompareOptions {
+                dump_a: a.dump_a,
+                dump_b: a.dump_b,
+                rank: a.rank,
+                filter: Filter::default(),
+                tol: Tolerances::with_overrides(&[], DEFAULT_MIN_AMPLIFICATION)?,
+                top: 10,
+                force: a.force,
+            },
+            call: a.call,
+            out: a.out,
+        },
+        &progress,
+    )?;
+    progress.finish();
+    print(&crate::repro::summary(&dir, &device_b))?;
+    Ok(EXIT_SAME)
+}
+
 fn summary_cmd(a: SummaryArgs) -> Result<u8> {
     let progress = Progress::auto();
     let s = summary::run(&a.dump, a.rank, &progress)?;
@@ -253,6 +303,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
     let r = match cli.cmd {
         Cmd::Compare(a) => compare_cmd(a),
         Cmd::Summary(a) => summary_cmd(a),
+        Cmd::Repro(a) => repro_cmd(a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

@@ -51,6 +51,11 @@ pub struct Tensors {
     /// Id in [`Dump::texts`] of the parameter or buffer the tensor is
     /// (`fc1.weight`, `fc1.weight.grad`); `NO_ID` when none or unknown.
     pub name: Vec<u32>,
+    /// Ids in [`Dump::texts`] of the capture file (its path) and the key of
+    /// the tensor in it (`OPDUMP_CAPTURE`); both empty when no call of the
+    /// dump was captured, `NO_ID` for tensors without a capture.
+    pub capture_file: Vec<u32>,
+    pub capture_key: Vec<u32>,
 }
 
 impl Tensors {
@@ -113,6 +118,9 @@ pub struct Dump {
     /// Some op call has a `module` (the job ran `nn.Module`s with
     /// `OPDUMP_MODULES` on).
     pub has_modules: bool,
+
+    /// The capture files its tensors name, opened on first use.
+    pub captures: crate::captures::CaptureCache,
 
     /// Op names, overloads and argument names.
     pub names: Interner,
@@ -210,6 +218,19 @@ impl Dump {
     pub fn fwd_of(&self, i: u32) -> Option<u32> {
         let s = self.fwd_seq_of(i)?;
         self.seq.binary_search(&s).ok().map(|k| k as u32)
+    }
+
+    /// Where a tensor's captured values are: the capture file and the key
+    /// in it.
+    pub fn capture_of(&self, t: u32) -> Option<(&str, &str)> {
+        let f = *self.tensors.capture_file.get(t as usize)?;
+        let k = *self.tensors.capture_key.get(t as usize)?;
+        (f != NO_ID && k != NO_ID).then(|| (self.texts.get(f), self.texts.get(k)))
+    }
+
+    /// Whether any call of the dump was captured.
+    pub fn has_captures(&self) -> bool {
+        !self.tensors.capture_file.is_empty()
     }
 
     /// The parameter, buffer or `.grad` name of a tensor.

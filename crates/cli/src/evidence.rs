@@ -24,6 +24,8 @@ pub struct Measure {
     pub identical: Option<bool>,
     /// An estimate of ||a - b||_2, when a source can give one.
     pub l2_estimate: Option<f64>,
+    /// Both tensors' values were captured: the bounds are the exact norms.
+    pub exact: bool,
 }
 
 pub trait Evidence: Sync {
@@ -149,11 +151,33 @@ impl Evidence for FingerprintEvidence {
     }
 }
 
+/// The captured values themselves (`OPDUMP_CAPTURE`), where both dumps
+/// captured the call: ||a - b||_2 and ||a - b||_inf exactly, and bitwise
+/// identity. Last, so that it replaces what the other sources bounded.
+pub struct CaptureEvidence;
+
+impl Evidence for CaptureEvidence {
+    fn available(&self, a: &Dump, b: &Dump) -> bool {
+        a.has_captures() && b.has_captures()
+    }
+
+    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+        if let Some(e) = crate::captures::exact_metrics(a, ta, b, tb, 0.0) {
+            m.l2_bound = e.diff_l2;
+            m.linf_bound = e.max_abs;
+            m.l2_estimate = Some(e.diff_l2);
+            m.identical = Some(e.identical);
+            m.exact = true;
+        }
+    }
+}
+
 static STATS: StatsEvidence = StatsEvidence;
 static FINGERPRINT: FingerprintEvidence = FingerprintEvidence;
+static CAPTURE: CaptureEvidence = CaptureEvidence;
 
 /// The sources both dumps support, statistics first.
 pub fn available(a: &Dump, b: &Dump) -> Vec<&'static dyn Evidence> {
-    let all: [&'static dyn Evidence; 2] = [&STATS, &FINGERPRINT];
+    let all: [&'static dyn Evidence; 3] = [&STATS, &FINGERPRINT, &CAPTURE];
     all.into_iter().filter(|e| e.available(a, b)).collect()
 }

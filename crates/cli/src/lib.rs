@@ -10,6 +10,8 @@
 //! [`report`].
 
 pub mod align;
+pub mod call_selector;
+pub mod captures;
 pub mod cli;
 pub mod compare;
 pub mod diff;
@@ -17,6 +19,7 @@ pub mod dtype;
 pub mod dump;
 pub mod error;
 pub mod evidence;
+pub mod exact;
 pub mod intern;
 pub mod metrics;
 pub mod one_sided;
@@ -27,6 +30,7 @@ pub mod progress;
 pub mod provenance;
 pub mod read;
 pub mod report;
+pub mod repro;
 pub mod summary;
 pub mod synth;
 pub mod text;

@@ -602,8 +602,13 @@ impl<'a> Ctx<'a> {
             tc.rel_err = tc.rel_err.max(est / tc.scale_l2);
         }
         tc.tolerance = op_tolerance.max(Tolerances::stats_noise(self.stats_f32, x.numel(ta)));
+        if m.exact {
+            tc.evidence = "exact";
+        }
         tc.verdict = if m.identical == Some(true) {
-            tc.evidence = "fingerprint";
+            if !m.exact {
+                tc.evidence = "fingerprint";
+            }
             TensorVerdict::Identical
         } else if m.stats_equal {
             TensorVerdict::StatsEqual

@@ -66,12 +66,14 @@ const REQUIRED: [&str; 25] = [
 
 /// Read when present: `error` (schema 1 has it), where in the model a call
 /// ran (schema 2), and evidence columns that later schema versions add.
-const OPTIONAL: [&str; 6] = [
+const OPTIONAL: [&str; 8] = [
     col::ERROR,
     col::MODULE,
     col::FWD_SEQ,
     col::SOURCE,
     col::NAME,
+    col::CAPTURE_FILE,
+    col::CAPTURE_KEY,
     FINGERPRINT,
 ];
 
@@ -287,12 +289,17 @@ struct Builder {
     t_len: Vec<u32>,
     t: Tensors,
     has_fingerprint: bool,
+    /// Some tensor read so far was captured: every tensor has the two
+    /// capture columns from then on.
+    has_captures: bool,
 }
 
 const NO_PARENT: i64 = i64::MIN;
 
 /// String columns read as dictionaries.
-const DICT_COLUMNS: [&str; 12] = [
+const DICT_COLUMNS: [&str; 14] = [
+    col::CAPTURE_FILE,
+    col::CAPTURE_KEY,
     col::MODULE,
     col::SOURCE,
     col::NAME,
@@ -389,6 +396,8 @@ struct Cols<'a> {
     fwd_seq: Option<&'a Int64Array>,
     source: Option<StrCol<'a>>,
     name: Option<StrCol<'a>>,
+    capture_file: Option<StrCol<'a>>,
+    capture_key: Option<StrCol<'a>>,
     role: StrCol<'a>,
     arg: StrCol<'a>,
     list_index: &'a arrow_array::Int32Array,
@@ -466,6 +475,8 @@ impl<'a> Cols<'a> {
             },
             source: opt_strc(col::SOURCE)?,
             name: opt_strc(col::NAME)?,
+            capture_file: opt_strc(col::CAPTURE_FILE)?,
+            capture_key: opt_strc(col::CAPTURE_KEY)?,
             role: strc(col::ROLE)?,
             arg: strc(col::ARG)?,
             list_index: i32c(col::LIST_INDEX)?,
@@ -592,6 +603,10 @@ struct RowCodes {
     source: Vec<u32>,
     /// Tensor rows: the parameter name.
     name: Vec<u32>,
+    /// Tensor rows of captured calls: the capture file (its path, beside
+    /// the Parquet file) and the key in it; empty when the batch has none.
+    capture_file: Vec<u32>,
+    capture_key: Vec<u32>,
     /// Index into the dtypes.
     dtype: Vec<u32>,
 }
@@ -669,6 +684,8 @@ impl Builder {
             zero: reserved(rows),
             fingerprint: Vec::new(),
             name: reserved(rows),
+            capture_file: Vec::new(),
+            capture_key: Vec::new(),
         };
         Builder {
             names: Interner::default(),
@@ -690,6 +707,7 @@ impl Builder {
             t_len: reserved(ops),
             t,
             has_fingerprint: false,
+            has_captures: false,
         }
     }
 
@@ -819,6 +837,26 @@ impl Builder {
         let module = optional(&c.module)?;
         let source = optional(&c.source)?;
         let name = optional(&c.name)?;
+        // A file name, made a path beside the Parquet file it is named in.
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let capture_file = match &c.capture_file {
+            Some(f) => f.codes(NO_ID, |s| {
+                if s.contains('/') || s.starts_with('.') {
+                    return Err(corrupt(path, format!("bad capture_file {s:?}")));
+                }
+                Ok(texts.intern(&dir.join(s).to_string_lossy()))
+            })?,
+            None => Vec::new(),
+        };
+        let capture_key = match (&c.capture_key, capture_file.iter().any(|&f| f != NO_ID)) {
+            (Some(k), true) => k.codes(NO_ID, |s| Ok(texts.intern(s)))?,
+            _ => Vec::new(),
+        };
+        let capture_file = if capture_key.is_empty() {
+            Vec::new()
+        } else {
+            capture_file
+        };
         let dtypes = &mut self.dtypes;
         let dtype = c
             .dtype
@@ -835,6 +873,8 @@ impl Builder {
             module,
             source,
             name,
+            capture_file,
+            capture_key,
             dtype,
         })
     }
@@ -945,6 +985,22 @@ impl Builder {
         t.role.extend_from_slice(&tensors.roles);
         t.arg.extend(rows.iter().map(|&i| codes.arg[i as usize]));
         t.name.extend(rows.iter().map(|&i| codes.name[i as usize]));
+        if !codes.capture_file.is_empty() && !self.has_captures {
+            // The first captured call: every tensor read before has none.
+            self.has_captures = true;
+            t.capture_file.resize(first, NO_ID);
+            t.capture_key.resize(first, NO_ID);
+        }
+        if self.has_captures {
+            for &i in rows {
+                let (f, k) = match codes.capture_file.get(i as usize) {
+                    Some(&f) => (f, codes.capture_key[i as usize]),
+                    None => (NO_ID, NO_ID),
+                };
+                t.capture_file.push(f);
+                t.capture_key.push(k);
+            }
+        }
         t.dtype
             .extend(rows.iter().map(|&i| codes.dtype[i as usize] as u16));
         t.status
@@ -1057,6 +1113,7 @@ impl Builder {
             skipped_other_pids,
             schema_version: SCHEMA_VERSION,
             has_modules: self.module.iter().any(|&m| m != NO_ID),
+            captures: Default::default(),
             names: self.names,
             texts: self.texts,
             dtypes: self.dtypes,

@@ -489,6 +489,72 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         );
     }
     out.push_str("</table>");
+    exact_table(out, r);
+}
+
+/// The commands that take the first introduced call to a reproduction.
+fn next_section(out: &mut String, n: &crate::report::model::NextStep) {
+    let _ = write!(
+        out,
+        "<h3>Next: reproduce {} outside the job</h3>",
+        esc(&n.op)
+    );
+    if n.captured {
+        let _ = write!(
+            out,
+            "<p>Both dumps hold its tensors:</p><pre>{}</pre>",
+            esc(&n.repro)
+        );
+    } else {
+        let _ = write!(
+            out,
+            "<p>Run each job again into a new <code>OPDUMP_DIR</code>, with the same other <code>OPDUMP_*</code> settings, and:</p>\
+             <pre>A: OPDUMP_CAPTURE='{}'\nB: OPDUMP_CAPTURE='{}'</pre><p>then</p><pre>{}</pre>",
+            esc(&n.capture_a),
+            esc(&n.capture_b),
+            esc(&n.repro)
+        );
+    }
+}
+
+/// The exact metrics of the tensors both dumps captured.
+fn exact_table(out: &mut String, r: &OpReport) {
+    if r.tensors.iter().all(|t| t.exact.is_none()) {
+        return;
+    }
+    out.push_str(
+        "<p>Exact metrics (both runs captured the values; they replace the bounds in the verdict):</p>\
+         <table><tr><th>tensor</th><th>max abs</th><th>max rel</th><th>rel l2</th><th>cosine</th>\
+         <th>ulp median</th><th>ulp p99</th><th>ulp max</th><th>beyond tol</th><th>worst element</th></tr>",
+    );
+    for t in &r.tensors {
+        let Some(e) = &t.exact else { continue };
+        let name = match t.list_index {
+            Some(i) => format!("{} {}[{i}]", t.role, t.arg),
+            None => format!("{} {}", t.role, t.arg),
+        };
+        let o = |v: Option<f64>| v.map_or("-".to_string(), num);
+        let idx: Vec<String> = e.worst_index.iter().map(u64::to_string).collect();
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.9}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{} of {}</td><td>[{}] A {} B {}</td></tr>",
+            esc(&name),
+            num(e.max_abs),
+            num(e.max_rel),
+            num(e.rel_l2),
+            e.cosine,
+            o(e.ulp_median),
+            o(e.ulp_p99),
+            o(e.ulp_max),
+            e.beyond_tolerance,
+            e.numel,
+            idx.join(", "),
+            num(e.worst_a),
+            num(e.worst_b)
+        );
+    }
+    out.push_str("</table>");
 }
 
 fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
@@ -569,6 +635,9 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
         );
     }
     op_section(&mut o, "First introduced divergence", &r.first_introduced);
+    if let Some(n) = &r.next {
+        next_section(&mut o, n);
+    }
     op_section(&mut o, "First divergence", &r.first_divergence);
     if !r.top_introduced.is_empty() {
         o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");

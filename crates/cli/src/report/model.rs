@@ -8,6 +8,7 @@ use serde::{Serialize, Serializer};
 
 use crate::compare::{Compared, Outcome, UnmatchedChange};
 use crate::dump::{Dump, NONE};
+use crate::exact::ExactMetrics;
 use crate::intern::FxMap;
 use crate::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
 use crate::verdict::{OpVerdict, TensorVerdict};
@@ -285,6 +286,10 @@ pub struct TensorReport {
     /// had not diverged (accumulated rounding); inputs: `tolerance`.
     #[serde(serialize_with = "finite")]
     pub allowed: f64,
+    /// Both dumps captured the tensor's values (OPDUMP_CAPTURE): the exact
+    /// metrics (crates/cli/src/exact.rs), which replace the bounds above in
+    /// the verdict.
+    pub exact: Option<ExactMetrics>,
 }
 
 impl TensorReport {
@@ -310,6 +315,7 @@ impl TensorReport {
             rel_err: row.rel_err,
             tolerance: row.tolerance,
             allowed: t.allowed,
+            exact: row.exact,
         }
     }
 }
@@ -553,7 +559,63 @@ pub struct CompareReport {
     pub first_introduced_unmatched: Option<UnmatchedReport>,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<OpReport>,
+    /// How to get the first introduced call's tensors and reproduce it.
+    pub next: Option<NextStep>,
     pub notes: Vec<String>,
+}
+
+/// The next command after a divergence: capture the first introduced call
+/// in each run (`OPDUMP_CAPTURE`), then `opdump repro`.
+#[derive(Serialize, Clone, Debug)]
+pub struct NextStep {
+    pub op: String,
+    pub seq_a: i64,
+    pub seq_b: i64,
+    /// The `OPDUMP_CAPTURE` value that names the call in A's run, and in B's.
+    pub capture_a: String,
+    pub capture_b: String,
+    /// Both dumps hold the call's tensors already: `repro` runs on them.
+    pub captured: bool,
+    /// The command to run (on new dumps made with the captures, unless
+    /// `captured`).
+    pub repro: String,
+}
+
+impl NextStep {
+    fn of(c: &Compared, pair: usize) -> Self {
+        let p = c.alignment.pairs[pair];
+        let captured = |d: &Dump, i: u32| d.tensors_of(i).any(|t| d.capture_of(t).is_some());
+        let sa = crate::call_selector::of_call(&c.a, p.a);
+        let sb = crate::call_selector::of_call(&c.b, p.b);
+        let both = captured(&c.a, p.a) && captured(&c.b, p.b);
+        let quote = |path: &std::path::Path| {
+            let s = path.display().to_string();
+            if s.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "/._-=".contains(ch))
+            {
+                s
+            } else {
+                format!("'{}'", s.replace('\'', "'\\''"))
+            }
+        };
+        NextStep {
+            op: c.a.full_name(p.a),
+            seq_a: c.a.seq[p.a as usize],
+            seq_b: c.b.seq[p.b as usize],
+            capture_a: sa.to_string(),
+            capture_b: sb.to_string(),
+            captured: both,
+            repro: if both {
+                format!(
+                    "opdump repro {} {} --call '{sa}'",
+                    quote(&c.a.path),
+                    quote(&c.b.path)
+                )
+            } else {
+                format!("opdump repro <dump A with the capture> <dump B with the capture> --call '{sa}'")
+            },
+        }
+    }
 }
 
 impl CompareReport {
@@ -616,6 +678,7 @@ impl CompareReport {
                 .iter()
                 .map(|&k| OpReport::of(c, k))
                 .collect(),
+            next: c.first_introduced.map(|k| NextStep::of(c, k)),
             notes: c.notes.clone(),
         }
     }
@@ -783,6 +846,8 @@ pub struct TensorRow<'a> {
     pub rel_linf: f64,
     pub rel_err: f64,
     pub tolerance: f64,
+    /// Both sides captured: the exact metrics.
+    pub exact: Option<ExactMetrics>,
 }
 
 impl<'a> TensorRow<'a> {
@@ -818,6 +883,10 @@ impl<'a> TensorRow<'a> {
             rel_linf: t.rel_linf,
             rel_err: t.rel_err,
             tolerance: t.tolerance,
+            exact: match (t.measure.exact, t.ta, t.tb) {
+                (true, Some(x), Some(y)) => crate::captures::exact_metrics(a, x, b, y, t.tolerance),
+                _ => None,
+            },
         }
     }
 }

@@ -81,7 +81,85 @@ fn schema() -> SchemaRef {
     ] {
         f.push(Field::new(m, DataType::Float64, true));
     }
+    // Exact metrics, where both dumps captured the pair (null elsewhere).
+    for m in EXACT_F64 {
+        f.push(Field::new(format!("exact_{m}"), DataType::Float64, true));
+    }
+    f.push(Field::new("exact_beyond_tolerance", DataType::Int64, true));
+    f.push(Field::new(
+        "exact_worst_index",
+        DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+        true,
+    ));
     Arc::new(Schema::new(f))
+}
+
+/// The float exact metrics, in column order (crates/cli/src/exact.rs).
+const EXACT_F64: [&str; 9] = [
+    "max_abs",
+    "max_rel",
+    "rel_l2",
+    "cosine",
+    "ulp_median",
+    "ulp_p99",
+    "ulp_max",
+    "worst_a",
+    "worst_b",
+];
+
+/// The exact-metric columns of the rows.
+struct Exact {
+    f64s: [Float64Builder; 9],
+    beyond: Int64Builder,
+    worst: ListBuilder<Int64Builder>,
+}
+
+impl Exact {
+    fn new() -> Self {
+        Exact {
+            f64s: std::array::from_fn(|_| Float64Builder::new()),
+            beyond: Int64Builder::new(),
+            worst: ListBuilder::new(Int64Builder::new()),
+        }
+    }
+
+    fn push(&mut self, e: Option<&crate::exact::ExactMetrics>) {
+        let Some(e) = e else {
+            for b in &mut self.f64s {
+                b.append_null();
+            }
+            self.beyond.append_null();
+            self.worst.append_null();
+            return;
+        };
+        let v = [
+            Some(e.max_abs),
+            Some(e.max_rel),
+            Some(e.rel_l2),
+            Some(e.cosine),
+            e.ulp_median,
+            e.ulp_p99,
+            e.ulp_max,
+            Some(e.worst_a),
+            Some(e.worst_b),
+        ];
+        for (b, x) in self.f64s.iter_mut().zip(v) {
+            b.append_option(x.and_then(opt));
+        }
+        self.beyond.append_value(e.beyond_tolerance as i64);
+        for &i in &e.worst_index {
+            self.worst.values().append_value(i as i64);
+        }
+        self.worst.append(true);
+    }
+
+    fn finish(&mut self, cols: &mut Vec<ArrayRef>) {
+        for b in &mut self.f64s {
+            cols.push(Arc::new(b.finish()));
+        }
+        cols.push(Arc::new(self.beyond.finish()));
+        cols.push(Arc::new(self.worst.finish()));
+    }
 }
 
 /// The columns of one side (a or b) of a tensor pair.
@@ -181,6 +259,7 @@ struct Columns {
     b: Side,
     /// abs_bound, linf_bound, rel_l2, rel_linf, rel_err, tolerance.
     metrics: [Float64Builder; 6],
+    exact: Exact,
     rows: usize,
 }
 
@@ -206,6 +285,7 @@ impl Columns {
             a: Side::new(),
             b: Side::new(),
             metrics: std::array::from_fn(|_| Float64Builder::new()),
+            exact: Exact::new(),
             rows: 0,
         }
     }
@@ -246,6 +326,7 @@ impl Columns {
         for (bld, v) in self.metrics.iter_mut().zip(m) {
             bld.append_option(opt(v));
         }
+        self.exact.push(t.exact.as_ref());
         self.rows += 1;
     }
 
@@ -281,6 +362,7 @@ impl Columns {
         for bld in &mut self.metrics {
             cols.push(Arc::new(bld.finish()));
         }
+        self.exact.finish(&mut cols);
         self.rows = 0;
         RecordBatch::try_new(schema.clone(), cols)
     }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::model::{
-    CompareReport, DumpInfo, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
+    CompareReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
 };
 use crate::text::{clean, Clean};
 
@@ -199,6 +199,38 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
     out.push('\n');
     stats_row(out, "A", &t.a);
     stats_row(out, "B", &t.b);
+    if let Some(e) = &t.exact {
+        exact_row(out, e);
+    }
+}
+
+/// The exact metrics of a captured pair, under its statistics.
+fn exact_row(out: &mut String, e: &crate::exact::ExactMetrics) {
+    if e.identical {
+        out.push_str("        exact  bitwise identical\n");
+        return;
+    }
+    let ulp = match (e.ulp_median, e.ulp_p99, e.ulp_max) {
+        (Some(m), Some(p), Some(x)) => {
+            format!("  ulp median {} p99 {} max {}", num(m), num(p), num(x))
+        }
+        _ => String::new(),
+    };
+    let idx: Vec<String> = e.worst_index.iter().map(u64::to_string).collect();
+    let _ = writeln!(
+        out,
+        "        exact  max abs {}  max rel {}  rel l2 {}  cosine {:.9}{ulp}  beyond tol {} of {}{}  worst [{}]: A {} B {}",
+        num(e.max_abs),
+        num(e.max_rel),
+        num(e.rel_l2),
+        e.cosine,
+        thousands(e.beyond_tolerance),
+        thousands(e.numel),
+        if e.nan_mismatch > 0 { format!(" ({} NaN/Inf on one side)", thousands(e.nan_mismatch)) } else { String::new() },
+        idx.join(", "),
+        num(e.worst_a),
+        num(e.worst_b)
+    );
 }
 
 /// Where in the model the call ran: its module, the forward call of a
@@ -526,7 +558,34 @@ pub fn render(r: &CompareReport) -> String {
             out.push_str("Verdict: no divergence: every aligned op agrees within tolerance.\n")
         }
     }
+    if let Some(n) = &r.next {
+        next_block(&mut out, n);
+    }
     out
+}
+
+/// The commands that take the first introduced call to a reproduction.
+fn next_block(out: &mut String, n: &NextStep) {
+    let what = format!("{} (seq A {}, seq B {})", Clean(&n.op), n.seq_a, n.seq_b);
+    if n.captured {
+        let _ = writeln!(
+            out,
+            "\nNext: both dumps hold the tensors of {what}; reproduce it outside the job:\n  {}",
+            Clean(&n.repro)
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nNext: capture the tensors of {what} and reproduce it outside the job:\n  \
+         1. run A's job again with  OPDUMP_CAPTURE='{}'\n     \
+         run B's job again with  OPDUMP_CAPTURE='{}'\n     \
+         (each into a new OPDUMP_DIR, with the same other OPDUMP_* settings: selectors count recorded calls)\n  \
+         2. {}",
+        Clean(&n.capture_a),
+        Clean(&n.capture_b),
+        Clean(&n.repro)
+    );
 }
 
 #[cfg(test)]
