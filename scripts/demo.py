@@ -6,6 +6,8 @@ changed), and let `opdump compare` say where they diverge.
     scripts/demo.sh --fault none                      # no fault: the devices agree
     scripts/demo.sh --devices cpu,cuda                # on a machine with a GPU
     scripts/demo.sh --fault "aten::addmm=noise:1e-3"  # any TESTDEV_FAULT spec
+    scripts/demo.sh --repro                           # then capture the guilty call and reproduce it:
+                                                      # dump -> compare -> capture -> repro
 """
 
 import argparse
@@ -39,11 +41,14 @@ def worker(device, steps):
     print(json.dumps({"losses": losses, "fault_counts": counts}))
 
 
-def run_device(device, out, steps, fault):
-    dump = out / device.replace(":", "_")
+def run_device(device, out, steps, fault, capture=None, env_extra=None):
+    dump = out / (device.replace(":", "_") + ("-capture" if capture else ""))
     shutil.rmtree(dump, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPDUMP")}
     env.update(OPDUMP="1", OPDUMP_DIR=str(dump), LD_PRELOAD=str(TARGET / "libopdump.so"), PYTHONUNBUFFERED="1")
+    if capture:
+        env["OPDUMP_CAPTURE"] = capture
+    env.update(env_extra or {})
     env.pop("TESTDEV_FAULT", None)
     if fault and device.startswith("testdev"):
         env["TESTDEV_FAULT"] = fault
@@ -75,6 +80,8 @@ def main():
                     help="TESTDEV_FAULT for the testdev run ('none' for a fault-free run)")
     ap.add_argument("--out", default="opdump-demo", help="where the two dumps and the report go")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--repro", action="store_true",
+                    help="then capture the first introduced call in both runs and reproduce it (opdump repro)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -108,7 +115,42 @@ def main():
     print("$ opdump compare", a.name, b.name, flush=True)
     p = subprocess.run(cmd)
     print(f"\nReport: {out / 'report.html'}; per-tensor table: {out / 'compare.parquet'}")
+    if args.repro:
+        if p.returncode != 1:
+            sys.exit("demo: --repro needs a divergence that an op introduced; this comparison found none")
+        sys.exit(capture_and_reproduce(devices, out, args.steps, fault))
     sys.exit(0 if p.returncode in (0, 1, 3) else p.returncode)
+
+
+def capture_and_reproduce(devices, out, steps, fault):
+    """Steps 3 and 4: the two runs again, capturing the call compare named,
+    then opdump repro on the new dumps and the script it writes."""
+    with open(out / "compare.json") as f:
+        nxt = json.load(f)["next"]
+    print(f"\n== capture: both runs again, with the OPDUMP_CAPTURE values compare printed")
+    dumps = []
+    for d, sel in zip(devices, (nxt["capture_a"], nxt["capture_b"])):
+        dump, _ = run_device(d, out, steps, fault, capture=sel)
+        files = sorted(dump.glob("rank=*/device=*/capture-*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        print(f"  {d:>10}: OPDUMP_CAPTURE='{sel}' -> {len(files)} file, {size / 1024:.0f} KiB: "
+              + ", ".join(str(f.relative_to(out)) for f in files))
+        dumps.append(dump)
+    repro_dir = out / "repro"
+    shutil.rmtree(repro_dir, ignore_errors=True)
+    cmd = [str(TARGET / "opdump"), "repro", str(dumps[0]), str(dumps[1]), "--out", str(repro_dir)]
+    print(f"\n== repro\n$ opdump repro {dumps[0].name} {dumps[1].name} --out {repro_dir.name}", flush=True)
+    p = subprocess.run(cmd)
+    if p.returncode != 0:
+        return p.returncode
+    setup = ["--setup", "tests.testdev:load"] if any(d.startswith("testdev") for d in devices) else []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in env.items() if not k.startswith("OPDUMP") and k != "LD_PRELOAD"}
+    if fault:
+        env["TESTDEV_FAULT"] = fault  # the device under test keeps its fault
+    print(f"$ python {repro_dir.name}/repro.py {' '.join(setup)}", flush=True)
+    p = subprocess.run([sys.executable, str(repro_dir / "repro.py"), *setup], env=env)
+    return 0 if p.returncode in (0, 1) else p.returncode
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def test_planted_device_fault_is_named(cpu_dump, tmp_path, fault, op):
         p = subprocess.run([str(CLI), "compare", str(cpu_dump), str(dump)], capture_output=True, text=True, timeout=300)
         assert p.returncode == 1, p.stderr
         assert f"  module  {first['module']}\n" in p.stdout, p.stdout
-        assert f"First introduced at aten::gelu in {first['module']} (seq A" in p.stdout.splitlines()[-1], p.stdout
+        verdict = next(l for l in p.stdout.splitlines() if l.startswith("Verdict:"))
+        assert f"First introduced at aten::gelu in {first['module']} (seq A" in verdict, p.stdout
 
 
 def test_permutation_is_invisible_to_statistics(cpu_dump, tmp_path):
