@@ -115,8 +115,13 @@ def test_run_compare_and_read_without_a_compiler(venv, tmp_path):
     assert json.loads(check.stdout) == [None] * len(COMPILERS), check.stdout
 
     # An unmodified job, through python -m opdump run.
-    ref = venv.run("python", "-m", "opdump", "run", "--dir", "ref", "--", "python", JOB, cwd=tmp_path)
-    assert ref.returncode == 0 and not opdump_lines(ref.stderr), ref.stderr
+    # The reference also captures one call (through --set): its capture file
+    # shares the Parquet files' directory, and read() must still take them.
+    ref = venv.run("python", "-m", "opdump", "run", "--dir", "ref", "--set", "OPDUMP_CAPTURE=aten::gelu#0", "--",
+                   "python", JOB, cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr
+    assert [l for l in opdump_lines(ref.stderr) if "captured 1 op call" not in l] == [], ref.stderr
+    assert len(list((tmp_path / "ref").rglob("capture-*.safetensors"))) == 1
     bad = venv.run("python", "-m", "opdump", "run", "--dir", "bad", "--steps", "0", "--", "python", JOB,
                    cwd=tmp_path, FAULT="aten::gelu=1.01")
     assert bad.returncode == 0 and not opdump_lines(bad.stderr), bad.stderr

@@ -12,10 +12,12 @@ _EXTRA = "pip install 'opdump[analysis]'"
 
 def _need(module: str) -> Any:
     try:
-        return __import__(module)
+        import importlib
+
+        return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"opdump.read(..., as_={module!r}) needs {module}, which is not installed: "
-                          f"{_EXTRA} (or pip install {module})") from e
+        top = module.split(".")[0]
+        raise ImportError(f"opdump.read() needs {top}, which is not installed: {_EXTRA} (or pip install {top})") from e
 
 
 def read(path: os.PathLike | str, as_: Literal["duckdb", "pandas"] = "duckdb",
@@ -45,8 +47,12 @@ def read(path: os.PathLike | str, as_: Literal["duckdb", "pandas"] = "duckdb",
     if not any(p.is_file() for p in root.glob("rank=*/device=*/part-*.parquet")):
         raise FileNotFoundError(f"{root}: no opdump Parquet files (rank=*/device=*/part-*.parquet)")
     if as_ == "pandas":
-        pd = _need("pandas")
-        return pd.read_parquet(root)
+        _need("pandas")
+        ds = _need("pyarrow.dataset")
+        # By name: capture files (capture-*.safetensors) share the directories.
+        files = sorted(str(p) for p in root.glob("rank=*/device=*/part-*.parquet"))
+        table = ds.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(root)).to_table()
+        return table.to_pandas()
     duckdb = _need("duckdb")
     # The module's functions use DuckDB's default connection.
     con = connection if connection is not None else duckdb
