@@ -15,12 +15,14 @@
 // The copies run with opdump's own keys excluded (stats_excluded_keys), so
 // that neither opdump, autograd nor a user's mode sees them.
 
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <sstream>
 #include <cmath>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -177,157 +179,127 @@ void save(OpCall& call, const at::Tensor& t, const std::string& key) {
   call.saved.push_back(std::move(s));
 }
 
-// One argument's value, typed, as JSON (see crates/format/src/capture.rs).
-void json_value(std::string& out, const c10::Argument& a, const c10::IValue& v, const std::string& key) {
+// `{"tag": <what emit writes>}`.
+template <typename F>
+void tagged(std::string& out, const char* tag, F&& emit) {
+  out += "{\"";
+  out += tag;
+  out += "\": ";
+  emit();
+  out += '}';
+}
+
+void tagged_string(std::string& out, const char* tag, std::string_view s) {
+  tagged(out, tag, [&] { json_string(out, s); });
+}
+
+// `[e0, e1, ...]`, each element written by emit(element).
+template <typename List, typename F>
+void json_array(std::string& out, const List& list, F&& emit) {
+  out += '[';
+  bool first = true;
+  for (const auto& e : list) {
+    if (!first) out += ", ";
+    first = false;
+    emit(e);
+  }
+  out += ']';
+}
+
+void unsupported(std::string& out, const c10::IValue& v) {
+  std::ostringstream s;
+  s << v;
+  tagged_string(out, "unsupported", s.str());
+}
+
+// A value whose runtime type says what it is: None, int (or a concrete
+// SymInt), float, bool. False for anything else.
+bool json_plain(std::string& out, const c10::IValue& v) {
   if (v.isNone()) {
     out += "null";
-  } else if (v.isTensor()) {
-    if (!v.toTensor().defined()) {
-      out += "null";
-    } else {
-      out += "{\"tensor\": ";
-      json_string(out, key);
-      out += '}';
-    }
-  } else if (v.isTensorList() || (v.isList() && is_tensor_list_type(a))) {
-    out += "{\"tensors\": [";
-    int64_t j = 0;
-    auto one = [&](bool defined) {
-      if (j > 0) out += ", ";
-      if (defined) {
-        std::string k = key;
-        k += '.';
-        json_int(k, j);
-        json_string(out, k);
-      } else
-        out += "null";
-      ++j;
-    };
-    if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      for (size_t i = 0; i < list.size(); ++i) one(list.get(i).defined());
-    } else {
-      for (const auto& e : v.toListRef()) one(e.isTensor() && e.toTensor().defined());
-    }
-    out += "]}";
   } else if (v.isInt()) {
-    const auto kind = element_kind(a.real_type());
-    const char* name = nullptr;
-    if (kind == c10::TypeKind::ScalarTypeType) {
-      out += "{\"dtype\": ";
-      json_string(out, c10::getDtypeNames(static_cast<c10::ScalarType>(v.toInt())).first);
-      out += '}';
-      return;
-    }
-    if (kind == c10::TypeKind::LayoutType && (name = layout_name(static_cast<c10::Layout>(v.toInt())))) {
-      out += "{\"layout\": ";
-      json_string(out, name);
-      out += '}';
-      return;
-    }
-    if (kind == c10::TypeKind::MemoryFormatType &&
-        (name = memory_format_name(static_cast<c10::MemoryFormat>(v.toInt())))) {
-      out += "{\"memory_format\": ";
-      json_string(out, name);
-      out += '}';
-      return;
-    }
-    out += "{\"int\": ";
-    json_int(out, v.toInt());
-    out += '}';
+    tagged(out, "int", [&] { json_int(out, v.toInt()); });
   } else if (v.isSymInt() && !v.toSymInt().is_heap_allocated()) {
-    out += "{\"int\": ";
-    json_int(out, v.toSymInt().as_int_unchecked());
-    out += '}';
+    tagged(out, "int", [&] { json_int(out, v.toSymInt().as_int_unchecked()); });
   } else if (v.isDouble()) {
-    out += "{\"float\": ";
-    json_double(out, v.toDouble());
-    out += '}';
+    tagged(out, "float", [&] { json_double(out, v.toDouble()); });
   } else if (v.isBool()) {
     out += v.toBool() ? "{\"bool\": true}" : "{\"bool\": false}";
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// One argument's value, typed, as JSON (see crates/format/src/capture.rs).
+// The schema's type tells an int that is a dtype, a layout or a memory
+// format from a plain int; everything else goes by its runtime type.
+void json_value(std::string& out, const c10::Argument& a, const c10::IValue& v, const std::string& key) {
+  if (v.isTensor()) {
+    if (v.toTensor().defined())
+      tagged_string(out, "tensor", key);
+    else
+      out += "null";
+  } else if (v.isTensorList() || (v.isList() && is_tensor_list_type(a))) {
+    // Element j is `key.j`; an undefined or None element is null.
+    std::vector<bool> defined;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) defined.push_back(t.defined());
+    } else {
+      for (const auto& e : v.toListRef()) defined.push_back(e.isTensor() && e.toTensor().defined());
+    }
+    int64_t j = 0;
+    tagged(out, "tensors", [&] {
+      json_array(out, defined, [&](bool d) {
+        if (d) {
+          std::string k = key;
+          k += '.';
+          json_int(k, j);
+          json_string(out, k);
+        } else {
+          out += "null";
+        }
+        ++j;
+      });
+    });
+  } else if (v.isInt() && element_kind(a.real_type()) == c10::TypeKind::ScalarTypeType) {
+    tagged_string(out, "dtype", c10::getDtypeNames(static_cast<c10::ScalarType>(v.toInt())).first);
+  } else if (const char* l = v.isInt() && element_kind(a.real_type()) == c10::TypeKind::LayoutType
+                                 ? layout_name(static_cast<c10::Layout>(v.toInt()))
+                                 : nullptr) {
+    tagged_string(out, "layout", l);
+  } else if (const char* m = v.isInt() && element_kind(a.real_type()) == c10::TypeKind::MemoryFormatType
+                                 ? memory_format_name(static_cast<c10::MemoryFormat>(v.toInt()))
+                                 : nullptr) {
+    tagged_string(out, "memory_format", m);
+  } else if (json_plain(out, v)) {
   } else if (v.isComplexDouble()) {
     const auto c = v.toComplexDouble();
-    out += "{\"complex\": [";
-    json_double(out, c.real());
-    out += ", ";
-    json_double(out, c.imag());
-    out += "]}";
+    tagged(out, "complex", [&] {
+      json_array(out, std::array<double, 2>{c.real(), c.imag()}, [&](double x) { json_double(out, x); });
+    });
   } else if (v.isString()) {
-    out += "{\"str\": ";
-    json_string(out, v.toStringRef());
-    out += '}';
+    tagged_string(out, "str", v.toStringRef());
   } else if (v.isDevice()) {
-    out += "{\"device\": ";
-    json_string(out, v.toDevice().str());
-    out += '}';
+    tagged_string(out, "device", v.toDevice().str());
   } else if (v.isGenerator()) {
     out += "{\"generator\": null}";
   } else if (v.isIntList()) {
-    out += "{\"ints\": [";
-    bool first = true;
-    for (const int64_t x : v.toIntList()) {
-      if (!first) out += ", ";
-      first = false;
-      json_int(out, x);
-    }
-    out += "]}";
+    tagged(out, "ints", [&] { json_array(out, v.toIntList(), [&](int64_t x) { json_int(out, x); }); });
   } else if (v.isDoubleList()) {
-    out += "{\"floats\": [";
-    bool first = true;
-    for (const double x : v.toDoubleList()) {
-      if (!first) out += ", ";
-      first = false;
-      json_double(out, x);
-    }
-    out += "]}";
+    tagged(out, "floats", [&] { json_array(out, v.toDoubleList(), [&](double x) { json_double(out, x); }); });
   } else if (v.isBoolList()) {
-    out += "{\"bools\": [";
-    bool first = true;
-    for (const bool x : v.toBoolList()) {
-      if (!first) out += ", ";
-      first = false;
-      out += x ? "true" : "false";
-    }
-    out += "]}";
+    tagged(out, "bools", [&] { json_array(out, v.toBoolList(), [&](bool x) { out += x ? "true" : "false"; }); });
   } else if (v.isList()) {
     // A list of other values (SymInt[], int?[]): each element by its own
     // runtime type.
-    out += "{\"list\": [";
-    bool first = true;
-    for (const auto& e : v.toListRef()) {
-      if (!first) out += ", ";
-      first = false;
-      if (e.isNone()) {
-        out += "null";
-      } else if (e.isInt()) {
-        out += "{\"int\": ";
-        json_int(out, e.toInt());
-        out += '}';
-      } else if (e.isSymInt() && !e.toSymInt().is_heap_allocated()) {
-        out += "{\"int\": ";
-        json_int(out, e.toSymInt().as_int_unchecked());
-        out += '}';
-      } else if (e.isDouble()) {
-        out += "{\"float\": ";
-        json_double(out, e.toDouble());
-        out += '}';
-      } else if (e.isBool()) {
-        out += e.toBool() ? "{\"bool\": true}" : "{\"bool\": false}";
-      } else {
-        std::ostringstream s;
-        s << e;
-        out += "{\"unsupported\": ";
-        json_string(out, s.str());
-        out += '}';
-      }
-    }
-    out += "]}";
+    tagged(out, "list", [&] {
+      json_array(out, v.toListRef(), [&](const c10::IValue& e) {
+        if (!json_plain(out, e)) unsupported(out, e);
+      });
+    });
   } else {
-    std::ostringstream s;
-    s << v;
-    out += "{\"unsupported\": ";
-    json_string(out, s.str());
-    out += '}';
+    unsupported(out, v);
   }
 }
 
