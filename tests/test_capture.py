@@ -458,3 +458,22 @@ def test_workflow_permute_fault_exact_metrics_see_it(cpu_run, tmp_path):
     code, r = repro_script(folder, fault)
     assert code == 1 and r["off"] == ["testdev"], r["verdict"]
     assert r["outputs"]["output.0"]["run_a"]["rel_l2"] < 2 ** -24 * 4
+
+
+def test_exact_metrics_raise_no_false_alarm_between_correct_devices(tmp_path):
+    """Every top-level call of both blocks captured on cpu and on a
+    fault-free testdev: the exact errors (larger than the statistics' bounds)
+    stay within the tolerance model, and the runs agree."""
+    sel, depth = "module=blocks.0#0;module=blocks.1#0", {"OPDUMP_MAX_DEPTH": "0"}
+    a, _ = demo.run_device("cpu", tmp_path, 1, None, capture=sel, env_extra=depth)
+    b, _ = demo.run_device("testdev", tmp_path, 1, None, capture=sel, env_extra=depth)
+    p = subprocess.run([str(CLI), "compare", str(a), str(b), "--json", "--out", str(tmp_path / "rep")],
+                       capture_output=True, text=True, timeout=300)
+    report = json.loads(p.stdout)
+    assert p.returncode == 0 and report["first_divergence"] is None, report["first_divergence"]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "rep" / "compare.parquet").to_pandas()
+    exact = rows[rows.evidence == "exact"]
+    assert len(capture_files(a)) >= 40 and len(exact) >= 100, (len(capture_files(a)), len(exact))
+    assert set(exact.verdict) <= {"close", "identical"} and exact.exact_rel_l2.notna().all()

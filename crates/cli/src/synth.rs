@@ -185,6 +185,7 @@ impl DumpWriter {
     ) -> opdump_format::Result<i64> {
         self.stack.pop();
         open.rec.tensors.extend(outputs);
+        self.w.write_capture(&mut open.rec)?;
         self.w.append(&open.rec)?;
         self.calls += 1;
         Ok(open.rec.seq)
@@ -201,6 +202,27 @@ impl DumpWriter {
     ) -> opdump_format::Result<i64> {
         let o = self.begin(op, overload, args, inputs);
         self.end(o, outputs)
+    }
+
+    /// An op without children whose tensors were captured: each tensor row
+    /// whose key `capture` holds names it (as the plugin's rows do).
+    pub fn leaf_captured(
+        &mut self,
+        op: &str,
+        inputs: Vec<TensorRecord>,
+        outputs: Vec<TensorRecord>,
+        capture: opdump_format::Capture,
+    ) -> opdump_format::Result<i64> {
+        let mut o = self.begin(op, "default", "", inputs);
+        o.rec.tensors.extend(outputs);
+        for t in &mut o.rec.tensors {
+            let key = opdump_format::capture::key(t.role.as_str(), &t.arg, t.list_index);
+            if capture.tensors.iter().any(|c| c.key == key) {
+                t.capture_key = Some(key);
+            }
+        }
+        o.rec.capture = Some(capture);
+        self.end(o, Vec::new())
     }
 
     /// The next seq to be handed out.

@@ -8,29 +8,13 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use opdump_cli::align::Filter;
-use opdump_cli::compare::{compare_dumps, CompareSettings, Compared};
-use opdump_cli::progress::Progress;
+use opdump_cli::compare::Compared;
 use opdump_cli::synth::{input, output, DumpWriter, Variant};
-use opdump_cli::tolerance::Tolerances;
 use opdump_cli::verdict::OpVerdict;
 use serde_json::Value;
 
 fn compared(a: &Path, b: &Path) -> Compared {
-    let settings = CompareSettings {
-        filter: Filter::default(),
-        tol: Tolerances::default(),
-        top: 10,
-        force: false,
-    };
-    compare_dumps(
-        load_one(a),
-        load_one(b),
-        settings,
-        vec![],
-        &Progress::hidden(),
-    )
-    .expect("compare")
+    compare_dirs(a, b)
 }
 
 /// Seqs (A side) of the aligned ops with a given verdict.

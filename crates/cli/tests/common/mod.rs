@@ -124,6 +124,24 @@ pub fn seqs(d: &Dump, idx: &[u32]) -> Vec<i64> {
     idx.iter().map(|&i| d.seq[i as usize]).collect()
 }
 
+/// `opdump compare` of two dump directories, with the default settings.
+pub fn compare_dirs(a: &Path, b: &Path) -> opdump_cli::compare::Compared {
+    let settings = opdump_cli::compare::CompareSettings {
+        filter: Filter::default(),
+        tol: opdump_cli::tolerance::Tolerances::default(),
+        top: 10,
+        force: false,
+    };
+    opdump_cli::compare::compare_dumps(
+        load_one(a),
+        load_one(b),
+        settings,
+        vec![],
+        &Progress::hidden(),
+    )
+    .expect("compare")
+}
+
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
