@@ -27,19 +27,34 @@ constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode
 // own, autograd, autocast, user Python modes and functorch.
 c10::DispatchKeySet stats_excluded_keys();
 
+// Calls `f(t, j)` with each tensor a value holds and its position: -1 for
+// a Tensor, its index for an element of a Tensor[] or Tensor?[] (None
+// elements are skipped, their indexes kept).
+template <typename F>
+void for_each_tensor_indexed(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor(), int64_t{-1});
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    for (size_t j = 0; j < list.size(); ++j) f(list.get(j), static_cast<int64_t>(j));
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    for (size_t j = 0; j < list.size(); ++j)
+      if (list[j].isTensor()) f(list[j].toTensor(), static_cast<int64_t>(j));
+  }
+}
+
 // Calls `f` with each tensor a value holds: a Tensor, or the tensors of a
 // Tensor[] or Tensor?[].
 template <typename F>
 void for_each_tensor(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const auto& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const auto& e : v.toListRef())
-      if (e.isTensor()) f(e.toTensor());
-  }
+  for_each_tensor_indexed(v, [&](const at::Tensor& t, int64_t) { f(t); });
 }
+
+// Tensors whose values opdump cannot or must not read (meta, fake, sparse,
+// quantized, nested, functorch wrappers, no storage): metadata only
+// (stats.cpp).
+bool values_unreadable(const at::Tensor& t);
 
 // Whether recording is on. Read at every op; written by set_active.
 extern std::atomic<bool> g_active;

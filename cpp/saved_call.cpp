@@ -137,30 +137,9 @@ bool is_tensor_list_type(const c10::Argument& a) {
 }
 
 // A tensor opdump can copy to the host as plain values.
-bool savable(const at::Tensor& t) {
-  if (!t.defined() || t.is_meta() || t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) return false;
-  const auto ks = t.key_set();
-  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::FuncTorchBatched) ||
-      ks.has(c10::DispatchKey::FuncTorchGradWrapper) || ks.has(c10::DispatchKey::Functionalize))
-    return false;
-  return t.has_storage() && (t.numel() == 0 || t.storage().data() != nullptr);
-}
+bool savable(const at::Tensor& t) { return t.defined() && !values_unreadable(t); }
 
 int64_t bytes_of(const at::Tensor& t) { return savable(t) ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
-template <typename F>
-void for_each_tensor_in(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor(), -1);
-  } else if (v.isTensorList()) {
-    auto list = v.toTensorList();
-    for (size_t j = 0; j < list.size(); ++j) f(list.get(j), static_cast<int64_t>(j));
-  } else if (v.isList()) {
-    auto list = v.toListRef();
-    for (size_t j = 0; j < list.size(); ++j)
-      if (list[j].isTensor()) f(list[j].toTensor(), static_cast<int64_t>(j));
-  }
-}
 
 // Copies `t` to the host and hands its bytes to Rust under `key`.
 void save(OpCall& call, const at::Tensor& t, const std::string& key) {
@@ -310,7 +289,7 @@ void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::j
   const size_t first = stack.size() - args.size();
   int64_t bytes = 0;
   for (size_t i = 0; i < args.size(); ++i)
-    for_each_tensor_in(stack[first + i], [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
+    for_each_tensor_indexed(stack[first + i], [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
   if (!capture_reserve(static_cast<uint64_t>(bytes), false)) return;
   c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
   std::string json = "[";
@@ -318,7 +297,7 @@ void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::j
     const auto& a = args[i];
     const c10::IValue& v = stack[first + i];
     const std::string key = key_of("input", a.name(), -1);
-    for_each_tensor_in(v, [&](const at::Tensor& t, int64_t j) { save(call, t, key_of("input", a.name(), j)); });
+    for_each_tensor_indexed(v, [&](const at::Tensor& t, int64_t j) { save(call, t, key_of("input", a.name(), j)); });
     if (i > 0) json += ", ";
     json += "{\"name\": ";
     json_string(json, a.name());
@@ -343,14 +322,14 @@ void save_outputs(OpCall& call, const c10::FunctionSchema& schema, const torch::
   }
   int64_t bytes = 0;
   for (const auto& [name, v] : outs)
-    for_each_tensor_in(*v, [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
+    for_each_tensor_indexed(*v, [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
   if (!capture_reserve(static_cast<uint64_t>(bytes), true)) {
     call.capture_outputs_skipped = true;
     return;
   }
   c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
   for (const auto& [name, v] : outs)
-    for_each_tensor_in(*v, [&](const at::Tensor& t, int64_t j) { save(call, t, key_of("output", name, j)); });
+    for_each_tensor_indexed(*v, [&](const at::Tensor& t, int64_t j) { save(call, t, key_of("output", name, j)); });
 }
 
 }  // namespace opdump

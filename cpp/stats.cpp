@@ -218,8 +218,9 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   row.stats = stats_of(acc);
 }
 
-// Tensors whose values opdump cannot or must not read: metadata only.
-bool unsupported(const at::Tensor& t) {
+}  // namespace
+
+bool values_unreadable(const at::Tensor& t) {
   if (t.is_meta() || t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) return true;
   const auto ks = t.key_set();
   // Python subclasses (FakeTensor, ...), functorch and functionalization
@@ -231,6 +232,8 @@ bool unsupported(const at::Tensor& t) {
   if (!t.has_storage()) return true;
   return t.numel() > 0 && t.storage().data() == nullptr;
 }
+
+namespace {
 
 void fill_metadata(const at::Tensor& t, TensorRow& row) {
   // The name Python prints without "torch.": float32, bfloat16, int64.
@@ -316,7 +319,7 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, StatsStat
     row.status = StatsStatus::Unsupported;
     return;
   }
-  if (unsupported(t)) {
+  if (values_unreadable(t)) {
     row.status = StatsStatus::Unsupported;
     return;
   }
