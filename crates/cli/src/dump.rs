@@ -228,6 +228,12 @@ impl Dump {
         (f != NO_ID && k != NO_ID).then(|| (self.texts.get(f), self.texts.get(k)))
     }
 
+    /// The capture file of op call `i`, when it was captured.
+    pub fn capture_file_of(&self, i: u32) -> Option<&str> {
+        self.tensors_of(i)
+            .find_map(|t| self.capture_of(t).map(|(f, _)| f))
+    }
+
     /// Whether any call of the dump was captured.
     pub fn has_captures(&self) -> bool {
         !self.tensors.capture_file.is_empty()

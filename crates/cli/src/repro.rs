@@ -80,12 +80,6 @@ fn device_of(d: &Dump, file: &str) -> String {
         .unwrap_or_else(|| "cpu".into())
 }
 
-/// The capture file of call `i`, when it was captured.
-fn capture_file(d: &Dump, i: u32) -> Option<&str> {
-    d.tensors_of(i)
-        .find_map(|t| d.capture_of(t).map(|(f, _)| f))
-}
-
 /// Writes the folder; returns it and B's device.
 pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)> {
     let c = compare::run(opts.compare, progress)?;
@@ -124,8 +118,12 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             d.seq[i as usize]
         ))
     };
-    let fa = capture_file(&c.a, p.a).ok_or_else(|| missing("A", &c.a, p.a, &sa))?;
-    let fb = capture_file(&c.b, p.b).ok_or_else(|| missing("B", &c.b, p.b, &sb))?;
+    let fa =
+        c.a.capture_file_of(p.a)
+            .ok_or_else(|| missing("A", &c.a, p.a, &sa))?;
+    let fb =
+        c.b.capture_file_of(p.b)
+            .ok_or_else(|| missing("B", &c.b, p.b, &sb))?;
     let op = c.a.full_name(p.a);
     let out = opts.out.unwrap_or_else(|| {
         let safe: String = op

@@ -584,10 +584,9 @@ pub struct NextStep {
 impl NextStep {
     fn of(c: &Compared, pair: usize) -> Self {
         let p = c.alignment.pairs[pair];
-        let captured = |d: &Dump, i: u32| d.tensors_of(i).any(|t| d.capture_of(t).is_some());
         let sa = crate::call_selector::of_call(&c.a, p.a);
         let sb = crate::call_selector::of_call(&c.b, p.b);
-        let both = captured(&c.a, p.a) && captured(&c.b, p.b);
+        let both = c.a.capture_file_of(p.a).is_some() && c.b.capture_file_of(p.b).is_some();
         let quote = |path: &std::path::Path| {
             let s = path.display().to_string();
             if s.chars()
