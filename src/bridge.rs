@@ -339,6 +339,8 @@ fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
         stats: stats(&row.stats),
         // Given by the engine, which knows what the capture holds.
         capture_key: None,
+        fingerprint: None,
+        sketch: None,
     })
 }
 

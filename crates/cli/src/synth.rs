@@ -62,6 +62,8 @@ pub fn tensor(role: Role, arg: &str, dtype: &str, shape: &[i64], x: f64) -> Tens
         capture_key: None,
         status: StatsStatus::Computed,
         stats: stats_for(n, x),
+        fingerprint: None,
+        sketch: None,
     }
 }
 

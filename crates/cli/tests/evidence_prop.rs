@@ -412,6 +412,8 @@ fn tensor(n: usize, stats: Stats) -> TensorRecord {
         capture_key: None,
         status: StatsStatus::Computed,
         stats,
+        fingerprint: None,
+        sketch: None,
     }
 }
 

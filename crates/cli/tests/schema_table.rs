@@ -61,6 +61,8 @@ fn record(seq: i64) -> OpRecord {
                 neginf_count: 0,
                 zero_count: 4,
             },
+            fingerprint: None,
+            sketch: None,
         }],
     }
 }
@@ -166,6 +168,8 @@ fn each_mistyped_column_is_refused_or_unread() {
         col::DURATION_NS,
         col::STRIDE,
         col::TENSOR_DEVICE,
+        col::FINGERPRINT,
+        col::SKETCH,
     ]
     .into();
     assert_eq!(unread, expected);

@@ -422,6 +422,8 @@ mod tests {
             numel: 4,
             name: None,
             capture_key: None,
+            fingerprint: None,
+            sketch: None,
             status: StatsStatus::Computed,
             stats: Stats {
                 min: -1.0,

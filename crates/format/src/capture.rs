@@ -314,6 +314,8 @@ mod tests {
             stats: Stats::NONE,
             name: None,
             capture_key: Some(key.into()),
+            fingerprint: None,
+            sketch: None,
         }
     }
 

@@ -317,6 +317,13 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
         );
         // Schema version 3.
         let (capture_file, capture_key) = (opt_str(col::CAPTURE_FILE), opt_str(col::CAPTURE_KEY));
+        // Schema version 4.
+        let fingerprint = batch
+            .column_by_name(col::FINGERPRINT)
+            .map(|c| c.as_primitive::<arrow_array::types::UInt64Type>());
+        let sketch = batch
+            .column_by_name(col::SKETCH)
+            .map(|c| c.as_list::<i32>());
         let fwd_seq = batch
             .column_by_name(col::FWD_SEQ)
             .map(|c| c.as_primitive::<Int64Type>());
@@ -418,6 +425,11 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                 },
                 name: str_at(name, i),
                 capture_key: str_at(capture_key, i),
+                fingerprint: fingerprint.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
+                sketch: sketch.and_then(|l| {
+                    (!l.is_null(i))
+                        .then(|| l.value(i).as_primitive::<Float64Type>().values().to_vec())
+                }),
             });
             // The file's name is all a reader learns of a capture here.
             if let Some(file) = str_at(capture_file, i) {

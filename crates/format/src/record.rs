@@ -150,6 +150,13 @@ pub struct TensorRecord {
     /// In a captured call: the tensor's key in the capture file
     /// (`input.self`, `input.tensors.2`, `output.0`).
     pub capture_key: Option<String>,
+    /// A 64-bit hash of the values in logical order, the same on every
+    /// device (the README's "Fingerprint and sketch"); `None` where not
+    /// measured. Meaningful only when `status.has_values()`.
+    pub fingerprint: Option<u64>,
+    /// K random ±1 projections of the values, accumulated in float64;
+    /// `None` where not measured (or OPDUMP_SKETCH=0).
+    pub sketch: Option<Vec<f64>>,
 }
 
 /// One tensor of a captured call, copied to the host: its values in its own

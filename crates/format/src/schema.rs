@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use arrow_array::builder::{
-    Float64Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
+    Float64Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder, UInt64Builder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -16,7 +16,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::record::{OpRecord, Role, StatsStatus};
 
 /// Bumped whenever a column is added, removed or changes meaning.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 /// The oldest schema version this build can read.
 pub const MIN_READABLE_SCHEMA_VERSION: u32 = 1;
 
@@ -47,9 +47,13 @@ pub enum ColType {
     Int32,
     Int64,
     Float64,
+    /// Fingerprints.
+    UInt64,
     Utf8,
     /// A list of int64: shapes and strides.
     Int64List,
+    /// A list of float64: sketches.
+    Float64List,
 }
 
 impl ColType {
@@ -59,9 +63,13 @@ impl ColType {
             ColType::Int32 => DataType::Int32,
             ColType::Int64 => DataType::Int64,
             ColType::Float64 => DataType::Float64,
+            ColType::UInt64 => DataType::UInt64,
             ColType::Utf8 => DataType::Utf8,
             ColType::Int64List => {
                 DataType::List(Arc::new(Field::new("item", DataType::Int64, true)))
+            }
+            ColType::Float64List => {
+                DataType::List(Arc::new(Field::new("item", DataType::Float64, true)))
             }
         }
     }
@@ -72,6 +80,7 @@ impl ColType {
     pub fn accepts(self, t: &DataType) -> bool {
         match (self, t) {
             (ColType::Int64List, DataType::List(item)) => item.data_type() == &DataType::Int64,
+            (ColType::Float64List, DataType::List(item)) => item.data_type() == &DataType::Float64,
             _ => &self.data_type() == t,
         }
     }
@@ -99,13 +108,18 @@ macro_rules! builder_type {
     (Int32) => { Int32Builder };
     (Int64) => { Int64Builder };
     (Float64) => { Float64Builder };
+    (UInt64) => { UInt64Builder };
     (Utf8) => { StringBuilder };
     (Int64List) => { ListBuilder<Int64Builder> };
+    (Float64List) => { ListBuilder<Float64Builder> };
 }
 
 macro_rules! new_builder {
     (Int64List) => {
         ListBuilder::new(Int64Builder::new())
+    };
+    (Float64List) => {
+        ListBuilder::new(Float64Builder::new())
     };
     ($ty:ident) => {
         <builder_type!($ty)>::new()
@@ -283,6 +297,8 @@ columns! {
         name          NAME:          Utf8,      null,     "The parameter or buffer this tensor is (`h.3.mlp.c_fc.weight`), or its `.grad`.";
         capture_file  CAPTURE_FILE:  Utf8,      null,     "In a call OPDUMP_CAPTURE chose: the safetensors file in the same directory holding the tensor.";
         capture_key   CAPTURE_KEY:   Utf8,      null,     "In a call OPDUMP_CAPTURE chose: the tensor's key in that file (`input.self`, `output.0`).";
+        fingerprint   FINGERPRINT:   UInt64,    null,     "A 64-bit hash of the values in logical order, the same on every device (README: Fingerprint and sketch); null where not measured.";
+        sketch        SKETCH:        Float64List, null,   "K random +-1 projections of the values, float64 (README: Fingerprint and sketch); null where not measured.";
     }
     float_stats {
         min           MIN:           "The smallest finite element.";
@@ -374,6 +390,8 @@ impl BatchBuilder {
             self.name.append_null();
             self.capture_file.append_null();
             self.capture_key.append_null();
+            self.fingerprint.append_null();
+            self.sketch.append_null();
             self.append_stats(None);
             self.rows += 1;
             return;
@@ -397,7 +415,17 @@ impl BatchBuilder {
             let key = file.and(t.capture_key.as_deref());
             self.capture_file.append_option(key.and(file));
             self.capture_key.append_option(key);
-            self.append_stats(t.status.has_values().then_some(&t.stats));
+            let measured = t.status.has_values();
+            self.fingerprint
+                .append_option(t.fingerprint.filter(|_| measured));
+            match t.sketch.as_deref().filter(|_| measured) {
+                Some(v) => {
+                    self.sketch.values().append_slice(v);
+                    self.sketch.append(true);
+                }
+                None => self.sketch.append_null(),
+            }
+            self.append_stats(measured.then_some(&t.stats));
             self.rows += 1;
         }
     }
@@ -494,6 +522,8 @@ mod tests {
             numel: 2,
             name: None,
             capture_key: None,
+            fingerprint: Some(7),
+            sketch: Some(vec![1.0, -1.0]),
             status: StatsStatus::Computed,
             stats: Stats::NONE,
         });

@@ -41,6 +41,8 @@ fn record(seq: i64) -> OpRecord {
             neginf_count: 0,
             zero_count: 0,
         },
+        fingerprint: None,
+        sketch: None,
     };
     OpRecord {
         seq,

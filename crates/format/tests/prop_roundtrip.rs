@@ -98,6 +98,8 @@ fn tensor() -> impl Strategy<Value = TensorRecord> {
                     capture_key: None,
                     status,
                     stats,
+                    fingerprint: None,
+                    sketch: None,
                 }
             },
         )

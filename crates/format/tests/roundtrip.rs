@@ -35,6 +35,8 @@ fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
             neginf_count: 2,
             zero_count: 0,
         },
+        fingerprint: None,
+        sketch: None,
     }
 }
 

@@ -19,8 +19,10 @@ fn readme_type(t: ColType) -> &'static str {
         ColType::Int32 => "int32",
         ColType::Int64 => "int64",
         ColType::Float64 => "float64",
+        ColType::UInt64 => "uint64",
         ColType::Utf8 => "string",
         ColType::Int64List => "list of int64",
+        ColType::Float64List => "list of float64",
     }
 }
 
@@ -148,6 +150,8 @@ fn record() -> OpRecord {
                 neginf_count: 3,
                 zero_count: 4,
             },
+            fingerprint: None,
+            sketch: None,
         }],
     }
 }
