@@ -11,6 +11,9 @@ fn main() {
             "cpp/install.cpp",
             "cpp/fallback.cpp",
             "cpp/stats.cpp",
+            "cpp/signature.cpp",
+            "cpp/signature_cpu.cpp",
+            "cpp/signature_device.cpp",
             "cpp/device_stats.cpp",
             "cpp/capture.cpp",
             "cpp/python_hooks.cpp",
@@ -55,6 +58,7 @@ fn main() {
         cc::Build::new()
             .cpp(true)
             .file("cpp/stats_avx2.cpp")
+            .file("cpp/signature_avx2.cpp")
             .flag("-std=c++17")
             .flag("-mavx2")
             .flag("-mfma")

@@ -59,6 +59,7 @@
 
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/opdump.h"
+#include "opdump/cpp/signature.h"
 #include "opdump/cpp/stats_acc.h"
 
 namespace opdump {
@@ -68,11 +69,13 @@ struct DeviceResult {
   bool done = false;
   bool ok = false;
   TensorStats stats{};
+  SignatureValues signature;
   struct Waiter {
     std::shared_ptr<PendingCall> call;
     size_t row;
     StatsStatus status;
     int64_t repeat;
+    bool signature;
   };
   std::vector<Waiter> waiters;
 };
@@ -114,6 +117,8 @@ struct Batch {
   c10::Stream stream;
   at::Tensor probe;  // an empty tensor on the device, to ask about captures
   std::vector<at::Tensor> rows;  // one [kFields] tensor per piece, on the device
+  // One [2 + K] tensor per signature piece (signature_row), on the device.
+  std::vector<at::Tensor> sig_rows;
   at::Tensor stage;              // the staged tensors, one after the other
   std::vector<int64_t> lengths;  // elements of each staged tensor
   int64_t staged = 0;
@@ -122,11 +127,15 @@ struct Batch {
     int64_t first;                     // its first piece row, or
     int64_t segment;                   // its segment of the staging buffer (-1: none)
     std::vector<int64_t> piece_numel;  // elements of each of its pieces (or of the tensor)
+    int64_t sig_first = -1;            // its first signature row (-1: none)
+    int64_t sig_count = 0;
   };
   std::vector<Part> parts;
   // Set when the batch closes: the rows of the pieces, then those of the
   // segments.
   int64_t piece_rows = 0;
+  int64_t stats_values = 0;  // the host copy: the statistics rows, then the signature rows
+  int sig_k = 0;
   at::Tensor lengths_host;
   at::Tensor device_rows;
   at::Tensor host;
@@ -181,19 +190,24 @@ const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(cons
 // tensor (any order of dimensions) is read through a flat view of its memory;
 // any other is split along its outer dimensions into views, each converted
 // on its own by piece_row.
+// The pieces are consecutive runs of the tensor's elements in logical order.
 template <typename F>
-void split(const at::Tensor& t, F&& f) {
-  if (t.numel() <= kPieceElements || t.dim() == 0) return f(t);
+void split(const at::Tensor& t, F&& f, int64_t most = kPieceElements) {
+  if (t.numel() <= most || t.dim() == 0) return f(t);
   int64_t d = 0;
   while (t.size(d) == 1) ++d;
   const int64_t inner = t.numel() / t.size(d);
-  if (inner <= kPieceElements) {
-    const int64_t step = kPieceElements / inner;
+  if (inner <= most) {
+    const int64_t step = most / inner;
     for (int64_t i = 0; i < t.size(d); i += step) f(t.narrow(d, i, std::min(step, t.size(d) - i)));
   } else {
-    for (int64_t i = 0; i < t.size(d); ++i) split(t.select(d, i), f);
+    for (int64_t i = 0; i < t.size(d); ++i) split(t.select(d, i), f, most);
   }
 }
+
+// The fingerprint and sketch take pieces of at most this many elements: their
+// int64 words and hashes cost about 60 bytes an element at once.
+constexpr int64_t kSignaturePieceElements = kDeviceScratchBytes / 64 / 4;
 
 template <typename F>
 void for_each_piece(const at::Tensor& t, F&& f) {
@@ -298,10 +312,11 @@ void submit(PendingCall& pc) {
   }
 }
 
-void deliver(const DeviceResult::Waiter& w, const TensorStats& stats, bool ok) {
+void deliver(const DeviceResult::Waiter& w, const TensorStats& stats, const SignatureValues& sig, bool ok) {
   TensorStats s = stats;
   if (ok && w.repeat > 1) scale_repeated(s, w.repeat);
   const StatsStatus status = ok ? w.status : StatsStatus::Failed;
+  const bool take = ok && w.signature && w.repeat == 1 && sig.has;
   PendingCall& pc = *w.call;
   {
     std::lock_guard<std::mutex> lock(pc.mutex);
@@ -309,23 +324,25 @@ void deliver(const DeviceResult::Waiter& w, const TensorStats& stats, bool ok) {
       TensorRow& row = pc.call.tensors[w.row];
       row.stats = s;
       row.status = status;
+      if (take) put_signature(sig, row);
     } else {
-      pc.early.push_back({w.row, s, status});
+      pc.early.push_back({w.row, s, status, take ? sig : SignatureValues{}});
     }
   }
   if (pc.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) submit(pc);
 }
 
-void complete(const DeviceResultPtr& r, const TensorStats& stats, bool ok) {
+void complete(const DeviceResultPtr& r, const TensorStats& stats, SignatureValues sig, bool ok) {
   std::vector<DeviceResult::Waiter> waiters;
   {
     std::lock_guard<std::mutex> lock(g.results);
     r->done = true;
     r->ok = ok;
     r->stats = stats;
+    r->signature = std::move(sig);
     waiters.swap(r->waiters);
   }
-  for (const auto& w : waiters) deliver(w, stats, ok);
+  for (const auto& w : waiters) deliver(w, stats, r->signature, ok);
 }
 
 void complete_batch(Batch& b) {
@@ -344,14 +361,25 @@ void complete_batch(Batch& b) {
   for (const auto& part : b.parts) {
     if (!ok) {
       g_failed.fetch_add(1, std::memory_order_relaxed);
-      complete(part.result, none, false);
+      complete(part.result, none, {}, false);
       continue;
     }
     Acc acc;
     const int64_t first = part.segment >= 0 ? b.piece_rows + part.segment : part.first;
     for (size_t i = 0; i < part.piece_numel.size(); ++i)
       acc.merge(piece_acc(v + (first + static_cast<int64_t>(i)) * kFields, part.piece_numel[i]));
-    complete(part.result, stats_of(acc), true);
+    SignatureValues sv;
+    if (part.sig_count > 0) {
+      sig::Signature s;
+      s.k = b.sig_k;
+      const int64_t width = 2 + b.sig_k;
+      for (int64_t i = 0; i < part.sig_count; ++i)
+        signature_finish_row(v + b.stats_values + (part.sig_first + i) * width, b.sig_k, s);
+      sv.has = true;
+      sv.fingerprint = s.fingerprint();
+      sv.sketch.assign(s.sketch, s.sketch + s.k);
+    }
+    complete(part.result, stats_of(acc), std::move(sv), true);
   }
 }
 
@@ -426,6 +454,12 @@ void close(std::vector<std::unique_ptr<Batch>>::iterator it) {
       blocks.push_back(segment_rows(b->stage.narrow(0, 0, b->staged), lengths));
       b->stage.reset();  // back to the allocator, in stream order
     }
+    // One flat host copy: the statistics rows, then the signature rows.
+    for (auto& block : blocks) block = block.reshape({-1});
+    b->stats_values = 0;
+    for (const auto& block : blocks) b->stats_values += block.numel();
+    if (!b->sig_rows.empty()) blocks.push_back(at::cat(b->sig_rows));
+    b->sig_rows.clear();
     b->device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);
     if (b->device_rows.scalar_type() != at::kDouble) b->device_rows = b->device_rows.to(at::kDouble);
     b->host = at::empty(b->device_rows.sizes(),
@@ -526,6 +560,28 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
       throw;
     }
   }
+  // The fingerprint and sketch, on devices that accumulate in float64 (the
+  // fingerprint's sums must be exact).
+  if (const int k = sketch_size_once(); k > 0 && acc == at::kDouble) {
+    const size_t before = b.sig_rows.size();
+    try {
+      int64_t first = 0;
+      part.sig_first = static_cast<int64_t>(before);
+      split(
+          t,
+          [&](const at::Tensor& p) {
+            b.sig_rows.push_back(signature_row(p, first, k));
+            first += p.numel();
+          },
+          kSignaturePieceElements);
+      part.sig_count = static_cast<int64_t>(b.sig_rows.size() - before);
+      b.sig_k = k;
+    } catch (...) {
+      b.sig_rows.resize(before);
+      part.sig_first = -1;
+      part.sig_count = 0;
+    }
+  }
   result = part.result;
   b.parts.push_back(std::move(part));
   g_measured.fetch_add(1, std::memory_order_relaxed);
@@ -543,11 +599,12 @@ bool device_wait_for(const DeviceResultPtr& r, const Later& later, StatsStatus s
       auto& pc = *later.call;
       if (!pc) pc = std::make_shared<PendingCall>();
       pc->outstanding.fetch_add(1, std::memory_order_relaxed);
-      r->waiters.push_back({pc, later.row, status, repeat});
+      r->waiters.push_back({pc, later.row, status, repeat, later.signature});
       return true;
     }
     stats = r->stats;
     ok = r->ok;
+    if (ok && later.signature && repeat == 1 && r->signature.has) put_signature(r->signature, row);
   }
   if (ok) {
     row.stats = stats;
@@ -569,6 +626,7 @@ void device_call_exited(std::shared_ptr<PendingCall> pending, OpCall&& call) {
       TensorRow& row = pending->call.tensors[e.row];
       row.stats = e.stats;
       row.status = e.status;
+      if (e.signature.has) put_signature(e.signature, row);
     }
     pending->early.clear();
     pending->exited = true;

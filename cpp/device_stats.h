@@ -28,6 +28,26 @@ namespace opdump {
 
 struct Acc;
 
+// A tensor's fingerprint and sketch as they travel with its statistics.
+struct SignatureValues {
+  bool has = false;
+  uint64_t fingerprint = 0;
+  std::vector<double> sketch;
+};
+// Into a row, and out of one (signature_device.cpp).
+void put_signature(const SignatureValues& s, TensorRow& row);
+SignatureValues signature_of_row(const TensorRow& row);
+// The row of one piece of a device tensor, a run of its elements in logical
+// order starting at element `first`: [F1, F2, y_0 .. y_{k-1}] in float64 on
+// the piece's device; and its addition to a signature on the host
+// (signature_device.cpp).
+at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k);
+namespace sig {
+struct Signature;
+}
+void signature_finish_row(const double* v, int k, sig::Signature& s);
+int sketch_size_once();
+
 // The most extra device memory measuring one tensor may take, beyond the
 // tensor itself: the size of the pieces it is reduced in follows from it.
 constexpr int64_t kDeviceScratchBytes = int64_t{64} << 20;
@@ -58,6 +78,7 @@ struct PendingCall {
     size_t row;
     TensorStats stats;
     StatsStatus status;
+    SignatureValues signature;  // empty unless the row takes it
   };
   std::vector<Early> early;  // results that came before the op's exit
   // One for the op itself until it exits, plus one per row still waiting.
@@ -78,6 +99,9 @@ struct Later {
   // element is repeated.
   DeviceResultPtr result = nullptr;
   int64_t repeat = 1;
+  // Whether the row also takes the result's fingerprint and sketch: not a
+  // view that reorders or repeats the elements.
+  bool signature = true;
 };
 
 enum class DeviceLaunch : uint8_t {

@@ -89,6 +89,18 @@ bool preserves_values(std::string_view op, std::string_view overload) {
   return false;
 }
 
+// Of those, the views whose elements in logical (row-major) order are their
+// input's: reshapes keep the order, transposes do not. Their output takes
+// the input's fingerprint and sketch as well.
+bool preserves_order(std::string_view op) {
+  static constexpr std::string_view kOps[] = {
+      "view", "_reshape_alias", "_unsafe_view", "squeeze", "unsqueeze", "detach", "alias", "view_as",
+  };
+  for (auto o : kOps)
+    if (o == op) return true;
+  return false;
+}
+
 // Ops whose outputs are memory without values yet. (resize_ and set_ are
 // judged by what they had before: see Carries.)
 bool output_uninitialized(std::string_view op) {
@@ -356,6 +368,9 @@ struct Recorder {
   // For a value-preserving view: the row of its `self` input, whose
   // statistics its output takes.
   int64_t view_source = -1;
+  // Whether that view keeps the logical order of the elements (a reshape,
+  // not a transpose): then it takes the fingerprint and sketch too.
+  bool view_keeps_order = false;
   // Whether the return being read is a view of an input (the schema's
   // alias annotation, not written).
   bool alias_return = false;
@@ -393,7 +408,7 @@ struct Recorder {
   // are set aside, cover that memory exactly. Such a view (as_strided,
   // reshape without a copy, resolve_conj of a plain tensor, expand) holds
   // the input's values in another order, each repeated `repeat` times.
-  int64_t same_elements_source(const at::Tensor& out, int64_t& repeat) const {
+  int64_t same_elements_source(const at::Tensor& out, int64_t& repeat, bool& same_order) const {
     if (!out.has_storage() || out.numel() == 0) return -1;
     // The dimensions that are not broadcast, from the innermost out.
     int64_t dims[2][16];
@@ -420,6 +435,7 @@ struct Recorder {
           in.scalar_type() == out.scalar_type() && in.is_conj() == out.is_conj() &&
           in.is_neg() == out.is_neg() && in.is_non_overlapping_and_dense()) {
         repeat = out.numel() / covered;
+        same_order = repeat == 1 && out.is_contiguous() && in.is_contiguous();
         return static_cast<int64_t>(idx);
       }
     }
@@ -457,9 +473,10 @@ struct Recorder {
       }
     }
     int64_t source = view_source, repeat = 1;
+    bool same_order = view_keeps_order;
     if (values_defined && role == Role::Output && alias_return && source < 0 && shortcuts) {
       try {
-        source = same_elements_source(t, repeat);
+        source = same_elements_source(t, repeat, same_order);
       } catch (const std::exception&) {
         source = -1;  // symbolic or unusual tensors: measured below
       }
@@ -483,12 +500,21 @@ struct Recorder {
           const size_t index = call.tensors.size();
           const int64_t k = src_waits->repeat * repeat;
           const DeviceResultPtr result = src_waits->result;
-          if (device_wait_for(result, Later{&pending, index}, StatsStatus::View, k, row))
+          if (device_wait_for(result, Later{&pending, index, nullptr, 1, same_order}, StatsStatus::View, k, row))
             waiting.push_back({index, result, k});
-          if (remember) reuse_remember(t, row, result, k);
+          if (remember) reuse_remember(t, row, result, k, same_order);
         } else if (row.status == StatsStatus::View) {
           row.stats = src.stats;
           if (repeat > 1) scale_repeated(row.stats, repeat);
+          // The same elements in the same order have the same fingerprint
+          // and sketch; in another order they are measured.
+          if (same_order) {
+            row.fingerprint = src.fingerprint;
+            row.has_fingerprint = src.has_fingerprint;
+            row.sketch = src.sketch;
+          } else {
+            measure_signature(t, row);
+          }
           if (remember) reuse_remember(t, row);
         }
         call.tensors.push_back(std::move(row));
@@ -738,6 +764,7 @@ void record_outputs(Recorder& rec, const c10::OperatorHandle& op, const torch::j
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
         if (rec.call.tensors[i].role == Role::Input && std::string(rec.call.tensors[i].arg) == "self")
           rec.view_source = i;
+      rec.view_keeps_order = preserves_order(base);
     }
     const bool async_outputs = outputs_asynchronous(name.name);
     const bool fresh = !output_uninitialized(base) && !async_outputs;

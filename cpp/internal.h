@@ -103,14 +103,29 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row,
              StatsStatus no_values = StatsStatus::Uninitialized,
              bool lookup = false, bool remember = false, Later* later = nullptr);
 
+// The fingerprint and sketch of a contiguous CPU tensor into `row`
+// (signature_cpu.cpp), for a sketch of length `k` (0: the fingerprint only).
+// Leaves them unset for a tensor it cannot read as it is (not contiguous,
+// with a conj or neg bit, an unknown dtype).
+void measure_signature_cpu(const at::Tensor& x, int k, TensorRow& row);
+// OPDUMP_SKETCH, read once: the sketch's length, 0 for neither (stats.cpp).
+int sketch_size_once();
+// The fingerprint and sketch of a view whose elements are in another order
+// than its input's: measured on the CPU; left unset on other devices
+// (stats.cpp).
+void measure_signature(const at::Tensor& t, TensorRow& row);
+
 // The cache of measured tensors (reuse.cpp). An entry holds statistics, or
 // the device result they will come from (`pending`), each element repeated
 // `repeat` times.
+// `pending_signature`: whether `pending` also brings the tensor's fingerprint
+// and sketch (not for a view that reorders the elements).
 void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending = nullptr,
-                    int64_t repeat = 1);
-// Fills row.stats, or sets `pending` and `repeat` when the statistics are
-// still on their way.
-bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat);
+                    int64_t repeat = 1, bool pending_signature = true);
+// Fills row.stats (and the signature), or sets `pending`, `repeat` and
+// `pending_signature` when the statistics are still on their way.
+bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat,
+                  bool& pending_signature);
 // The written arguments of the innermost call from above autograd (see
 // reuse.cpp).
 void reuse_begin_call();

@@ -33,8 +33,10 @@ struct Cached {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
   int64_t version;  // as TensorBase::_version() returns it
   TensorStats stats;
+  SignatureValues signature;  // with the statistics, when measured
   DeviceResultPtr pending;  // statistics still on their way from a device
   int64_t repeat;
+  bool pending_signature;  // whether `pending` also brings this tensor's signature
 };
 
 constexpr size_t kMaxEntries = 1 << 15;
@@ -73,10 +75,11 @@ bool reuse_written_by_current_call(const at::Tensor& t) {
   return std::find(tl_written.begin(), tl_written.end(), t.storage().unsafeGetStorageImpl()) != tl_written.end();
 }
 
-void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending, int64_t repeat) {
+void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending, int64_t repeat,
+                    bool pending_signature) {
   if (!cacheable(t)) return;
   Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(),
-           row.stats, std::move(pending), repeat};
+           row.stats, signature_of_row(row), std::move(pending), repeat, pending_signature};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_cache.size() >= kMaxEntries) {
     std::erase_if(g_cache, [](const auto& kv) { return kv.second.impl.expired(); });
@@ -85,7 +88,8 @@ void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr p
   g_cache.insert_or_assign(t.unsafeGetTensorImpl(), std::move(c));
 }
 
-bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat) {
+bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat,
+                  bool& pending_signature) {
   if (!cacheable(t)) return false;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_cache.find(t.unsafeGetTensorImpl());
@@ -97,8 +101,10 @@ bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending,
     return false;
   }
   row.stats = c.stats;
+  if (c.signature.has) put_signature(c.signature, row);
   pending = c.pending;
   repeat = c.repeat;
+  pending_signature = c.pending_signature;
   return true;
 }
 

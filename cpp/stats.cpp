@@ -216,9 +216,32 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
   row.stats = stats_of(acc);
+  // The fingerprint and the sketch read the values in logical order.
+  if (const int k = sketch_size_once(); k > 0) {
+    if (src.is_conj()) src = src.resolve_conj();
+    measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
+  }
 }
 
 }  // namespace
+
+int sketch_size_once() {
+  static const int k = sketch_size();
+  return k;
+}
+
+void measure_signature(const at::Tensor& t, TensorRow& row) {
+  const int k = sketch_size_once();
+  if (k == 0 || !t.device().is_cpu()) return;
+  try {
+    c10::impl::ExcludeDispatchKeyGuard guard(stats_excluded_keys());
+    at::Tensor src = t.resolve_neg().resolve_conj();
+    measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
+  } catch (const std::exception&) {
+    row.has_fingerprint = false;  // the statistics stand; the signature is left out
+    row.sketch.clear();
+  }
+}
 
 bool values_unreadable(const at::Tensor& t) {
   if (t.is_meta() || t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) return true;
@@ -336,8 +359,10 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row, StatsStat
   if (lookup) {
     DeviceResultPtr pending;
     int64_t repeat = 1;
-    if (reuse_lookup(t, row, pending, repeat)) {
+    bool pending_signature = true;
+    if (reuse_lookup(t, row, pending, repeat, pending_signature)) {
       row.status = StatsStatus::Reused;
+      if (later != nullptr) later->signature = pending_signature;
       if (pending && later != nullptr && device_wait_for(pending, *later, StatsStatus::Reused, repeat, row)) {
         later->result = pending;
         later->repeat = repeat;

@@ -103,6 +103,12 @@ pub mod ffi {
         stats: TensorStats,
         /// The parameter or buffer it is, or its `.grad`; empty: none.
         name: String,
+        /// The values' fingerprint, when `has_fingerprint` (README:
+        /// "Fingerprint and sketch").
+        fingerprint: u64,
+        has_fingerprint: bool,
+        /// The sketch; empty: none.
+        sketch: Vec<f64>,
     }
 
     /// A recorded call's place, taken from the thread's stack when it leaves
@@ -199,6 +205,9 @@ pub mod ffi {
         fn op_submit(departure: &Departure, call: &mut OpCall);
         /// Read once, at the first device measurement.
         fn device_settings() -> DeviceSettings;
+        /// OPDUMP_SKETCH: the sketch's length K; 0: no fingerprint and no
+        /// sketch. Read once, at the first measurement.
+        fn sketch_size() -> i32;
         /// One `opdump:` line on stderr; opdump stays on.
         fn warn(what: &str);
         /// The end of an `Optimizer.step` scope on this thread.
@@ -339,8 +348,8 @@ fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
         stats: stats(&row.stats),
         // Given by the engine, which knows what the capture holds.
         capture_key: None,
-        fingerprint: None,
-        sketch: None,
+        fingerprint: row.has_fingerprint.then_some(row.fingerprint),
+        sketch: (!row.sketch.is_empty()).then(|| std::mem::take(&mut row.sketch)),
     })
 }
 
@@ -479,6 +488,10 @@ fn device_settings() -> ffi::DeviceSettings {
         block: s.block,
         wait_ms: s.wait_ms,
     }
+}
+
+fn sketch_size() -> i32 {
+    runtime::sketch_size() as i32
 }
 
 fn warn(what: &str) {

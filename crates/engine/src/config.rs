@@ -33,6 +33,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_MODULES", "1", "in a Python process, name the nn.Module running each call (module column), the parameters and buffers (name column), and the forward call behind each backward call (fwd_seq), through global module hooks installed while dumping; 0 installs none"),
     ("OPDUMP_SOURCE", "0", "1 gives top-level calls outside backward a source column: the innermost line of user code, file.py:123 in forward (costs a Python frame walk per call)"),
     ("OPDUMP_CAPTURE", "(none)", "op calls whose full input and output tensors are saved (safetensors, beside the Parquet files): aten::gelu#0 (the first recorded call of that op), aten::gelu@step=1#2 (the third in step 1), module=blocks.0.mlp#0 (every call inside that module's first forward), several separated by ;"),
+    ("OPDUMP_SKETCH", "16", "length K of each tensor's sketch (a power of two, 2 to 32); 0 also turns the fingerprint off (see the README's Fingerprint and sketch)"),
     ("OPDUMP_CAPTURE_MAX_BYTES", "2147483648", "the most bytes of captured tensors a process saves; calls past it are not captured, and counted"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
@@ -73,6 +74,8 @@ pub struct Config {
     /// The calls whose tensors are saved (OPDUMP_CAPTURE).
     pub capture: Vec<Selector>,
     pub capture_max_bytes: u64,
+    /// The sketch's length; 0: neither sketch nor fingerprint.
+    pub sketch: u32,
     /// A forked child records into its own files.
     pub fork_record: bool,
     pub file_mode: u32,
@@ -117,6 +120,7 @@ impl Default for Config {
             source: false,
             capture: Vec::new(),
             capture_max_bytes: 2 << 30,
+            sketch: 16,
             fork_record: false,
             file_mode: 0o600,
         }
@@ -263,6 +267,14 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             "OPDUMP_CAPTURE_MAX_BYTES" => match parse_count(v) {
                 Some(n) => c.capture_max_bytes = n,
                 None => bad(&name, v, "a number of bytes is expected, e.g. 1073741824"),
+            },
+            "OPDUMP_SKETCH" => match v.trim().parse::<u32>() {
+                Ok(k) if k == 0 || (k.is_power_of_two() && (2..=32).contains(&k)) => c.sketch = k,
+                _ => bad(
+                    &name,
+                    v,
+                    "use a power of two from 2 to 32 (16 is the default), or 0 for no fingerprint and sketch",
+                ),
             },
             "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
                 Some(b) => c.device_sync = b,

@@ -312,6 +312,11 @@ pub fn device_settings() -> DeviceSettings {
     }
 }
 
+/// The sketch's length K (OPDUMP_SKETCH); 0: no fingerprint and no sketch.
+pub fn sketch_size() -> u32 {
+    get().map_or(0, |rt| rt.config.sketch)
+}
+
 /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
 pub fn modules_enabled() -> bool {
     get().is_some_and(|rt| rt.config.modules)

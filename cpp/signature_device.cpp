@@ -1,0 +1,116 @@
+// The fingerprint and sketch of a piece of a device tensor, with ATen ops on
+// the device (README: "Fingerprint and sketch"; signature.h holds the
+// constants). A piece is a run of the tensor's elements in logical order;
+// its row, [F(seed1), F(seed2), y_0 .. y_{K-1}] in float64, adds up over the
+// pieces: the F are sums of 32-bit hashes (below 2^53, so exact in float64;
+// the host takes them modulo 2^32), y the sketch before its Hadamard
+// transform (signature.h's SketchState, folded), which the host applies.
+//
+// The hashes run in int64 on values below 2^32. A 32-bit product is formed
+// from two 16-bit halves so that no int64 product overflows.
+
+#include <ATen/ATen.h>
+
+#include "opdump/cpp/internal.h"
+#include "opdump/cpp/signature.h"
+
+namespace opdump {
+
+namespace {
+
+constexpr int64_t kLow32 = 0xffffffffLL;
+
+// (x * c) mod 2^32 for int64 x in [0, 2^32).
+at::Tensor mul32(const at::Tensor& x, uint32_t c) {
+  const int64_t cc = c;
+  const at::Tensor lo = at::bitwise_and(x, 0xffff).mul(cc);
+  const at::Tensor hi = at::bitwise_and(at::bitwise_and(x.__rshift__(16), 0xffff).mul(cc), 0xffff);
+  return at::bitwise_and(lo.add(hi.__lshift__(16)), kLow32);
+}
+
+at::Tensor fmix32(at::Tensor h) {
+  h = at::bitwise_xor(h, h.__rshift__(16));
+  h = mul32(h, 0x85ebca6bu);
+  h = at::bitwise_xor(h, h.__rshift__(13));
+  h = mul32(h, 0xc2b2ae35u);
+  return at::bitwise_xor(h, h.__rshift__(16));
+}
+
+// The piece's values as 32-bit words (int64), in order, NaNs canonical.
+at::Tensor words_of(at::Tensor x) {
+  if (x.is_complex()) x = at::view_as_real(x.resolve_conj());
+  x = x.resolve_neg().contiguous();
+  if (x.is_floating_point() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ||
+                                x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16))
+    x = x.masked_fill(at::isnan(x), std::numeric_limits<double>::quiet_NaN());
+  x = x.reshape({-1});
+  switch (x.element_size()) {
+    case 1:
+      return x.view(at::kByte).to(at::kLong);
+    case 2:
+      return at::bitwise_and(x.view(at::kShort).to(at::kLong), 0xffff);
+    case 4:
+      return at::bitwise_and(x.view(at::kInt).to(at::kLong), kLow32);
+    default: {
+      const at::Tensor v = x.view(at::kLong);
+      return at::stack({at::bitwise_and(v, kLow32), at::bitwise_and(v.__rshift__(32), kLow32)}, 1).reshape({-1});
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k) {
+  const auto opts = piece.options().dtype(at::kLong);
+  // Fingerprint: both seeds at once, [2, words].
+  const at::Tensor u = words_of(piece);
+  const int64_t per = piece.is_complex() ? 2 : 1;
+  const int64_t word0 = first * per * (piece.element_size() / per == 8 ? 2 : 1);
+  const at::Tensor w = mul32(at::bitwise_and(at::arange(word0, word0 + u.numel(), opts), kLow32), sig::kGolden);
+  const at::Tensor seeds = at::tensor({static_cast<int64_t>(sig::kSeed1), static_cast<int64_t>(sig::kSeed2)}, opts)
+                               .view({2, 1});
+  const at::Tensor h = fmix32(at::bitwise_and(at::bitwise_xor(u.unsqueeze(0), seeds).add(w), kLow32));
+  const at::Tensor f = h.sum(1).to(at::kDouble);
+  // Sketch: element e of group g = e / K at r = e mod K goes, signed by bit r
+  // of a_g, to bucket r XOR c_g.
+  const int lg = __builtin_ctz(static_cast<unsigned>(k));
+  // Complex magnitudes in float64, as on the CPU.
+  at::Tensor x = (piece.is_complex() ? at::abs(piece.to(at::kComplexDouble)) : piece.to(at::kDouble)).reshape({-1});
+  x = at::nan_to_num(x, 0.0, 0.0, 0.0);
+  const at::Tensor e = at::arange(first, first + x.numel(), opts);
+  const at::Tensor g = mul32(at::bitwise_and(e.__rshift__(lg), kLow32), sig::kGolden);
+  const at::Tensor r = at::bitwise_and(e, k - 1);
+  const at::Tensor a = fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kSignSeed)), kLow32));
+  const at::Tensor c = at::bitwise_and(fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kProjSeed)), kLow32)), k - 1);
+  const at::Tensor sign = at::bitwise_and(at::bitwise_right_shift(a, r), 1).mul(-2).add(1).to(at::kDouble);
+  const at::Tensor y = at::zeros({k}, x.options()).index_add_(0, at::bitwise_xor(r, c), x.mul(sign));
+  return at::cat({f, y});
+}
+
+void signature_finish_row(const double* v, int k, sig::Signature& s) {
+  s.f1 += static_cast<uint32_t>(static_cast<uint64_t>(v[0]));
+  s.f2 += static_cast<uint32_t>(static_cast<uint64_t>(v[1]));
+  double y[sig::kMaxSketch];
+  for (int j = 0; j < k; ++j) y[j] = v[2 + j];
+  sig::SketchState st(k);
+  // A state whose row 0 holds y folds to y itself.
+  for (int j = 0; j < k; ++j) st.acc[j] = y[j];
+  sig::sketch_finish(st, s);
+}
+
+void put_signature(const SignatureValues& s, TensorRow& row) {
+  row.has_fingerprint = s.has;
+  row.fingerprint = s.fingerprint;
+  row.sketch.clear();
+  for (double v : s.sketch) row.sketch.push_back(v);
+}
+
+SignatureValues signature_of_row(const TensorRow& row) {
+  SignatureValues s;
+  s.has = row.has_fingerprint;
+  s.fingerprint = row.fingerprint;
+  s.sketch.assign(row.sketch.begin(), row.sketch.end());
+  return s;
+}
+
+}  // namespace opdump
