@@ -570,7 +570,7 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
       split(
           t,
           [&](const at::Tensor& p) {
-            b.sig_rows.push_back(signature_row(p, first, k));
+            b.sig_rows.push_back(signature_row(p, first, k, kSignaturePieceElements));
             first += p.numel();
           },
           kSignaturePieceElements);

@@ -40,8 +40,8 @@ SignatureValues signature_of_row(const TensorRow& row);
 // The row of one piece of a device tensor, a run of its elements in logical
 // order starting at element `first`: [F1, F2, y_0 .. y_{k-1}] in float64 on
 // the piece's device; and its addition to a signature on the host
-// (signature_device.cpp).
-at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k);
+// (signature_device.cpp). `most`: the largest piece there will be.
+at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t most);
 namespace sig {
 struct Signature;
 }

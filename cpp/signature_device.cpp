@@ -9,6 +9,9 @@
 // The hashes run in int64 on values below 2^32. A 32-bit product is formed
 // from two 16-bit halves so that no int64 product overflows.
 
+#include <unordered_map>
+#include <mutex>
+
 #include <ATen/ATen.h>
 
 #include "opdump/cpp/internal.h"
@@ -36,6 +39,22 @@ at::Tensor fmix32(at::Tensor h) {
   return at::bitwise_xor(h, h.__rshift__(16));
 }
 
+// 0, 1, ..., n - 1 on `device` (int64), from one arange per device kept
+// for the process: a piece's indexes are a slice of it plus a constant, one
+// launch instead of an arange's (n is at most 2 * the largest piece).
+at::Tensor iota(const at::TensorOptions& opts, int64_t n, int64_t most) {
+  static std::mutex mu;
+  static auto* kept = new std::unordered_map<c10::Device, at::Tensor>;  // never freed: torch may be gone at exit
+  at::Tensor base;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    at::Tensor& t = (*kept)[opts.device()];
+    if (!t.defined() || t.numel() < n) t = at::arange(std::max(n, most), opts);
+    base = t;
+  }
+  return base.narrow(0, 0, n);
+}
+
 // The piece's values as 32-bit words (int64), in order, NaNs canonical.
 at::Tensor words_of(at::Tensor x) {
   if (x.is_complex()) x = at::view_as_real(x.resolve_conj());
@@ -60,13 +79,13 @@ at::Tensor words_of(at::Tensor x) {
 
 }  // namespace
 
-at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k) {
+at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t most) {
   const auto opts = piece.options().dtype(at::kLong);
   // Fingerprint: both seeds at once, [2, words].
   const at::Tensor u = words_of(piece);
   const int64_t per = piece.is_complex() ? 2 : 1;
   const int64_t word0 = first * per * (piece.element_size() / per == 8 ? 2 : 1);
-  const at::Tensor w = mul32(at::bitwise_and(at::arange(word0, word0 + u.numel(), opts), kLow32), sig::kGolden);
+  const at::Tensor w = mul32(at::bitwise_and(iota(opts, u.numel(), 2 * most).add(word0), kLow32), sig::kGolden);
   const at::Tensor seeds = at::tensor({static_cast<int64_t>(sig::kSeed1), static_cast<int64_t>(sig::kSeed2)}, opts)
                                .view({2, 1});
   const at::Tensor h = fmix32(at::bitwise_and(at::bitwise_xor(u.unsqueeze(0), seeds).add(w), kLow32));
@@ -77,7 +96,7 @@ at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k) {
   // Complex magnitudes in float64, as on the CPU.
   at::Tensor x = (piece.is_complex() ? at::abs(piece.to(at::kComplexDouble)) : piece.to(at::kDouble)).reshape({-1});
   x = at::nan_to_num(x, 0.0, 0.0, 0.0);
-  const at::Tensor e = at::arange(first, first + x.numel(), opts);
+  const at::Tensor e = iota(opts, x.numel(), 2 * most).add(first);
   const at::Tensor g = mul32(at::bitwise_and(e.__rshift__(lg), kLow32), sig::kGolden);
   const at::Tensor r = at::bitwise_and(e, k - 1);
   const at::Tensor a = fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kSignSeed)), kLow32));

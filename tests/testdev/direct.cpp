@@ -72,6 +72,20 @@ constexpr const char* kDirectOps[] = {
     "aten::segment_reduce",
     "aten::repeat_interleave.Tensor",
     "aten::index_select",
+    // What its fingerprints and sketches add: 32-bit hashes in int64
+    // arithmetic, and the signed sums into buckets.
+    "aten::bitwise_and.Scalar",
+    "aten::bitwise_and.Tensor",
+    "aten::bitwise_xor.Tensor",
+    "aten::bitwise_xor.Scalar",
+    "aten::__rshift__.Scalar",
+    "aten::__lshift__.Scalar",
+    "aten::bitwise_right_shift.Tensor",
+    "aten::add.Tensor",
+    "aten::add.Scalar",
+    "aten::mul.Scalar",
+    "aten::masked_fill.Scalar",
+    "aten::index_add_",
 };
 
 // Read once, when the library loads; built on first use (testdev.cpp's
