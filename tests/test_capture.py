@@ -430,9 +430,11 @@ def test_workflow_permute_fault_exact_metrics_see_it(cpu_run, tmp_path):
     """Statistics blame the permuted values' first consumer; the capture of
     the whole block shows the permutation at the op that made it (cosine
     below 1 with every statistic equal), and repro names testdev."""
-    out_cpu, cpu = cpu_run
     fault = "aten::gelu=permute:7"
-    dev, _ = demo.run_device("testdev", tmp_path, 1, fault)
+    # Statistics alone (no sketches: OPDUMP_SKETCH=0) blame the consumer.
+    off = {"OPDUMP_SKETCH": "0"}
+    cpu, _ = demo.run_device("cpu", tmp_path / "nosketch", 1, None, env_extra=off)
+    dev, _ = demo.run_device("testdev", tmp_path / "nosketch", 1, fault, env_extra=off)
     code, report = compare_json(cpu, dev)
     first = report["first_introduced"]
     assert code == 1 and first["op"] == "aten::addmm" and first["module"] == "blocks.0.fc2", first

@@ -45,9 +45,15 @@ pub struct Tensors {
     pub nf_index: Vec<u32>,
     pub nf_counts: Vec<[i64; 3]>,
     pub zero: Vec<i64>,
-    /// Optional evidence columns of later schema versions; empty when the
-    /// dump has none. 0 means null.
+    /// The `fingerprint` column (schema 4); empty when the dump has none.
+    /// 0 means null.
     pub fingerprint: Vec<u64>,
+    /// The `sketch` column (schema 4), back to back: tensor `t`'s sketch is
+    /// `sketch_values[sketch_start[t]..sketch_start[t + 1]]`, empty where
+    /// null, so a tensor without one costs one index. Both empty when the
+    /// dump has none.
+    pub sketch_start: Vec<u32>,
+    pub sketch_values: Vec<f64>,
     /// Id in [`Dump::texts`] of the parameter or buffer the tensor is
     /// (`fc1.weight`, `fc1.weight.grad`); `NO_ID` when none or unknown.
     pub name: Vec<u32>,
@@ -82,6 +88,22 @@ impl Tensors {
         let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
         let i = t as usize;
         (finite(self.l2[i]), finite(self.absmax[i]))
+    }
+
+    /// The fingerprint of a tensor, when it has one.
+    pub fn fingerprint(&self, t: u32) -> Option<u64> {
+        self.fingerprint
+            .get(t as usize)
+            .copied()
+            .filter(|&f| f != 0)
+    }
+
+    /// The sketch of a tensor, when it has one.
+    pub fn sketch(&self, t: u32) -> Option<&[f64]> {
+        let t = t as usize;
+        let (s, e) = (*self.sketch_start.get(t)?, *self.sketch_start.get(t + 1)?);
+        let v = self.sketch_values.get(s as usize..e as usize)?;
+        (!v.is_empty()).then_some(v)
     }
 
     /// (NaN, +Inf, -Inf) counts.

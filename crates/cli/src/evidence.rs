@@ -1,11 +1,12 @@
 //! Sources of evidence about how much two tensors differ.
 //!
-//! Today a dump carries statistics, which give a guaranteed *lower bound* on
-//! the difference. Later schema versions may add a bitwise fingerprint (then
-//! "identical" can be proven) or an error sketch (then the difference can be
-//! estimated, not just bounded). Each source implements [`Evidence`] and
-//! adds what it knows to a [`Measure`]; the verdict code reads the measure
-//! and never asks which columns a dump has.
+//! Every dump carries statistics, which give a guaranteed *lower bound* on
+//! the difference. Schema 4 adds a bitwise fingerprint (then "identical"
+//! can be proven) and an error sketch (then the difference can be
+//! estimated, not just bounded); captured values give it exactly. Each
+//! source implements [`Evidence`] and adds what it knows to a [`Measure`];
+//! the verdict code reads the measure and never asks which columns a dump
+//! has.
 
 use crate::dump::Dump;
 
@@ -24,6 +25,11 @@ pub struct Measure {
     pub identical: Option<bool>,
     /// An estimate of ||a - b||_2, when a source can give one.
     pub l2_estimate: Option<f64>,
+    /// The sketches' estimate of ||a - b||_2 (unbiased in square, random:
+    /// see `metrics` for how far it is trusted), when both tensors have a
+    /// sketch of the same length; and that length.
+    pub sketch_estimate: Option<f64>,
+    pub sketch_k: usize,
     /// Both tensors' values were captured: the bounds are the exact norms.
     pub exact: bool,
 }
@@ -141,12 +147,29 @@ impl Evidence for FingerprintEvidence {
     }
 
     fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
-        let (fa, fb) = (
-            a.tensors.fingerprint[ta as usize],
-            b.tensors.fingerprint[tb as usize],
-        );
-        if fa != 0 && fb != 0 {
+        if let (Some(fa), Some(fb)) = (a.tensors.fingerprint(ta), b.tensors.fingerprint(tb)) {
             m.identical = Some(fa == fb);
+        }
+    }
+}
+
+/// The error sketch column (`sketch`), when both dumps have one: an
+/// estimate of ||a - b||_2 from the two tensors' projections.
+pub struct SketchEvidence;
+
+impl Evidence for SketchEvidence {
+    fn available(&self, a: &Dump, b: &Dump) -> bool {
+        !a.tensors.sketch_start.is_empty() && !b.tensors.sketch_start.is_empty()
+    }
+
+    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+        let (Some(sa), Some(sb)) = (a.tensors.sketch(ta), b.tensors.sketch(tb)) else {
+            return;
+        };
+        // A non-finite projection (a sketch that overflowed) says nothing.
+        if let Some(est) = crate::sketch::estimate(sa, sb).filter(|e| e.is_finite()) {
+            m.sketch_estimate = Some(est);
+            m.sketch_k = sa.len();
         }
     }
 }
@@ -174,10 +197,12 @@ impl Evidence for CaptureEvidence {
 
 static STATS: StatsEvidence = StatsEvidence;
 static FINGERPRINT: FingerprintEvidence = FingerprintEvidence;
+static SKETCH: SketchEvidence = SketchEvidence;
 static CAPTURE: CaptureEvidence = CaptureEvidence;
 
-/// The sources both dumps support, statistics first.
+/// The sources both dumps support, weakest first: a later one overrides
+/// what an earlier one said (captured values last).
 pub fn available(a: &Dump, b: &Dump) -> Vec<&'static dyn Evidence> {
-    let all: [&'static dyn Evidence; 3] = [&STATS, &FINGERPRINT, &CAPTURE];
+    let all: [&'static dyn Evidence; 4] = [&STATS, &FINGERPRINT, &SKETCH, &CAPTURE];
     all.into_iter().filter(|e| e.available(a, b)).collect()
 }

@@ -120,8 +120,15 @@ pub struct TensorCmp {
     /// [`Taint`]).
     pub taint_own: bool,
     pub dtype_differs: bool,
-    /// The strongest evidence used: `stats`, `fingerprint`, ...
+    /// The strongest evidence used: `stats`, `sketch`, `fingerprint` or
+    /// `exact`.
     pub evidence: &'static str,
+    /// The sketches' estimate of ||a-b||_2 relative to `scale_l2` (never
+    /// below `rel_l2`), when both tensors have a sketch.
+    pub sketch_rel: Option<f64>,
+    /// The low end of that estimate the verdict trusts (see
+    /// [`sketch_low_end`]); 0 without a sketch. Part of `rel_err`.
+    pub sketch_low: f64,
 }
 
 /// The comparison of one op pair.
@@ -558,6 +565,8 @@ impl<'a> Ctx<'a> {
             taint_own: false,
             dtype_differs: false,
             evidence: "stats",
+            sketch_rel: None,
+            sketch_low: 0.0,
         };
         let (Some(ta), Some(tb)) = (ta, tb) else {
             return tc;
@@ -586,6 +595,13 @@ impl<'a> Ctx<'a> {
         }
         tc.measure = m;
         let (x, y) = (&a.tensors, &b.tensors);
+        if m.identical == Some(true) {
+            // Equal bits (a fingerprint, or the captured values): whatever
+            // the statistics say, nothing differs.
+            tc.evidence = if m.exact { "exact" } else { "fingerprint" };
+            tc.verdict = TensorVerdict::Identical;
+            return tc;
+        }
         if x.nonfinite_counts(ta) != y.nonfinite_counts(tb) {
             tc.verdict = TensorVerdict::NanMismatch;
             return tc;
@@ -602,15 +618,23 @@ impl<'a> Ctx<'a> {
             tc.rel_err = tc.rel_err.max(est / tc.scale_l2);
         }
         tc.tolerance = op_tolerance.max(Tolerances::stats_noise(self.stats_f32, x.numel(ta)));
+        if let (Some(est), false) = (m.sketch_estimate, m.exact) {
+            // Never below what the statistics guarantee.
+            let est = est.max(m.l2_bound);
+            let norm = l2a.max(y.finite_norms(tb).0);
+            let low = sketch_low_end(est, m.sketch_k, x.numel(ta), norm, self.stats_f32);
+            tc.sketch_rel = Some(est / tc.scale_l2);
+            tc.sketch_low = low / tc.scale_l2;
+            tc.rel_err = tc.rel_err.max(tc.sketch_low);
+            tc.evidence = "sketch";
+        }
         if m.exact {
             tc.evidence = "exact";
         }
-        tc.verdict = if m.identical == Some(true) {
-            if !m.exact {
-                tc.evidence = "fingerprint";
-            }
-            TensorVerdict::Identical
-        } else if m.stats_equal && !m.exact {
+        // The sketch's low end above the tolerance outweighs equal
+        // statistics: the values moved (a permutation keeps every one).
+        let sketch_differs = tc.sketch_low > tc.tolerance;
+        tc.verdict = if m.stats_equal && !m.exact && !sketch_differs {
             // (With the values at hand, equal statistics prove nothing: a
             // permutation keeps them.)
             TensorVerdict::StatsEqual
@@ -621,6 +645,20 @@ impl<'a> Ctx<'a> {
         };
         tc
     }
+}
+
+/// The part of a sketch estimate `est` of ||a-b||_2 that the verdict
+/// trusts: the estimate less its spread (exact for a tensor of at most `k`
+/// elements, else 3 standard deviations, `3/sqrt(2k)` of it) and less what
+/// the two devices' own accumulation of the same values can differ by
+/// (relative to `norm`, the larger of the tensors' norms). Only above the
+/// tolerance does it decide a verdict: an error the statistics do not see
+/// (values moved, zero-mean noise). Derivation: `crates/cli/README.md`,
+/// "Fingerprint and sketch".
+pub fn sketch_low_end(est: f64, k: usize, numel: i64, norm: f64, f32_accumulate: bool) -> f64 {
+    let spread = crate::sketch::spread(k, numel);
+    let noise = crate::sketch::accumulation_noise(f32_accumulate, numel) * norm;
+    (est * (1.0 - spread) - noise).max(0.0)
 }
 
 /// The bounds of `m` relative to tensor `x`'s own norms: a lower bound on

@@ -30,7 +30,7 @@ use parquet::arrow::ProjectionMask;
 use crate::dtype::DType;
 use crate::dump::{Dump, Tensors, NONE, NO_SEQ};
 use crate::error::{CliError, Result};
-use crate::intern::{hash_bytes, mix, Interner, ShapeInterner, NO_ID};
+use crate::intern::{Interner, ShapeInterner, NO_ID};
 use crate::panic_guard;
 use crate::progress::Progress;
 
@@ -66,7 +66,7 @@ const REQUIRED: [&str; 25] = [
 
 /// Read when present: `error` (schema 1 has it), where in the model a call
 /// ran (schema 2), and evidence columns that later schema versions add.
-const OPTIONAL: [&str; 8] = [
+const OPTIONAL: [&str; 9] = [
     col::ERROR,
     col::MODULE,
     col::FWD_SEQ,
@@ -74,13 +74,9 @@ const OPTIONAL: [&str; 8] = [
     col::NAME,
     col::CAPTURE_FILE,
     col::CAPTURE_KEY,
-    FINGERPRINT,
+    col::FINGERPRINT,
+    col::SKETCH,
 ];
-
-/// A bitwise fingerprint of the tensor's values, when the dump has one (a
-/// later issue adds it). Any integer, binary or string type is accepted: only
-/// equality is used.
-pub const FINGERPRINT: &str = "fingerprint";
 
 const BATCH_ROWS: usize = 64 * 1024;
 
@@ -289,6 +285,7 @@ struct Builder {
     t_len: Vec<u32>,
     t: Tensors,
     has_fingerprint: bool,
+    has_sketch: bool,
     /// Some tensor read so far was captured: every tensor has the two
     /// capture columns from then on.
     has_captures: bool,
@@ -407,7 +404,9 @@ struct Cols<'a> {
     status: StrCol<'a>,
     f: [&'a Float64Array; 6],
     c: [&'a Int64Array; 4],
-    fingerprint: Option<&'a ArrayRef>,
+    fingerprint: Option<&'a PrimitiveArray<UInt64Type>>,
+    /// A list of float64 per row.
+    sketch: Option<&'a arrow_array::ListArray>,
 }
 
 fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
@@ -498,7 +497,20 @@ impl<'a> Cols<'a> {
                 i64c(col::NEGINF_COUNT)?,
                 i64c(col::ZERO_COUNT)?,
             ],
-            fingerprint: b.column_by_name(FINGERPRINT),
+            fingerprint: match b.column_by_name(col::FINGERPRINT) {
+                Some(a) => Some(
+                    a.as_primitive_opt::<UInt64Type>()
+                        .ok_or_else(|| bad_type(path, col::FINGERPRINT, a))?,
+                ),
+                None => None,
+            },
+            sketch: match b.column_by_name(col::SKETCH) {
+                Some(a) => match a.as_list_opt::<i32>() {
+                    Some(l) if l.values().data_type() == &DataType::Float64 => Some(l),
+                    _ => return Err(bad_type(path, col::SKETCH, a)),
+                },
+                None => None,
+            },
         })
     }
 }
@@ -554,27 +566,6 @@ fn gather_i32(a: &arrow_array::Int32Array, rows: &[u32], null: i32, out: &mut Ve
             }
         }));
     }
-}
-
-/// A fingerprint value as a non-zero u64 (0 is null); only equality matters.
-fn fingerprint_at(path: &Path, a: &ArrayRef, i: usize) -> Result<u64> {
-    if a.is_null(i) {
-        return Ok(0);
-    }
-    let h = if let Some(x) = a.as_primitive_opt::<Int64Type>() {
-        mix(x.value(i) as u64, 1)
-    } else if let Some(x) = a.as_primitive_opt::<UInt64Type>() {
-        mix(x.value(i), 1)
-    } else if let Some(x) = a.as_binary_opt::<i32>() {
-        hash_bytes(x.value(i))
-    } else if let Some(x) = a.as_fixed_size_binary_opt() {
-        hash_bytes(x.value(i))
-    } else if let Some(x) = a.as_string_opt::<i32>() {
-        hash_bytes(x.value(i).as_bytes())
-    } else {
-        return Err(bad_type(path, FINGERPRINT, a));
-    };
-    Ok(h | 1)
 }
 
 /// An empty vector with room for `n` items, or less when that much memory
@@ -643,6 +634,38 @@ fn push_shapes(path: &Path, c: &Cols<'_>, rows: &[u32], t: &mut Tensors) -> Resu
     Ok(())
 }
 
+/// Appends the sketches of `rows` (none when the file has no such column)
+/// to the flat sketch columns.
+fn push_sketches(
+    path: &Path,
+    sketch: Option<&arrow_array::ListArray>,
+    rows: &[u32],
+    t: &mut Tensors,
+) -> Result<()> {
+    let Some(l) = sketch else {
+        let end = t.sketch_values.len() as u32;
+        t.sketch_start
+            .resize(t.sketch_start.len() + rows.len(), end);
+        return Ok(());
+    };
+    let offsets = l.value_offsets();
+    let values = l.values().as_primitive::<Float64Type>();
+    for &i in rows {
+        let i = i as usize;
+        if !l.is_null(i) {
+            let (s, e) = (offsets[i] as usize, offsets[i + 1] as usize);
+            if s > e || e > values.len() {
+                return Err(corrupt(path, "sketch offsets out of range"));
+            }
+            t.sketch_values.extend((s..e).map(|k| fval(values, k)));
+        }
+        let end = u32::try_from(t.sketch_values.len())
+            .map_err(|_| corrupt(path, "more than 4 billion sketch values"))?;
+        t.sketch_start.push(end);
+    }
+    Ok(())
+}
+
 /// NaN, +Inf and -Inf counts, kept only for the tensors that have some;
 /// `first` is the index of the first of `rows` among all tensors.
 fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut Tensors) {
@@ -683,6 +706,8 @@ impl Builder {
             nf_counts: Vec::new(),
             zero: reserved(rows),
             fingerprint: Vec::new(),
+            sketch_start: Vec::new(),
+            sketch_values: Vec::new(),
             name: reserved(rows),
             capture_file: Vec::new(),
             capture_key: Vec::new(),
@@ -707,6 +732,7 @@ impl Builder {
             t_len: reserved(ops),
             t,
             has_fingerprint: false,
+            has_sketch: false,
             has_captures: false,
         }
     }
@@ -791,6 +817,9 @@ impl Builder {
         if c.fingerprint.is_some() {
             self.start_fingerprints();
         }
+        if c.sketch.is_some() {
+            self.start_sketches();
+        }
         let codes = self.row_codes(path, &c, batch.num_rows())?;
         let tensors = self.push_op_calls(path, &c, &codes, last_seq)?;
         self.push_tensors(path, &c, &codes, &tensors)
@@ -802,6 +831,14 @@ impl Builder {
         if !self.has_fingerprint {
             self.has_fingerprint = true;
             self.t.fingerprint.resize(self.t.role.len(), 0);
+        }
+    }
+
+    /// Likewise for sketches: the tensors read before have none.
+    fn start_sketches(&mut self) {
+        if !self.has_sketch {
+            self.has_sketch = true;
+            self.t.sketch_start.resize(self.t.role.len() + 1, 0);
         }
     }
 
@@ -1018,13 +1055,21 @@ impl Builder {
         gather_i64(czero, rows, &mut t.zero);
         push_nonfinite([cnan, cpos, cneg], rows, first, t);
         if self.has_fingerprint {
-            for &i in rows {
-                let v = match c.fingerprint {
-                    Some(a) => fingerprint_at(path, a, i as usize)?,
-                    None => 0,
-                };
-                self.t.fingerprint.push(v);
+            let t = &mut self.t;
+            match c.fingerprint {
+                Some(a) => t.fingerprint.extend(rows.iter().map(|&i| {
+                    let i = i as usize;
+                    if a.is_null(i) {
+                        0
+                    } else {
+                        a.value(i)
+                    }
+                })),
+                None => t.fingerprint.resize(t.fingerprint.len() + rows.len(), 0),
             }
+        }
+        if self.has_sketch {
+            push_sketches(path, c.sketch, rows, &mut self.t)?;
         }
         Ok(())
     }

@@ -450,7 +450,7 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         num(r.amplification)
     );
     out.push_str(
-        "<table><tr><th>tensor</th><th>dtype</th><th>shape</th><th>verdict</th><th>rel err</th><th>tol</th><th></th>\
+        "<table><tr><th>tensor</th><th>dtype</th><th>shape</th><th>verdict</th><th>rel err</th><th title=\"the error sketches' estimate of the relative L2 error\">sketch est</th><th>tol</th><th></th>\
          <th>min</th><th>max</th><th>mean</th><th>std</th><th>l2</th><th>absmax</th><th>nan</th><th>+inf</th><th>-inf</th><th>zeros</th></tr>",
     );
     for t in &r.tensors {
@@ -477,11 +477,12 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         let _ = write!(
             out,
             "<tr class=\"{v}\"><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{v}</td>\
-             <td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><th>A</th>{}</tr><tr class=\"{v}\"><th>B</th>{}</tr>",
+             <td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td><th>A</th>{}</tr><tr class=\"{v}\"><th>B</th>{}</tr>",
             esc(&name),
             esc(&dtype),
             esc(&shape),
             num(t.rel_err),
+            t.sketch.map_or("-".to_string(), |s| num(s.rel)),
             num(t.tolerance),
             stats_cells(&t.a),
             stats_cells(&t.b),
@@ -625,7 +626,7 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
             (None, false) => "no divergence".into(),
         }
     );
-    o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics); hover for the op</span></p>");
+    o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
     o.push_str(&plot(pairs));
     if r.headline_rule == Some("dominant") {
         op_section(

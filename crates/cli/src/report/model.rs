@@ -249,6 +249,37 @@ impl StatsReport {
     }
 }
 
+/// What the error sketches of a tensor pair say (both tensors have one of
+/// the same length): the estimate of ||a-b||_2 next to the statistics'
+/// bound.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct SketchReport {
+    /// The sketch length K.
+    pub k: usize,
+    /// ||sketch_a - sketch_b|| / sqrt(K), never below `abs_bound`.
+    #[serde(serialize_with = "finite")]
+    pub est: f64,
+    /// `est` relative as `rel_l2` is (over the same scale).
+    #[serde(serialize_with = "finite")]
+    pub rel: f64,
+    /// The low end of `rel` the verdict trusts (its spread and the
+    /// devices' accumulation noise taken off); part of `rel_err`.
+    #[serde(serialize_with = "finite")]
+    pub rel_low: f64,
+}
+
+impl SketchReport {
+    fn of(t: &TensorCmp) -> Option<Self> {
+        let rel = t.sketch_rel?;
+        Some(SketchReport {
+            k: t.measure.sketch_k,
+            est: rel * t.scale_l2,
+            rel,
+            rel_low: t.sketch_low,
+        })
+    }
+}
+
 #[derive(Serialize, Clone, Debug)]
 pub struct TensorReport {
     pub role: &'static str,
@@ -277,7 +308,7 @@ pub struct TensorReport {
     /// linf_bound / max(||a||_inf, floor).
     #[serde(serialize_with = "finite")]
     pub rel_linf: f64,
-    /// max(rel_l2, rel_linf): compared with `allowed`.
+    /// max(rel_l2, rel_linf, sketch.rel_low): compared with `allowed`.
     #[serde(serialize_with = "finite")]
     pub rel_err: f64,
     /// What rounding in this op explains (dtype, reduction length).
@@ -290,6 +321,8 @@ pub struct TensorReport {
     /// metrics (crates/cli/src/exact.rs), which replace the bounds above in
     /// the verdict.
     pub exact: Option<ExactMetrics>,
+    /// Both dumps have error sketches of the tensor (schema 4).
+    pub sketch: Option<SketchReport>,
 }
 
 impl TensorReport {
@@ -316,6 +349,7 @@ impl TensorReport {
             tolerance: row.tolerance,
             allowed: t.allowed,
             exact: row.exact,
+            sketch: row.sketch,
         }
     }
 }
@@ -847,6 +881,8 @@ pub struct TensorRow<'a> {
     pub tolerance: f64,
     /// Both sides captured: the exact metrics.
     pub exact: Option<ExactMetrics>,
+    /// Both sides have a sketch: its estimate.
+    pub sketch: Option<SketchReport>,
 }
 
 impl<'a> TensorRow<'a> {
@@ -886,6 +922,7 @@ impl<'a> TensorRow<'a> {
                 (true, Some(x), Some(y)) => crate::captures::exact_metrics(a, x, b, y, t.tolerance),
                 _ => None,
             },
+            sketch: SketchReport::of(t),
         }
     }
 }

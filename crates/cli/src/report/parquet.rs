@@ -81,6 +81,11 @@ fn schema() -> SchemaRef {
     ] {
         f.push(Field::new(m, DataType::Float64, true));
     }
+    // The error sketches' estimate, where both dumps have one.
+    f.push(Field::new("sketch_k", DataType::Int32, true));
+    for m in ["sketch_est", "sketch_rel", "sketch_rel_low"] {
+        f.push(Field::new(m, DataType::Float64, true));
+    }
     // Exact metrics, where both dumps captured the pair (null elsewhere).
     for m in EXACT_F64 {
         f.push(Field::new(format!("exact_{m}"), DataType::Float64, true));
@@ -259,6 +264,9 @@ struct Columns {
     b: Side,
     /// abs_bound, linf_bound, rel_l2, rel_linf, rel_err, tolerance.
     metrics: [Float64Builder; 6],
+    sketch_k: Int32Builder,
+    /// sketch_est, sketch_rel, sketch_rel_low.
+    sketch: [Float64Builder; 3],
     exact: Exact,
     rows: usize,
 }
@@ -285,6 +293,8 @@ impl Columns {
             a: Side::new(),
             b: Side::new(),
             metrics: std::array::from_fn(|_| Float64Builder::new()),
+            sketch_k: Int32Builder::new(),
+            sketch: std::array::from_fn(|_| Float64Builder::new()),
             exact: Exact::new(),
             rows: 0,
         }
@@ -326,6 +336,16 @@ impl Columns {
         for (bld, v) in self.metrics.iter_mut().zip(m) {
             bld.append_option(opt(v));
         }
+        let sk = t.sketch.as_ref();
+        self.sketch_k.append_option(sk.map(|s| s.k as i32));
+        let v = [
+            sk.and_then(|s| opt(s.est)),
+            sk.and_then(|s| opt(s.rel)),
+            sk.and_then(|s| opt(s.rel_low)),
+        ];
+        for (bld, v) in self.sketch.iter_mut().zip(v) {
+            bld.append_option(v);
+        }
         self.exact.push(t.exact.as_ref());
         self.rows += 1;
     }
@@ -360,6 +380,10 @@ impl Columns {
         self.a.finish(&mut cols);
         self.b.finish(&mut cols);
         for bld in &mut self.metrics {
+            cols.push(Arc::new(bld.finish()));
+        }
+        cols.push(Arc::new(self.sketch_k.finish()));
+        for bld in &mut self.sketch {
             cols.push(Arc::new(bld.finish()));
         }
         self.exact.finish(&mut cols);

@@ -177,6 +177,14 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
         let _ = write!(out, "{} ", Clean(n));
     }
     let _ = write!(out, "{dtype} {shp}  {}", t.verdict.as_str());
+    if t.verdict.as_str() == "identical" && t.evidence == "fingerprint" {
+        out.push_str(" (fingerprints equal)");
+    }
+    // The sketch's estimate next to the statistics' bound.
+    let sketch = match &t.sketch {
+        Some(s) => format!(", sketch {} low {}", num(s.rel), num(s.rel_low)),
+        None => String::new(),
+    };
     if matches!(
         t.verdict.as_str(),
         "close" | "diverged" | "rng" | "discontinuous"
@@ -184,7 +192,7 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
         let cmp = if t.rel_err > t.allowed { ">" } else { "<=" };
         let _ = write!(
             out,
-            "  rel err {} (l2 {}, inf {}) {cmp} {} {}",
+            "  rel err {} (l2 {}, inf {}{sketch}) {cmp} {} {}",
             num(t.rel_err),
             num(t.rel_l2),
             num(t.rel_linf),
@@ -195,6 +203,8 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
             },
             num(t.allowed)
         );
+    } else if let Some(s) = &t.sketch {
+        let _ = write!(out, "  sketch {} low {}", num(s.rel), num(s.rel_low));
     }
     out.push('\n');
     stats_row(out, "A", &t.a);
