@@ -56,6 +56,22 @@ pub enum Cmd {
     /// Both dumps must hold the call's capture (OPDUMP_CAPTURE; `opdump
     /// compare` prints the values). Exit status: 0 written, 2 error.
     Repro(ReproArgs),
+    /// Compare the ranks of one data-parallel dump by fingerprint and name
+    /// the odd rank out: the first parameter or gradient where one rank's
+    /// values leave the majority.
+    ///
+    /// Exit status: 0 the ranks agree, 1 a rank (or, with no majority, the
+    /// ranks) differ, 2 usage or input error.
+    Ranks(RanksArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RanksArgs {
+    /// The dump directory, with a `rank=<R>` partition per rank.
+    pub dump: PathBuf,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -241,6 +257,14 @@ fn repro_cmd(a: ReproArgs) -> Result<u8> {
     Ok(EXIT_SAME)
 }
 
+fn ranks_cmd(a: RanksArgs) -> Result<u8> {
+    let progress = Progress::auto();
+    let r = crate::ranks::run(&a.dump, &progress)?;
+    progress.finish();
+    print_report(a.json, &r, crate::ranks::render)?;
+    Ok(r.exit_status)
+}
+
 fn summary_cmd(a: SummaryArgs) -> Result<u8> {
     let progress = Progress::auto();
     let s = summary::run(&a.dump, a.rank, &progress)?;
@@ -284,7 +308,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 // Bare `opdump`: a usage error like any other, one line; the
                 // full help is for `--help`.
-                error_line("missing command: compare or summary (see opdump --help)");
+                error_line("missing command: compare, summary, repro or ranks (see opdump --help)");
                 return ExitCode::from(EXIT_ERROR);
             }
             // One line: clap's first paragraph, without its "error: " prefix.
@@ -304,6 +328,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Exit
         Cmd::Compare(a) => compare_cmd(a),
         Cmd::Summary(a) => summary_cmd(a),
         Cmd::Repro(a) => repro_cmd(a),
+        Cmd::Ranks(a) => ranks_cmd(a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

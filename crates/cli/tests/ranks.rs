@@ -1,0 +1,487 @@
+//! `opdump ranks` on synthetic data-parallel dumps: every rank runs the same
+//! small training loop (a forward reading each layer's parameters and a
+//! buffer, an optimizer `_foreach_add_` over parameters and gradients), with
+//! fingerprints that agree across ranks except where a test plants a
+//! difference.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use common::{path_str, run};
+use opdump_cli::progress::Progress;
+use opdump_cli::ranks::run_with_budget;
+use opdump_cli::synth::{input, output, DumpWriter};
+use opdump_format::reader::list_files;
+use opdump_format::schema::{col, meta};
+use opdump_format::{Phase, TensorRecord};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::KeyValue;
+use serde_json::Value;
+
+const LAYERS: usize = 3;
+const STEPS: i64 = 3;
+
+/// A grad fingerprint changed on one rank at one step.
+#[derive(Clone, Copy)]
+struct Flip {
+    rank: u32,
+    step: i64,
+    layer: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Job {
+    ranks: u32,
+    flip: Option<Flip>,
+    /// Rank 3 makes extra calls (one unnamed, one reading a parameter
+    /// through an op no other rank calls): they must shift nothing.
+    extra_calls: bool,
+    /// Write no fingerprints (a dump from before they were computed).
+    no_fingerprints: bool,
+}
+
+fn h(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn named(mut t: TensorRecord, name: &str, fp: u64, job: &Job) -> TensorRecord {
+    t.name = Some(name.to_string());
+    t.fingerprint = (!job.no_fingerprints).then_some(fp);
+    t
+}
+
+fn listed(mut t: TensorRecord, i: usize) -> TensorRecord {
+    t.list_index = Some(i as i32);
+    t
+}
+
+/// One rank's run. A parameter's fingerprint evolves with the gradients it
+/// is given, so a flipped gradient makes the rank's parameters differ from
+/// then on, as in a real job.
+fn write_rank(root: &Path, rank: u32, job: &Job) {
+    let mut w = DumpWriter::new(root, rank, "cpu");
+    let mut params: Vec<u64> = (0..LAYERS).map(|l| h(1, l as u64)).collect();
+    for step in 0..STEPS {
+        w.step = step;
+        w.phase = Phase::Forward;
+        for (l, &p) in params.iter().enumerate() {
+            w.module = Some(format!("fc{l}"));
+            let weight = named(
+                input("weight", "float32", &[4, 4], 1.0),
+                &format!("fc{l}.weight"),
+                p,
+                job,
+            );
+            let x = input("input", "float32", &[2, 4], 1.0);
+            w.leaf(
+                "aten::linear",
+                "default",
+                "",
+                vec![x, weight],
+                vec![output(0, "float32", &[2, 4], 1.0)],
+            )
+            .unwrap();
+            if job.extra_calls && rank == 3 && step == 1 && l == 1 {
+                w.leaf(
+                    "aten::detach",
+                    "default",
+                    "",
+                    vec![input("self", "float32", &[4], 1.0)],
+                    vec![],
+                )
+                .unwrap();
+                let again = named(
+                    input("self", "float32", &[4, 4], 1.0),
+                    &format!("fc{l}.weight"),
+                    p,
+                    job,
+                );
+                w.leaf("aten::alias", "default", "", vec![again], vec![])
+                    .unwrap();
+            }
+        }
+        // A buffer each rank updates from its own data: it differs on all.
+        w.module = Some("bn".into());
+        let buf = named(
+            input("running_mean", "float32", &[4], 1.0),
+            "bn.running_mean",
+            h(rank as u64 + 7, step as u64),
+            job,
+        );
+        w.leaf(
+            "aten::_native_batch_norm_legit",
+            "default",
+            "",
+            vec![buf],
+            vec![],
+        )
+        .unwrap();
+        w.module = None;
+        w.phase = Phase::Backward;
+        w.leaf(
+            "aten::mm",
+            "default",
+            "",
+            vec![input("self", "float32", &[4, 4], 1.0)],
+            vec![output(0, "float32", &[4, 4], 1.0)],
+        )
+        .unwrap();
+        w.phase = Phase::Optimizer;
+        let grads: Vec<u64> = (0..LAYERS)
+            .map(|l| {
+                let g = h(2 + step as u64, l as u64);
+                match job.flip {
+                    Some(f) if f.rank == rank && f.step == step && f.layer == l => g ^ 1,
+                    _ => g,
+                }
+            })
+            .collect();
+        let mut ins = Vec::new();
+        let mut outs = Vec::new();
+        for l in 0..LAYERS {
+            let (pn, gn) = (format!("fc{l}.weight"), format!("fc{l}.weight.grad"));
+            ins.push(listed(
+                named(input("self", "float32", &[4, 4], 1.0), &pn, params[l], job),
+                l,
+            ));
+            ins.push(listed(
+                named(input("other", "float32", &[4, 4], 1.0), &gn, grads[l], job),
+                l,
+            ));
+            params[l] = h(params[l], grads[l]);
+            let mut o = named(input("self", "float32", &[4, 4], 1.0), &pn, params[l], job);
+            o.role = opdump_format::Role::Output;
+            outs.push(listed(o, l));
+        }
+        w.leaf("aten::_foreach_add_", "List", "alpha=-0.1", ins, outs)
+            .unwrap();
+    }
+    w.close().unwrap();
+}
+
+fn write_job(root: &Path, job: &Job) {
+    for r in 0..job.ranks {
+        write_rank(root, r, job);
+    }
+}
+
+fn ranks_json(dir: &Path) -> (i32, Value, String) {
+    let r = run(&["ranks", path_str(dir), "--json"]);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    let v = serde_json::from_str(&r.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON ({e}); exit {}; stderr {}; stdout {}",
+            r.code, r.stderr, r.stdout
+        )
+    });
+    (r.code, v, r.stderr)
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn ranks_that_agree_exit_0_and_buffers_are_not_judged() {
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 4,
+            extra_calls: true,
+            ..Job::default()
+        },
+    );
+    let (code, j, err) = ranks_json(t.path());
+    assert_eq!(code, 0, "{j:#}\n{err}");
+    assert!(j["first"].is_null());
+    assert_eq!(j["ranks"], serde_json::json!([0, 1, 2, 3]));
+    let c = &j["tensors"];
+    // Per step: 3 weights in forward, 9 tensors in the optimizer, 1 buffer.
+    assert_eq!(c["compared"], 3 * 13, "{c}");
+    assert_eq!(c["odd"], 0);
+    assert_eq!(c["not_judged"], 3, "the buffer differs on every rank: {c}");
+    assert_eq!(c["one_rank"], 1, "rank 3's extra read: {c}");
+    let text = run(&["ranks", path_str(t.path())]);
+    assert_eq!(text.code, 0);
+    assert!(
+        text.stdout.contains("Verdict: ranks agree"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn a_flipped_gradient_names_its_rank_step_and_parameter() {
+    let t = tmp();
+    let flip = Flip {
+        rank: 2,
+        step: 1,
+        layer: 1,
+    };
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 4,
+            flip: Some(flip),
+            extra_calls: true,
+            ..Job::default()
+        },
+    );
+    let (code, j, err) = ranks_json(t.path());
+    assert_eq!(code, 1, "{j:#}\n{err}");
+    let f = &j["first"];
+    assert_eq!(f["kind"], "odd");
+    assert_eq!(f["odd_ranks"], serde_json::json!([2]));
+    assert_eq!(f["majority_ranks"], serde_json::json!([0, 1, 3]));
+    assert_eq!(f["step"], 1);
+    assert_eq!(f["phase"], "optimizer");
+    assert_eq!(f["name"], "fc1.weight.grad");
+    assert_eq!(f["op"], "aten::_foreach_add_");
+    assert_eq!(f["arg"], "other");
+    assert_eq!(f["list_index"], 1);
+    assert_eq!(f["reference"]["rank"], 0);
+    assert_ne!(f["others"][0]["fingerprint"], f["majority_fingerprint"]);
+    // From there on rank 2's fc1.weight differs: the update at step 1, the
+    // forward and both optimizer reads and the update at step 2.
+    let by = j["by_rank"].as_array().unwrap();
+    assert_eq!(by.len(), 1, "{by:?}");
+    assert_eq!(by[0]["rank"], 2);
+    assert_eq!(by[0]["first_step"], 1);
+    assert_eq!(by[0]["odd"], 5);
+    assert_eq!(j["tensors"]["odd"], 5);
+    let text = run(&["ranks", path_str(t.path())]);
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout
+            .contains("Odd rank out: rank 2, step 1, optimizer"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("Verdict: RANK 2 DIFFERS"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("fc1.weight.grad"), "{}", text.stdout);
+}
+
+#[test]
+fn rank_0_can_be_the_odd_one() {
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 3,
+            flip: Some(Flip {
+                rank: 0,
+                step: 0,
+                layer: 2,
+            }),
+            ..Job::default()
+        },
+    );
+    let (code, j, _) = ranks_json(t.path());
+    assert_eq!(code, 1);
+    assert_eq!(j["first"]["odd_ranks"], serde_json::json!([0]));
+    assert_eq!(j["first"]["reference"]["rank"], 1);
+    assert_eq!(j["first"]["name"], "fc2.weight.grad");
+    assert_eq!(j["first"]["step"], 0);
+}
+
+#[test]
+fn two_ranks_that_differ_are_named_together() {
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 2,
+            ..Job::default()
+        },
+    );
+    let (code, j, _) = ranks_json(t.path());
+    assert_eq!(code, 0, "a buffer that differs is no finding: {j:#}");
+    assert_eq!(j["tensors"]["not_judged"], 3);
+
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 2,
+            flip: Some(Flip {
+                rank: 1,
+                step: 1,
+                layer: 0,
+            }),
+            ..Job::default()
+        },
+    );
+    let (code, j, _) = ranks_json(t.path());
+    assert_eq!(code, 1);
+    let f = &j["first"];
+    assert_eq!(f["kind"], "split");
+    assert_eq!(f["odd_ranks"], serde_json::json!([]));
+    assert_eq!(f["name"], "fc0.weight.grad");
+    assert_eq!(f["step"], 1);
+    assert!(j["by_rank"].as_array().unwrap().is_empty());
+    let text = run(&["ranks", path_str(t.path())]);
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout.contains("Ranks 0 and 1 differ"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn small_windows_find_the_same() {
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 4,
+            flip: Some(Flip {
+                rank: 3,
+                step: 1,
+                layer: 0,
+            }),
+            ..Job::default()
+        },
+    );
+    let whole = run_with_budget(t.path(), &Progress::hidden(), u64::MAX).unwrap();
+    let small = run_with_budget(t.path(), &Progress::hidden(), 1).unwrap();
+    let a = serde_json::to_value(&whole).unwrap();
+    let b = serde_json::to_value(&small).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a["first"]["odd_ranks"], serde_json::json!([3]));
+}
+
+#[test]
+fn missing_fingerprints_are_a_clear_error() {
+    // Schema 4 with the column empty.
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 2,
+            no_fingerprints: true,
+            ..Job::default()
+        },
+    );
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.stdout.is_empty());
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("opdump: ") && r.stderr.contains("no fingerprints"),
+        "{}",
+        r.stderr
+    );
+
+    // A dump from before the column existed.
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 2,
+            ..Job::default()
+        },
+    );
+    strip_to_schema_3(t.path());
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("no fingerprint column") && r.stderr.contains("schema 4"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn one_rank_or_no_dump_is_a_usage_error() {
+    let t = tmp();
+    write_job(
+        t.path(),
+        &Job {
+            ranks: 1,
+            ..Job::default()
+        },
+    );
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("only rank 0"), "{}", r.stderr);
+    let empty = tmp();
+    let r = run(&["ranks", path_str(empty.path())]);
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    let r = run(&["ranks"]);
+    assert_eq!(r.code, 2);
+}
+
+#[test]
+fn names_from_the_dump_are_escaped() {
+    let t = tmp();
+    for rank in 0..3u32 {
+        let mut w = DumpWriter::new(t.path(), rank, "cpu");
+        w.phase = Phase::Optimizer;
+        let fp = if rank == 1 { 5 } else { 6 };
+        let mut p = input("self", "float32", &[2], 1.0);
+        p.name = Some("evil\x1b[2J.grad".into());
+        p.fingerprint = Some(fp);
+        w.leaf("aten::add_\x1b]0;", "Tensor", "", vec![p], vec![])
+            .unwrap();
+        w.close().unwrap();
+    }
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(!r.stdout.contains('\x1b'), "{}", r.stdout);
+    assert!(r.stdout.contains("evil\\x1b[2J.grad"), "{}", r.stdout);
+    let (_, j, _) = ranks_json(t.path());
+    assert_eq!(j["first"]["name"], "evil\x1b[2J.grad");
+    assert_eq!(j["first"]["odd_ranks"], serde_json::json!([1]));
+}
+
+/// Rewrites every file of a dump as schema 3 wrote it: no fingerprint, no
+/// sketch column.
+fn strip_to_schema_3(dir: &Path) {
+    for f in list_files(dir).unwrap() {
+        let file = std::fs::File::open(&f.path).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let kv: Vec<KeyValue> = builder
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|kv| kv.key != meta::SCHEMA_VERSION && kv.key != "ARROW:schema")
+            .collect();
+        let batches: Vec<RecordBatch> = builder.build().unwrap().map(|b| b.unwrap()).collect();
+        let keep: Vec<usize> = batches[0]
+            .schema()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, fl)| fl.name() != col::FINGERPRINT && fl.name() != col::SKETCH)
+            .map(|(i, _)| i)
+            .collect();
+        let schema = Arc::new(batches[0].schema().project(&keep).unwrap());
+        let out = std::fs::File::create(&f.path).unwrap();
+        let mut w = ArrowWriter::try_new(out, schema.clone(), None).unwrap();
+        for b in &batches {
+            w.write(&b.project(&keep).unwrap()).unwrap();
+        }
+        for kv in kv {
+            w.append_key_value_metadata(kv);
+        }
+        w.append_key_value_metadata(KeyValue::new(meta::SCHEMA_VERSION.into(), "3".to_string()));
+        w.close().unwrap();
+    }
+}
