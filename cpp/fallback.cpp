@@ -507,12 +507,14 @@ struct Recorder {
           row.stats = src.stats;
           if (repeat > 1) scale_repeated(row.stats, repeat);
           // The same elements in the same order have the same fingerprint
-          // and sketch; in another order they are measured.
+          // and sketch; in another order (a transpose) they are measured. A
+          // broadcast gets none: its copy would cost the repeat, and a view
+          // introduces no error (its input's row has them).
           if (same_order) {
             row.fingerprint = src.fingerprint;
             row.has_fingerprint = src.has_fingerprint;
             row.sketch = src.sketch;
-          } else {
+          } else if (repeat == 1) {
             measure_signature(t, row);
           }
           if (remember) reuse_remember(t, row);
