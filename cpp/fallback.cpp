@@ -351,6 +351,7 @@ struct Recorder {
     size_t row;
     DeviceResultPtr result;
     int64_t repeat;
+    bool signature;  // the row takes the result's fingerprint and sketch
   };
   c10::SmallVector<Waiting, 4> waiting;
 
@@ -500,9 +501,12 @@ struct Recorder {
           const size_t index = call.tensors.size();
           const int64_t k = src_waits->repeat * repeat;
           const DeviceResultPtr result = src_waits->result;
-          if (device_wait_for(result, Later{&pending, index, nullptr, 1, same_order}, StatsStatus::View, k, row))
-            waiting.push_back({index, result, k});
-          if (remember) reuse_remember(t, row, result, k, same_order);
+          // The result's signature is in the order of the tensor it
+          // measured: a view takes it only through views that all keep it.
+          const bool signature = same_order && src_waits->signature;
+          if (device_wait_for(result, Later{&pending, index, nullptr, 1, signature}, StatsStatus::View, k, row))
+            waiting.push_back({index, result, k, signature});
+          if (remember) reuse_remember(t, row, result, k, signature);
         } else if (row.status == StatsStatus::View) {
           row.stats = src.stats;
           if (repeat > 1) scale_repeated(row.stats, repeat);
@@ -534,7 +538,7 @@ struct Recorder {
                         (above_autograd || !reuse_written_by_current_call(t));
     Later later{&pending, call.tensors.size()};
     measure(t, values_defined, row, no_values, lookup, shortcuts && above_autograd, &later);
-    if (later.result) waiting.push_back({later.row, later.result, later.repeat});
+    if (later.result) waiting.push_back({later.row, later.result, later.repeat, later.signature});
     if (role == Role::Output && !values_defined && no_values == StatsStatus::Uninitialized) remember_uninitialized(t);
     if (role == Role::Input && shortcuts && measured(row)) measured_inputs.emplace_back(call.tensors.size(), t);
     call.tensors.push_back(std::move(row));
