@@ -38,6 +38,6 @@ while True:
     for f in visible:
         t = pq.read_table(f)  # raises on an incomplete file
         assert t.num_rows > 0
-        assert pq.read_metadata(f).metadata[b"opdump.schema_version"] == b"3"
+        assert pq.read_metadata(f).metadata[b"opdump.schema_version"] == b"4"
         seqs += t.column("seq").to_pylist()
     assert len(set(seqs)) > 100

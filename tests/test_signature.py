@@ -63,6 +63,7 @@ torch.ops.opdump.flush()
 print(json.dumps(list(xs)))
 """,
         testdev=device == "testdev",
+        OPDUMP_SKETCH="16",
     )
     assert job.returncode == 0, job.stderr
     names = job.result()
@@ -107,6 +108,7 @@ torch.ops.opdump.disable(); torch.ops.opdump.flush()
 print(json.dumps([list(t.stride()) for t in layouts]))
 """,
         testdev=True,
+        OPDUMP_SKETCH="16",
     )
     assert job.returncode == 0, job.stderr
     strides = job.result()
@@ -147,6 +149,7 @@ torch.ops.opdump.disable(); torch.ops.opdump.flush()
 print(json.dumps(truth))
 """,
         timeout=600,
+        OPDUMP_SKETCH="16",
     )
     assert job.returncode == 0, job.stderr
     truth = job.result()
@@ -184,6 +187,7 @@ torch.ops.opdump.disable(); torch.ops.opdump.flush()
 """,
         testdev=True,
         TESTDEV_SYNC_US="200000",  # the results come back late: the views wait for them
+        OPDUMP_SKETCH="16",
     )
     assert job.returncode == 0, job.stderr
     x = torch.load(tmp_path / "x.pt")

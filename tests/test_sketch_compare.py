@@ -14,6 +14,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import demo  # noqa: E402
 
 
+ON = {"OPDUMP_SKETCH": "16"}
+
+
 def compare_json(a, b):
     p = subprocess.run([str(CLI), "compare", str(a), str(b), "--json"], capture_output=True, text=True, timeout=600)
     assert p.returncode in (0, 1, 3), p.stderr
@@ -22,7 +25,7 @@ def compare_json(a, b):
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    dump, _ = demo.run_device("cpu", tmp_path_factory.mktemp("cpu"), 1, None)
+    dump, _ = demo.run_device("cpu", tmp_path_factory.mktemp("cpu"), 1, None, env_extra=ON)
     return dump
 
 
@@ -31,7 +34,7 @@ def cpu_run(tmp_path_factory):
     ("aten::addmm=noise:1e-4", "aten::addmm"),    # the l2 norm moves by ~1e-8
 ])
 def test_fault_invisible_to_statistics_is_named(cpu_run, tmp_path, fault, op):
-    dev, _ = demo.run_device("testdev", tmp_path, 1, fault)
+    dev, _ = demo.run_device("testdev", tmp_path, 1, fault, env_extra=ON)
     code, report = compare_json(cpu_run, dev)
     first = report["first_introduced"]
     assert code == 1 and first is not None, report.get("headline")
@@ -39,13 +42,13 @@ def test_fault_invisible_to_statistics_is_named(cpu_run, tmp_path, fault, op):
 
 
 def test_fault_free_devices_agree(cpu_run, tmp_path):
-    dev, _ = demo.run_device("testdev", tmp_path, 1, None)
+    dev, _ = demo.run_device("testdev", tmp_path, 1, None, env_extra=ON)
     code, report = compare_json(cpu_run, dev)
     assert code != 1 and report["first_introduced"] is None, report["first_introduced"]
 
 
 def test_statistics_alone_blame_the_consumer(cpu_run, tmp_path):
-    """Without sketches (OPDUMP_SKETCH=0 on both sides) the permutation is
+    """Without sketches (OPDUMP_SKETCH=0, the default, on both sides) the permutation is
     seen only at its first consumer: what the sketch fixes."""
     off = {"OPDUMP_SKETCH": "0"}
     a, _ = demo.run_device("cpu", tmp_path / "a", 1, None, env_extra=off)

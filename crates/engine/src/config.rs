@@ -33,7 +33,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_MODULES", "1", "in a Python process, name the nn.Module running each call (module column), the parameters and buffers (name column), and the forward call behind each backward call (fwd_seq), through global module hooks installed while dumping; 0 installs none"),
     ("OPDUMP_SOURCE", "0", "1 gives top-level calls outside backward a source column: the innermost line of user code, file.py:123 in forward (costs a Python frame walk per call)"),
     ("OPDUMP_CAPTURE", "(none)", "op calls whose full input and output tensors are saved (safetensors, beside the Parquet files): aten::gelu#0 (the first recorded call of that op), aten::gelu@step=1#2 (the third in step 1), module=blocks.0.mlp#0 (every call inside that module's first forward), several separated by ;"),
-    ("OPDUMP_SKETCH", "16", "length K of each tensor's sketch (a power of two, 2 to 32); 0 also turns the fingerprint off (see the README's Fingerprint and sketch)"),
+    ("OPDUMP_SKETCH", "0", "length K of each tensor's sketch, a power of two from 2 to 32 (16 is the usual choice), with the fingerprint; 0 writes neither (see the README's Fingerprint and sketch)"),
     ("OPDUMP_CAPTURE_MAX_BYTES", "2147483648", "the most bytes of captured tensors a process saves; calls past it are not captured, and counted"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
@@ -120,7 +120,7 @@ impl Default for Config {
             source: false,
             capture: Vec::new(),
             capture_max_bytes: 2 << 30,
-            sketch: 16,
+            sketch: 0,
             fork_record: false,
             file_mode: 0o600,
         }
@@ -273,7 +273,7 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
                 _ => bad(
                     &name,
                     v,
-                    "use a power of two from 2 to 32 (16 is the default), or 0 for no fingerprint and sketch",
+                    "use a power of two from 2 to 32 (16 is the usual choice), or 0 for no fingerprint and sketch",
                 ),
             },
             "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
