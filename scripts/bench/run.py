@@ -18,7 +18,7 @@ Configurations:
   peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
   msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
 and, on request (--configs): on-nomodules (OPDUMP_MODULES=0), on-source
-(OPDUMP_SOURCE=1), on-before (the --before-lib build).
+(OPDUMP_SOURCE=1), on-sketch (OPDUMP_SKETCH=16), on-before (the --before-lib build).
 
 Then the device tables: the TinyLM step on the test device `testdev`, with a
 simulated cost per host wait (TESTDEV_SYNC_US), one table per way testdev runs
@@ -78,8 +78,8 @@ TESTDEV_SETTINGS = {
                  {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
 }
 # The configurations that load libopdump.so, and those that dump with it.
-LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-nosketch")
-DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-nosketch")
+LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
+DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
@@ -91,7 +91,7 @@ DESCRIBE = {
     "on-before": "OPDUMP=1, the --before-lib build",
     "on-nomodules": "OPDUMP=1 OPDUMP_MODULES=0 (no module hooks)",
     "on-source": "OPDUMP=1 OPDUMP_SOURCE=1 (source lines)",
-    "on-nosketch": "OPDUMP=1 OPDUMP_SKETCH=0 (no fingerprint, no sketch)",
+    "on-sketch": "OPDUMP=1 OPDUMP_SKETCH=16 (fingerprint and sketch)",
 }
 
 
@@ -328,8 +328,8 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
             env["OPDUMP_MODULES"] = "0"
         if spec["config"] == "on-source":
             env["OPDUMP_SOURCE"] = "1"
-        if spec["config"] == "on-nosketch":
-            env["OPDUMP_SKETCH"] = "0"
+        if spec["config"] == "on-sketch":
+            env["OPDUMP_SKETCH"] = "16"
     opdump_lines = []
     try:
         r = subprocess.run([py, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
@@ -470,8 +470,8 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         notes.append(f"on-sync / on = {meds['on-sync'] / meds['on']:.2f}× (what not waiting for the device buys)")
     if "on" in meds and "on-nomodules" in meds:
         notes.append(f"on / on-nomodules = {meds['on'] / meds['on-nomodules']:.2f}× (what the module hooks cost)")
-    if "on" in meds and "on-nosketch" in meds:
-        notes.append(f"on / on-nosketch = {meds['on'] / meds['on-nosketch']:.2f}× (what the fingerprint and sketch cost)")
+    if "on" in meds and "on-sketch" in meds:
+        notes.append(f"on-sketch / on = {meds['on-sketch'] / meds['on']:.2f}× (what the fingerprint and sketch cost)")
     if "on" in meds and "on-source" in meds:
         notes.append(f"on-source / on = {meds['on-source'] / meds['on']:.2f}× (what OPDUMP_SOURCE=1 costs)")
     if "on" in meds and "on-before" in meds:
