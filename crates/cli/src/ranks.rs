@@ -663,7 +663,10 @@ fn judge(group: &[Entry], keys: &Keys, tally: &mut Tally, found: &mut Vec<(i64, 
         tally.counts.agree += 1;
         return;
     }
-    let &(top, m) = votes.iter().max_by_key(|(_, c)| *c).expect("two votes");
+    // At least two ranks voted (k >= 2), so there is a top vote.
+    let Some(&(top, m)) = votes.iter().max_by_key(|(_, c)| *c) else {
+        return;
+    };
     let key = keys.keys[group[0].key as usize];
     let majority = 2 * m > k;
     if !majority {
