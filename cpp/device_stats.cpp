@@ -117,7 +117,7 @@ struct Batch {
   c10::Stream stream;
   at::Tensor probe;  // an empty tensor on the device, to ask about captures
   std::vector<at::Tensor> rows;  // one [kFields] tensor per piece, on the device
-  // One [2 + K] tensor per signature piece (signature_row), on the device.
+  // One [kSignatureHead + K] tensor per signature piece (signature_row), on the device.
   std::vector<at::Tensor> sig_rows;
   at::Tensor stage;              // the staged tensors, one after the other
   std::vector<int64_t> lengths;  // elements of each staged tensor
@@ -372,7 +372,7 @@ void complete_batch(Batch& b) {
     if (part.sig_count > 0) {
       sig::Signature s;
       s.k = b.sig_k;
-      const int64_t width = 2 + b.sig_k;
+      const int64_t width = kSignatureHead + b.sig_k;
       for (int64_t i = 0; i < part.sig_count; ++i)
         signature_finish_row(v + b.stats_values + (part.sig_first + i) * width, b.sig_k, s);
       sv.has = true;

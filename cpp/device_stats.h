@@ -38,9 +38,11 @@ struct SignatureValues {
 void put_signature(const SignatureValues& s, TensorRow& row);
 SignatureValues signature_of_row(const TensorRow& row);
 // The row of one piece of a device tensor, a run of its elements in logical
-// order starting at element `first`: [F1, F2, y_0 .. y_{k-1}] in float64 on
-// the piece's device; and its addition to a signature on the host
-// (signature_device.cpp). `most`: the largest piece there will be.
+// order starting at element `first`: the fingerprint's kSignatureHead limb
+// sums, then y_0 .. y_{k-1}, in float64 on the piece's device; and its
+// addition to a signature on the host (signature_device.cpp). `most`: the
+// largest piece there will be.
+constexpr int64_t kSignatureHead = 3;
 at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t most);
 namespace sig {
 struct Signature;

@@ -511,15 +511,15 @@ struct Recorder {
           row.stats = src.stats;
           if (repeat > 1) scale_repeated(row.stats, repeat);
           // The same elements in the same order have the same fingerprint
-          // and sketch; in another order (a transpose) they are measured. A
-          // broadcast gets none: its copy would cost the repeat, and a view
-          // introduces no error (its input's row has them).
+          // and sketch. A view in another order (a transpose) or a broadcast
+          // gets none, as on a device: measuring it would copy it to logical
+          // order (a tenth of the TinyLM step went there), its input's row
+          // has them, and a compare against a device dump, which has none
+          // there, could not use them.
           if (same_order) {
             row.fingerprint = src.fingerprint;
             row.has_fingerprint = src.has_fingerprint;
             row.sketch = src.sketch;
-          } else if (repeat == 1) {
-            measure_signature(t, row);
           }
           if (remember) reuse_remember(t, row);
         }

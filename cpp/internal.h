@@ -110,10 +110,6 @@ void measure(const at::Tensor& t, bool values_defined, TensorRow& row,
 void measure_signature_cpu(const at::Tensor& x, int k, TensorRow& row);
 // OPDUMP_SKETCH, read once: the sketch's length, 0 for neither (stats.cpp).
 int sketch_size_once();
-// The fingerprint and sketch of a view whose elements are in another order
-// than its input's: measured on the CPU; left unset on other devices
-// (stats.cpp).
-void measure_signature(const at::Tensor& t, TensorRow& row);
 
 // The cache of measured tensors (reuse.cpp). An entry holds statistics, or
 // the device result they will come from (`pending`), each element repeated

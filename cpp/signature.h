@@ -5,7 +5,7 @@
 //
 // Both are sums over the elements, in logical order, of terms that depend
 // only on an element's index and value: pieces, threads and devices may add
-// them up in any order. The fingerprint's sums are exact (modulo 2^32); the
+// them up in any order. The fingerprint's sum is exact (modulo 2^64); the
 // sketch's are float64.
 #pragma once
 
@@ -14,15 +14,16 @@
 namespace opdump::sig {
 
 // The definition's constants.
-constexpr uint32_t kSeed1 = 0x243F6A88u;  // the fingerprint's high word
-constexpr uint32_t kSeed2 = 0x85A308D3u;  // and its low word
+constexpr uint32_t kBlockSeed = 0x243F6A88u;  // the fingerprint's key of a block of 64 words
+constexpr uint32_t kLaneSeed = 0x85A308D3u;  // and of a word's place in its block
 constexpr uint32_t kGolden = 0x9E3779B1u;  // spreads consecutive indexes
 constexpr uint32_t kSignSeed = 0x13198A2Eu;  // a_g: the per-element signs
 constexpr uint32_t kProjSeed = 0x03707344u;  // b_g: the per-projection signs
 constexpr int kMaxSketch = 32;
+constexpr int kBlockWords = 64;  // words per block of the fingerprint's keys
 
 // MurmurHash3's 32-bit finaliser.
-inline uint32_t fmix32(uint32_t h) {
+constexpr uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
   h ^= h >> 13;
@@ -31,15 +32,27 @@ inline uint32_t fmix32(uint32_t h) {
   return h;
 }
 
+// The key of word w is (B[w / 64] XOR L[w mod 64]) OR 1: a hash per block of
+// 64 words, computed once per block, and the 64 lane hashes, computed once.
+constexpr uint32_t block_key(uint64_t w) {
+  return fmix32(static_cast<uint32_t>(w >> 6) * kGolden + kBlockSeed);
+}
+struct LaneKeys {
+  uint32_t k[kBlockWords];
+  constexpr LaneKeys() : k{} {
+    for (int j = 0; j < kBlockWords; ++j) k[j] = fmix32(static_cast<uint32_t>(j) * kGolden + kLaneSeed);
+  }
+};
+inline constexpr LaneKeys kLaneKeys{};
+
 struct Signature {
-  uint32_t f1 = 0, f2 = 0;  // the fingerprint's two sums
-  int k = 0;                // sketch length; 0: no sketch
+  uint64_t f = 0;  // the fingerprint: the sum of word times key, modulo 2^64
+  int k = 0;       // sketch length; 0: no sketch
   double sketch[kMaxSketch] = {};
 
-  uint64_t fingerprint() const { return (static_cast<uint64_t>(f1) << 32) | f2; }
+  uint64_t fingerprint() const { return f; }
   void merge(const Signature& o) {
-    f1 += o.f1;
-    f2 += o.f2;
+    f += o.f;
     for (int j = 0; j < k; ++j) sketch[j] += o.sketch[j];
   }
 };
@@ -54,8 +67,10 @@ struct Signature {
 // sketch_finish folds the rows and transforms once.
 struct SketchState {
   int k = 0;
-  double acc[kMaxSketch * kMaxSketch] = {};
-  explicit SketchState(int k_) : k(k_) {}
+  double acc[kMaxSketch * kMaxSketch];  // K x K used; zeroed by the constructor
+  explicit SketchState(int k_) : k(k_) {
+    for (int i = 0; i < k * k; ++i) acc[i] = 0.0;
+  }
 };
 
 // Adds the state's values to sig.sketch (sig.k == st.k).

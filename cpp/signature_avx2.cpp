@@ -2,10 +2,11 @@
 // own with -mavx2 (build.rs), called only where the CPU has it.
 //
 // The fingerprint is signature_kernels.inc's loop, which the compiler
-// vectorises eight words wide. The sketch of length 16, the default, is
-// written out: a group of 16 values is four float64 vectors, signed by xors
-// of the sign bit (one table lookup per nibble of a_g) and added to one row
-// of the state.
+// vectorises. The sketch of length 16, the default, is written out: the
+// hashes of eight groups at once; a group of 16 values is four float64
+// vectors, signed by xors of the sign bit and added to one row of the
+// state. Float32 values are signed before they are widened, with the bits
+// of a_g shifted into the sign bit lane by lane.
 
 #include <immintrin.h>
 
@@ -46,42 +47,75 @@ inline void add_group16(const __m256d (&v)[4], uint32_t a, uint32_t c, SketchSta
                      _mm256_add_pd(_mm256_loadu_pd(row + 4 * q), _mm256_xor_pd(v[q], sign_mask(a, q))));
 }
 
-inline void hashes16(uint64_t e, uint32_t& a, uint32_t& c) {
-  const uint32_t g = static_cast<uint32_t>(e >> 4) * kGolden;
-  a = fmix32(g + kSignSeed);
-  c = fmix32(g + kProjSeed) & 15u;
+// The hashes a_g and c_g of the eight groups from that of element e (a
+// multiple of 16) on: fmix32 eight lanes wide.
+inline __m256i fmix32x8(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
 }
 
-// Whole groups of 16 float64 values from x; returns how many were taken.
-int64_t groups16(const double* x, int64_t n, uint64_t first, SketchState& st) {
+inline void hashes16x8(uint64_t e, uint32_t (&a)[8], uint32_t (&c)[8]) {
+  const __m256i g = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(e >> 4))),
+                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i x = _mm256_mullo_epi32(g, _mm256_set1_epi32(static_cast<int>(kGolden)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(a),
+                      fmix32x8(_mm256_add_epi32(x, _mm256_set1_epi32(static_cast<int>(kSignSeed)))));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
+                      _mm256_and_si256(fmix32x8(_mm256_add_epi32(x, _mm256_set1_epi32(static_cast<int>(kProjSeed)))),
+                                       _mm256_set1_epi32(15)));
+}
+
+// Whole groups of 16 values from x, the first being element `first` (a
+// multiple of 16), the hashes taken eight groups at a time; returns how
+// many values were taken. `group` adds one group given a_g and c_g.
+template <typename Group>
+int64_t groups16(int64_t n, uint64_t first, Group group) {
+  uint32_t a[8], c[8];
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    uint32_t a, c;
-    hashes16(first + static_cast<uint64_t>(i), a, c);
+  while (i + 16 <= n) {
+    hashes16x8(first + static_cast<uint64_t>(i), a, c);
+    const int m = static_cast<int>(std::min<int64_t>(8, (n - i) / 16));
+    for (int q = 0; q < m; ++q, i += 16) group(i, a[q], c[q]);
+  }
+  return i;
+}
+
+int64_t groups16_f64(const double* x, int64_t n, uint64_t first, SketchState& st) {
+  return groups16(n, first, [&](int64_t i, uint32_t a, uint32_t c) {
     const __m256d v[4] = {_mm256_loadu_pd(x + i), _mm256_loadu_pd(x + i + 4), _mm256_loadu_pd(x + i + 8),
                           _mm256_loadu_pd(x + i + 12)};
     add_group16(v, a, c, st);
-  }
-  return i;
+  });
 }
 
-// Four float32 values as float64, NaN and infinities as 0 (x * 0 is 0
-// exactly for the finite ones).
-inline __m256d finite_pd(__m128 x) {
-  const __m128 finite = _mm_cmp_ps(_mm_mul_ps(x, _mm_setzero_ps()), _mm_setzero_ps(), _CMP_EQ_OQ);
-  return _mm256_cvtps_pd(_mm_and_ps(x, finite));
+// Eight float32 values with NaN and infinities as 0 (x * 0 is 0 exactly for
+// the finite ones), each lane's sign flipped where its bit of a_g is set:
+// `a` shifted left by `shift` puts that bit in the sign bit. Negating in
+// float32 before widening gives the float64 values the generic loop does.
+inline __m256 finite_signed_ps(__m256 x, __m256i a, __m256i shift) {
+  const __m256 zero = _mm256_setzero_ps();
+  x = _mm256_and_ps(x, _mm256_cmp_ps(_mm256_mul_ps(x, zero), zero, _CMP_EQ_OQ));
+  const __m256i sign = _mm256_and_si256(_mm256_sllv_epi32(a, shift), _mm256_set1_epi32(INT32_MIN));
+  return _mm256_xor_ps(x, _mm256_castsi256_ps(sign));
 }
 
 int64_t groups16_f32(const float* x, int64_t n, uint64_t first, SketchState& st) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    uint32_t a, c;
-    hashes16(first + static_cast<uint64_t>(i), a, c);
-    const __m256d v[4] = {finite_pd(_mm_loadu_ps(x + i)), finite_pd(_mm_loadu_ps(x + i + 4)),
-                          finite_pd(_mm_loadu_ps(x + i + 8)), finite_pd(_mm_loadu_ps(x + i + 12))};
-    add_group16(v, a, c, st);
-  }
-  return i;
+  // Element r of the group is lane r of lo (r < 8) or lane r - 8 of hi: bit
+  // r of a_g goes to bit 31.
+  const __m256i shift_lo = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+  const __m256i shift_hi = _mm256_setr_epi32(23, 22, 21, 20, 19, 18, 17, 16);
+  return groups16(n, first, [&](int64_t i, uint32_t a, uint32_t c) {
+    const __m256i av = _mm256_set1_epi32(static_cast<int>(a));
+    const __m256 lo = finite_signed_ps(_mm256_loadu_ps(x + i), av, shift_lo);
+    const __m256 hi = finite_signed_ps(_mm256_loadu_ps(x + i + 8), av, shift_hi);
+    double* row = st.acc + c * 16;
+    const __m256d v[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(lo)), _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)),
+                          _mm256_cvtps_pd(_mm256_castps256_ps128(hi)), _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))};
+    for (int q = 0; q < 4; ++q) _mm256_storeu_pd(row + 4 * q, _mm256_add_pd(_mm256_loadu_pd(row + 4 * q), v[q]));
+  });
 }
 
 // The part before the first whole group and after the last go through the
@@ -114,7 +148,7 @@ void add_fingerprint(const void* bytes, int64_t n, uint64_t first, Words words, 
 }
 
 void add_sketch(const double* x, int64_t n, uint64_t first, SketchState& st) {
-  if (st.k == 16) return sketch16(x, n, first, st, groups16);
+  if (st.k == 16) return sketch16(x, n, first, st, groups16_f64);
   generic::add_sketch(x, n, first, st);
 }
 

@@ -1,10 +1,11 @@
 // The fingerprint and sketch of a piece of a device tensor, with ATen ops on
 // the device (README: "Fingerprint and sketch"; signature.h holds the
 // constants). A piece is a run of the tensor's elements in logical order;
-// its row, [F(seed1), F(seed2), y_0 .. y_{K-1}] in float64, adds up over the
-// pieces: the F are sums of 32-bit hashes (below 2^53, so exact in float64;
-// the host takes them modulo 2^32), y the sketch before its Hadamard
-// transform (signature.h's SketchState, folded), which the host applies.
+// its row, [P0, P1, P2, y_0 .. y_{K-1}] in float64, adds up over the pieces:
+// the P are the fingerprint's sum of word times key in 16-bit limbs,
+// F = P0 + P1 * 2^16 + P2 * 2^32 (mod 2^64), each an exact integer in
+// float64; y is the sketch before its Hadamard transform (signature.h's
+// SketchState, folded), which the host applies.
 //
 // The hashes run in int64 on values below 2^32. A 32-bit product is formed
 // from two 16-bit halves so that no int64 product overflows.
@@ -55,6 +56,20 @@ at::Tensor iota(const at::TensorOptions& opts, int64_t n, int64_t most) {
   return base.narrow(0, 0, n);
 }
 
+// The fingerprint's 64 lane keys (signature.h) on `device`, kept for the
+// process like the iota.
+at::Tensor lane_keys(const at::TensorOptions& opts) {
+  static std::mutex mu;
+  static auto* kept = new std::unordered_map<c10::Device, at::Tensor>;  // never freed: torch may be gone at exit
+  std::lock_guard<std::mutex> lock(mu);
+  at::Tensor& t = (*kept)[opts.device()];
+  if (!t.defined()) {
+    std::vector<int64_t> k(sig::kLaneKeys.k, sig::kLaneKeys.k + sig::kBlockWords);
+    t = at::tensor(k, at::TensorOptions().dtype(at::kLong)).to(opts.device());
+  }
+  return t;
+}
+
 // The piece's values as 32-bit words (int64), in order, NaNs canonical.
 at::Tensor words_of(at::Tensor x) {
   if (x.is_complex()) x = at::view_as_real(x.resolve_conj());
@@ -81,15 +96,19 @@ at::Tensor words_of(at::Tensor x) {
 
 at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t most) {
   const auto opts = piece.options().dtype(at::kLong);
-  // Fingerprint: both seeds at once, [2, words].
+  // Fingerprint: the sum of word times key, in 16-bit limbs. A piece has at
+  // most 4 * `most` words (complex128), 2^20: each limb sum stays below 2^53.
   const at::Tensor u = words_of(piece);
   const int64_t per = piece.is_complex() ? 2 : 1;
   const int64_t word0 = first * per * (piece.element_size() / per == 8 ? 2 : 1);
-  const at::Tensor w = mul32(at::bitwise_and(iota(opts, u.numel(), 2 * most).add(word0), kLow32), sig::kGolden);
-  const at::Tensor seeds = at::tensor({static_cast<int64_t>(sig::kSeed1), static_cast<int64_t>(sig::kSeed2)}, opts)
-                               .view({2, 1});
-  const at::Tensor h = fmix32(at::bitwise_and(at::bitwise_xor(u.unsqueeze(0), seeds).add(w), kLow32));
-  const at::Tensor f = h.sum(1).to(at::kDouble);
+  const at::Tensor w = iota(opts, u.numel(), 4 * most).add(word0);
+  const at::Tensor block =
+      fmix32(at::bitwise_and(mul32(at::bitwise_and(w.__rshift__(6), kLow32), sig::kGolden).add(int64_t{sig::kBlockSeed}),
+                             kLow32));
+  const at::Tensor key = at::bitwise_or(at::bitwise_xor(block, lane_keys(opts).index({at::bitwise_and(w, 63)})), 1);
+  const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
+  const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
+  const at::Tensor f = at::stack({u0.mul(k0).sum(), u0.mul(k1).add(u1.mul(k0)).sum(), u1.mul(k1).sum()}).to(at::kDouble);
   // Sketch: element e of group g = e / K at r = e mod K goes, signed by bit r
   // of a_g, to bucket r XOR c_g.
   const int lg = __builtin_ctz(static_cast<unsigned>(k));
@@ -107,10 +126,9 @@ at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t 
 }
 
 void signature_finish_row(const double* v, int k, sig::Signature& s) {
-  s.f1 += static_cast<uint32_t>(static_cast<uint64_t>(v[0]));
-  s.f2 += static_cast<uint32_t>(static_cast<uint64_t>(v[1]));
+  s.f += static_cast<uint64_t>(v[0]) + (static_cast<uint64_t>(v[1]) << 16) + (static_cast<uint64_t>(v[2]) << 32);
   double y[sig::kMaxSketch];
-  for (int j = 0; j < k; ++j) y[j] = v[2 + j];
+  for (int j = 0; j < k; ++j) y[j] = v[kSignatureHead + j];
   sig::SketchState st(k);
   // A state whose row 0 holds y folds to y itself.
   for (int j = 0; j < k; ++j) st.acc[j] = y[j];

@@ -230,19 +230,6 @@ int sketch_size_once() {
   return k;
 }
 
-void measure_signature(const at::Tensor& t, TensorRow& row) {
-  const int k = sketch_size_once();
-  if (k == 0 || !t.device().is_cpu()) return;
-  try {
-    c10::impl::ExcludeDispatchKeyGuard guard(stats_excluded_keys());
-    at::Tensor src = t.resolve_neg().resolve_conj();
-    measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
-  } catch (const std::exception&) {
-    row.has_fingerprint = false;  // the statistics stand; the signature is left out
-    row.sketch.clear();
-  }
-}
-
 bool values_unreadable(const at::Tensor& t) {
   if (t.is_meta() || t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) return true;
   const auto ks = t.key_set();

@@ -6,9 +6,10 @@
 //! reference computation here serves the synthetic dumps of the tests
 //! (`synth.rs`) and keeps the definition checkable in one place.
 
-/// Seeds of the two 32-bit halves of the fingerprint.
-const SEED_HI: u32 = 0x243F_6A88;
-const SEED_LO: u32 = 0x85A3_08D3;
+/// Seeds of the fingerprint's keys: one hash per block of 64 words, one
+/// per place in the block.
+const BLOCK_SEED: u32 = 0x243F_6A88;
+const LANE_SEED: u32 = 0x85A3_08D3;
 /// Spreads word and group indices over the hash's input.
 const GOLDEN: u32 = 0x9E37_79B1;
 /// Seeds of the element signs (`a_g`) and the group's bucket shift (`c_g`).
@@ -28,16 +29,29 @@ pub fn fmix32(mut h: u32) -> u32 {
     h
 }
 
+/// The key of word `w`: `(B[w / 64] XOR L[w mod 64]) OR 1`, odd so that a
+/// change of one word always changes the fingerprint.
+fn key(w: u64) -> u32 {
+    let block = fmix32(
+        ((w >> 6) as u32)
+            .wrapping_mul(GOLDEN)
+            .wrapping_add(BLOCK_SEED),
+    );
+    let lane = fmix32(
+        ((w & 63) as u32)
+            .wrapping_mul(GOLDEN)
+            .wrapping_add(LANE_SEED),
+    );
+    (block ^ lane) | 1
+}
+
 /// The fingerprint of a tensor given as its 32-bit words in logical order
-/// (one per element of 32 bits or fewer, NaNs already canonical).
+/// (one per element of 32 bits or fewer, NaNs already canonical): the sum
+/// of word times key, modulo 2^64.
 pub fn fingerprint_words(words: impl IntoIterator<Item = u32>) -> u64 {
-    let (mut hi, mut lo) = (0u32, 0u32);
-    for (w, u) in words.into_iter().enumerate() {
-        let pos = (w as u32).wrapping_mul(GOLDEN);
-        hi = hi.wrapping_add(fmix32((u ^ SEED_HI).wrapping_add(pos)));
-        lo = lo.wrapping_add(fmix32((u ^ SEED_LO).wrapping_add(pos)));
-    }
-    (u64::from(hi) << 32) | u64::from(lo)
+    words.into_iter().enumerate().fold(0u64, |f, (w, u)| {
+        f.wrapping_add(u64::from(u) * u64::from(key(w as u64)))
+    })
 }
 
 /// The fingerprint of float32 values: every NaN counts as the canonical
@@ -199,18 +213,17 @@ mod tests {
 
     #[test]
     fn fingerprint_by_hand() {
-        // One word u = 0 at w = 0: fmix32(seed) in each half.
+        // One word u at w = 0: u times key 0, the hashes of block 0 and lane 0.
+        let k0 = (fmix32(BLOCK_SEED) ^ fmix32(LANE_SEED)) | 1;
+        assert_eq!(fingerprint_words([3u32]), 3 * u64::from(k0));
+        // Word 65 is lane 1 of block 1.
+        let k65 =
+            (fmix32(GOLDEN.wrapping_add(BLOCK_SEED)) ^ fmix32(GOLDEN.wrapping_add(LANE_SEED))) | 1;
+        let mut words = vec![0u32; 66];
+        words[65] = u32::MAX;
         assert_eq!(
-            fingerprint_words([0u32]),
-            (u64::from(fmix32(SEED_HI)) << 32) | u64::from(fmix32(SEED_LO))
-        );
-        // Two words: w = 1 adds GOLDEN before the mix.
-        let (x, y) = (0x3f80_0000u32, 0x4000_0000u32);
-        let hi = fmix32(x ^ SEED_HI).wrapping_add(fmix32((y ^ SEED_HI).wrapping_add(GOLDEN)));
-        let lo = fmix32(x ^ SEED_LO).wrapping_add(fmix32((y ^ SEED_LO).wrapping_add(GOLDEN)));
-        assert_eq!(
-            fingerprint_f32(&[1.0, 2.0]),
-            (u64::from(hi) << 32) | u64::from(lo)
+            fingerprint_words(words),
+            u64::from(u32::MAX) * u64::from(k65)
         );
         // Order matters; NaN payloads do not; -0 is not 0.
         assert_ne!(fingerprint_f32(&[1.0, 2.0]), fingerprint_f32(&[2.0, 1.0]));
@@ -225,10 +238,10 @@ mod tests {
     #[test]
     fn fingerprint_equals_an_independent_implementation() {
         // tests/signature_ref.py (NumPy, from the README) on the same values.
-        assert_eq!(fingerprint_f32(&[1.0, 2.0]), 0x60a6_bee9_837f_bcf2);
+        assert_eq!(fingerprint_f32(&[1.0, 2.0]), 0x773f_c913_8d80_0000);
         assert_eq!(
             fingerprint_f32(&[1.5, -2.25, 0.0, f32::NAN, 3e38]),
-            0x2522_99bb_d445_8796
+            0x82d6_f24e_786c_583a
         );
     }
 
