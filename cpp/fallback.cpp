@@ -28,6 +28,7 @@
 namespace opdump {
 
 std::atomic<bool> g_active{false};
+std::atomic<bool> g_hook_only{false};
 
 namespace {
 
@@ -845,7 +846,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
 
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto next = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
-  if (!g_active.load(std::memory_order_relaxed)) {
+  if (!g_active.load(std::memory_order_relaxed) || g_hook_only.load(std::memory_order_relaxed)) {
     op.redispatchBoxed(next, stack);
     return;
   }

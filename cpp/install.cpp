@@ -100,8 +100,10 @@ void set_active(bool on) {
   } else {
     thread_hook_disable();
   }
+  const bool passing = on && hook_only();
+  g_hook_only.store(passing, std::memory_order_release);
   g_active.store(on, std::memory_order_release);
-  python_hooks_want(on);
+  python_hooks_want(on && !passing);
 }
 
 rust::String torch_version() {

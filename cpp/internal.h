@@ -58,6 +58,8 @@ bool values_unreadable(const at::Tensor& t);
 
 // Whether recording is on. Read at every op; written by set_active.
 extern std::atomic<bool> g_active;
+// OPDUMP_HOOK_ONLY while active: calls pass through the hook untouched.
+extern std::atomic<bool> g_hook_only;
 
 // The boxed fallback (fallback.cpp).
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);

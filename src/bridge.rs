@@ -208,6 +208,9 @@ pub mod ffi {
         /// OPDUMP_SKETCH: the sketch's length K; 0: no fingerprint and no
         /// sketch. Read once, at the first measurement.
         fn sketch_size() -> i32;
+        /// OPDUMP_HOOK_ONLY: the hook passes every call on, records nothing
+        /// (the benchmark's empty-hook cost).
+        fn hook_only() -> bool;
         /// One `opdump:` line on stderr; opdump stays on.
         fn warn(what: &str);
         /// The end of an `Optimizer.step` scope on this thread.
@@ -492,6 +495,10 @@ fn device_settings() -> ffi::DeviceSettings {
 
 fn sketch_size() -> i32 {
     runtime::sketch_size() as i32
+}
+
+fn hook_only() -> bool {
+    runtime::hook_only()
 }
 
 fn warn(what: &str) {

@@ -150,3 +150,27 @@ def test_other_torch_version_is_refused(tmp_path):
     lines = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
     assert len(lines) == 1 and "built for torch" in lines[0], p.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_hook_only_passes_every_call_on_and_writes_nothing(run):
+    """OPDUMP_HOOK_ONLY=1 (the benchmark's empty-hook cost): the hook's key
+    is on for the thread as when dumping, every call still computes the same
+    result, and nothing is recorded or written."""
+    script = """
+    torch.manual_seed(0)
+    x = torch.randn(64, 64)
+    y = torch.relu(x @ x).sum().item()
+    torch.ops.opdump.flush()
+    keys = str(torch._C._dispatch_tls_local_include_set())
+    print(json.dumps({"y": y, "stats": torch.ops.opdump.stats(), "key_on": "TESTING_ONLY_GenericMode" in keys}))
+    """
+    hook = run(script, OPDUMP="1", OPDUMP_HOOK_ONLY="1")
+    assert hook.returncode == 0, hook.stderr
+    dumping = run(script, OPDUMP="1")
+    assert dumping.returncode == 0, dumping.stderr
+    got, want = hook.result(), dumping.result()
+    assert got["key_on"] and want["key_on"]
+    assert got["y"] == want["y"]
+    assert got["stats"] == [0, 0, 0] and want["stats"][0] > 0
+    assert not hook.dump_dir.exists()
+    assert hook.opdump_lines() == []

@@ -39,6 +39,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
     ("OPDUMP_PYTHON", "python3", "build time only: the Python interpreter whose torch build.rs builds against"),
+    ("OPDUMP_HOOK_ONLY", "0", "benchmark only: 1 puts the hook on every op as when dumping, but each call only goes on to its kernel: nothing is measured or written (scripts/bench's empty-hook cost)"),
     ("OPDUMP_TIMINGS", "0", "opdump compare only: 1 prints the time of each phase (read, align, judge) on stderr"),
 ];
 
@@ -59,6 +60,8 @@ pub struct Config {
     pub max_depth: Option<i32>,
     pub inputs: bool,
     pub reuse: bool,
+    /// The hook only: every call goes on to its kernel, nothing is recorded.
+    pub hook_only: bool,
     pub max_records: u64,
     pub rotate_rows: u64,
     pub rotate_every: Duration,
@@ -109,6 +112,7 @@ impl Default for Config {
             max_depth: None,
             inputs: true,
             reuse: true,
+            hook_only: false,
             max_records: 0,
             rotate_rows: rotate.max_rows,
             rotate_every: rotate.max_age,
@@ -221,6 +225,10 @@ pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
             },
             "OPDUMP_REUSE" => match parse_bool(v) {
                 Some(b) => c.reuse = b,
+                None => bad(&name, v, "use 1 or 0"),
+            },
+            "OPDUMP_HOOK_ONLY" => match parse_bool(v) {
+                Some(b) => c.hook_only = b,
                 None => bad(&name, v, "use 1 or 0"),
             },
             "OPDUMP_MAX_RECORDS" => match parse_count(v) {

@@ -268,7 +268,7 @@ pub fn enable() -> bool {
         if !rt.config.fork_record {
             return false; // see in_forked_child
         }
-    } else if start_sink(rt).is_none() {
+    } else if !rt.config.hook_only && start_sink(rt).is_none() {
         return false;
     }
     set_recording(true);
@@ -315,6 +315,11 @@ pub fn device_settings() -> DeviceSettings {
 /// The sketch's length K (OPDUMP_SKETCH); 0: no fingerprint and no sketch.
 pub fn sketch_size() -> u32 {
     get().map_or(0, |rt| rt.config.sketch)
+}
+
+/// OPDUMP_HOOK_ONLY: the hook passes every call on and records nothing.
+pub fn hook_only() -> bool {
+    get().is_some_and(|rt| rt.config.hook_only)
 }
 
 /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
