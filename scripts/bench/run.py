@@ -1,6 +1,6 @@
 """Side-by-side benchmark of opdump against no dumper and its peers.
 
-    scripts/bench/run.sh              # the full run (about 12 minutes on 2 cores)
+    scripts/bench/run.sh              # the full run (scripts/bench/README.md, "How long")
     scripts/bench/run.sh --quick      # TinyLM, one thread only, no parts (about 4 minutes)
 
 Every configuration runs in its own subprocess (so the library is loaded or
@@ -8,11 +8,16 @@ not), which builds the model, runs warm-up steps, then times each training
 step itself and reports the times as one JSON line. The parent interleaves
 the configurations (their order rotated each repeat), takes at least 5
 repeats, and prints, per workload and thread setting, the median step time
-of each configuration and its ratio to the baseline.
+of each configuration and its ratio to the baseline, then the physical limit:
+what any dumper must at least add to a step (read every tensor opdump measured,
+at this machine's read bandwidth, plus an empty hook per op call), next to what
+opdump adds.
 
 Configurations:
   baseline    opdump not loaded
   off         libopdump.so loaded (torch.ops.load_library), dumping off
+  hook-only   OPDUMP=1 OPDUMP_HOOK_ONLY=1: the fallback on every op, only redispatching
+              (left out, with the reason in the report, when the build does not know it)
   on          OPDUMP=1, defaults
   on-noreuse  OPDUMP=1 OPDUMP_REUSE=0 (reuse and view shortcuts off)
   peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
@@ -58,12 +63,14 @@ MSPROBE_VENV = Path(os.environ.get("BENCH_MSPROBE_VENV", "/tmp/msprobe-venv"))
 WORKLOADS = {
     # The demo's TinyLM step.
     "tiny": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512),
+    # The same step with a 1,000-word vocabulary: a larger embedding, head and logits.
+    "tiny-v1000": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=1000),
     # Larger tensors, so the statistics passes show against memory bandwidth.
     "large": dict(d=512, layers=4, heads=8, seq=64, batch=8, vocab=512),
     # The demo's TinyLM step on the test device (the device tables).
     "testdev": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512, device="testdev"),
 }
-CONFIGS = ["baseline", "off", "on", "on-noreuse", "peer", "msprobe"]
+CONFIGS = ["baseline", "off", "hook-only", "on", "on-noreuse", "peer", "msprobe"]
 DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-before"]
 # How testdev runs, for the device tables: (title, environment).
 TESTDEV_SETTINGS = {
@@ -78,11 +85,12 @@ TESTDEV_SETTINGS = {
                  {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
 }
 # The configurations that load libopdump.so, and those that dump with it.
-LOADING = ("off", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
+LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
 DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
+    "hook-only": "OPDUMP=1 OPDUMP_HOOK_ONLY=1 (the hook only redispatches)",
     "on": "OPDUMP=1, defaults",
     "on-noreuse": "OPDUMP=1 OPDUMP_REUSE=0",
     "peer": "Python TorchDispatchMode -> Parquet",
@@ -152,6 +160,10 @@ def child(spec: dict) -> None:
             return dict(op_calls=written, dropped=dropped, failed=failed, **_parquet_counts(out_dir))
         if cfg == "off":
             return dict(op_calls=torch.ops.opdump.stats()[0])
+        if cfg == "hook-only":
+            # Rows too: a build that ignores OPDUMP_HOOK_ONLY dumps, and must not
+            # pass for an empty hook.
+            return dict(op_calls=torch.ops.opdump.stats()[0], **_parquet_counts(out_dir))
         if cfg == "peer":
             return dict(op_calls=peer.ops_written, rows=peer.rows_written, files=peer.files)
         if cfg == "msprobe":
@@ -186,9 +198,12 @@ def child(spec: dict) -> None:
         times, cpu = [], []
         ran = 0
         t_start = None
+        untimed = set()
         for i, (x, y) in enumerate(data):
             if i == plan["warmup"]:
                 flush()  # the timed window starts with nothing queued or buffered
+                # flush() completes every file: what comes after is the timed steps'.
+                untimed = _dump_files(out_dir) if cfg in DUMPING else set()
             c0 = time.process_time()  # every thread of the process (opdump's writer too)
             t0 = time.perf_counter()
             step(x, y)
@@ -217,6 +232,11 @@ def child(spec: dict) -> None:
             rep["job_waits_per_step"] = testdev.host_waits()["job"] / len(times)
         for k, v in after.items():
             rep[k] = v - before.get(k, 0) if k not in ("dropped", "failed", "files") else v
+        if cfg in DUMPING:
+            try:
+                rep.update(_measured_bytes(out_dir, untimed, len(times)))
+            except Exception as e:  # noqa: BLE001 - the timings stand without it
+                rep["measured_error"] = f"{type(e).__name__}: {e}"[:200]
         reports[wl] = rep
         del model, opt, data
     if peer is not None:
@@ -230,6 +250,70 @@ def _parquet_counts(d: str) -> dict:
 
     files = sorted(Path(d).rglob("*.parquet"))
     return {"files": len(files), "rows": sum(pq.ParquetFile(f).metadata.num_rows for f in files)}
+
+
+def _dump_files(d: str) -> set:
+    # Complete files only: those being written have hidden .tmp names.
+    return set(Path(d).rglob("*.parquet"))
+
+
+def _measured_bytes(d: str, untimed: set, steps: int) -> dict:
+    """What opdump read to measure the timed steps, per step: numel × element
+    size of every `computed` tensor row in the files written after the flush
+    that opened the timed window. Rows it reused or took from a view cost no
+    read. Also the dump's own count of those steps (its `step` column)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import torch
+
+    files = sorted(_dump_files(d) - untimed)
+    if not files:
+        return {"measured_bytes": 0.0, "measured_tensors": 0.0, "dump_steps": 0}
+    t = pa.concat_tables(pq.read_table(f, columns=["step", "dtype", "numel", "stats_status"]) for f in files)
+    dump_steps = len(pc.unique(t["step"]))
+    t = t.filter(pc.and_(pc.equal(t["stats_status"], "computed"), pc.greater_equal(t["numel"], 0)))
+    total, unknown = 0, []
+    for row in t.group_by("dtype").aggregate([("numel", "sum")]).to_pylist():
+        size = _element_size(torch, row["dtype"])
+        if size is None:
+            unknown.append(row["dtype"])
+        else:
+            total += row["numel_sum"] * size
+    return {"measured_bytes": total / steps, "measured_tensors": t.num_rows / steps, "dump_steps": dump_steps,
+            "unknown_dtypes": unknown}
+
+
+def _element_size(torch, name: str | None) -> int | None:
+    # The dump names dtypes as torch does (float32, bfloat16, complex64, ...).
+    dtype = getattr(torch, name or "", None)
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else None
+
+
+def bandwidth_child(spec: dict) -> None:
+    """Prints `BW {json}`: this machine's read bandwidth, bytes/s, with one
+    intra-op thread and with torch's default. A reduction over a float32
+    buffer several times the last-level cache, so every byte comes from
+    memory; the faster of sum and amax (the bound must not overstate what a
+    read costs), median of the repeats."""
+    import torch
+
+    default = torch.get_num_threads()
+    x = torch.ones(spec["bytes"] // 4, dtype=torch.float32)  # ones, not empty: every page is touched now
+    out = {}
+    for n in sorted({1, default}):
+        torch.set_num_threads(n)
+        best = 0.0
+        for fn in (torch.sum, torch.amax):
+            fn(x)  # the first call starts the thread pool
+            ts = []
+            for _ in range(spec["repeats"]):
+                t0 = time.perf_counter()
+                fn(x)
+                ts.append(time.perf_counter() - t0)
+            best = max(best, x.nbytes / statistics.median(ts))
+        out[n] = best
+    print("BW " + json.dumps({"bandwidth": out, "default_threads": default, "bytes": x.nbytes}), flush=True)
 
 
 def _msprobe_counts(d: Path) -> dict:
@@ -318,8 +402,10 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     spec = dict(spec, out_dir=str(out))
     env = clean_env()
     env.update(spec.get("env", {}))
-    if spec["config"] in DUMPING:
+    if spec["config"] in DUMPING or spec["config"] == "hook-only":
         env.update(OPDUMP="1", OPDUMP_DIR=str(out))
+        if spec["config"] == "hook-only":
+            env["OPDUMP_HOOK_ONLY"] = "1"
         if spec["config"] == "on-noreuse":
             env["OPDUMP_REUSE"] = "0"
         if spec["config"] == "on-sync":
@@ -355,8 +441,10 @@ def fmt_ms(s: float) -> str:
 
 
 def plans(args) -> dict:
+    tiny = dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps, max_seconds=args.max_seconds)
     return {
-        "tiny": dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps, max_seconds=args.max_seconds),
+        "tiny": tiny,
+        "tiny-v1000": tiny,
         "large": dict(warmup=args.large_warmup, steps=args.large_steps, min_steps=args.min_steps,
                       max_seconds=args.large_max_seconds),
         "testdev": dict(warmup=args.warmup, steps=args.steps, min_steps=args.min_steps,
@@ -486,7 +574,147 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         lines.append("")
         lines.extend(f"- {n}" for n in notes)
     lines.append("")
+    if not device:
+        lines += bound_table(workload, threads, results, meds)
     return lines
+
+
+# --------------------------------------------------------------------------
+# The physical limit: what any dumper must add to a step, at least.
+# --------------------------------------------------------------------------
+
+def bound_table(workload: str, threads: int, results: dict, meds: dict) -> list[str]:
+    """opdump's added time per step next to a lower bound on any dumper's:
+    the bytes opdump read to measure (its `on` dump) at this machine's read
+    bandwidth, plus an empty hook on each op call."""
+    bw = SUMMARY.get("bandwidth")
+    title = f"**Physical limit, {workload}, {'1 thread' if threads == 1 else 'default threads'}**"
+    if "baseline" not in meds or "on" not in meds:
+        return []
+    if not bw:
+        return [f"{title}: not computed ({SUMMARY.get('bandwidth_why', 'no bandwidth measured')}).", ""]
+    on = [r for r in results["on"] if "measured_bytes" in r]
+    if not on:
+        why = sorted({r["measured_error"] for r in results["on"] if "measured_error" in r})
+        return [f"{title}: not computed (the `on` dump could not be read: {'; '.join(why) or 'no report'}).", ""]
+    nbytes = statistics.median(r["measured_bytes"] for r in on)
+    tensors = statistics.median(r["measured_tensors"] for r in on)
+    calls = statistics.median(r["op_calls"] / r["steps_run"] for r in on)
+    added = meds["on"] - meds["baseline"]
+    hook, hook_note = empty_hook(results, meds, calls)
+    lines = [f"{title}: the `on` dump's `computed` tensors (numel × element size) come to "
+             f"{nbytes / 2**20:,.1f} MiB a timed step ({tensors:,.0f} tensors, {calls:,.0f} op calls); "
+             f"{hook_note}.", "",
+             "| read bandwidth of | GB/s | bytes / bandwidth, ms | + empty hook × calls, ms | = bound, ms/step "
+             "| opdump adds (on − baseline), ms/step | added / bound |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for n, rate in sorted(bw.items()):
+        read = nbytes / rate
+        bound = read + (hook or 0.0)
+        hook_s = "not run" if hook is None else f"{hook * 1e3:.2f}"
+        ratio = f"{added / bound:.1f}×" if bound > 0 else "–"
+        lines.append(f"| {'1 thread' if n == 1 else f'all {n} threads'} | {rate / 1e9:.1f} | {read * 1e3:.2f} "
+                     f"| {hook_s} | {bound * 1e3:.2f} | {added * 1e3:.2f} | {ratio} |")
+    lines += _bound_caveats(on, hook)
+    return lines + [""]
+
+
+def empty_hook(results: dict, meds: dict, calls: float) -> tuple[float | None, str]:
+    """(seconds a step that `calls` op calls spend in an empty hook, or None;
+    how it was found). The hook's cost per call is hook-only's added time
+    over the calls it saw (its own count when the build gives one, else
+    `on`'s recorded calls)."""
+    if "hook-only" not in meds:
+        return None, f"empty hook: not run ({SUMMARY.get('hook_only_why', 'hook-only not in --configs')})"
+    good = [r for r in results["hook-only"] if r.get("times")]
+    if any(r.get("rows") for r in good):
+        return None, "empty hook: not run (hook-only wrote rows: this build does not honour OPDUMP_HOOK_ONLY)"
+    seen = [r["op_calls"] / r["steps_run"] for r in good if r.get("op_calls")]
+    hooked = statistics.median(seen) if seen else calls
+    added = meds["hook-only"] - meds["baseline"]
+    # Noise can put hook-only below the baseline: the hook then counts as free.
+    per_call = max(added, 0.0) / hooked if hooked else 0.0
+    counted = "its own count" if seen else "as many as on recorded"
+    noise = " (below the baseline: noise, counted as 0)" if added < 0 else ""
+    return calls * per_call, (f"empty hook: hook-only − baseline = {added * 1e3:.2f} ms a step{noise} over "
+                              f"{hooked:,.0f} calls ({counted}), {per_call * 1e6:.2f} µs a call")
+
+
+def _bound_caveats(on: list, hook: float | None) -> list[str]:
+    notes = []
+    steps = {(r["dump_steps"], len(r["times"])) for r in on}
+    if any(d != t for d, t in steps):
+        notes.append("the dump's timed files hold a different number of steps than were timed "
+                     f"(dump, timed: {sorted(steps)}): the bytes per step may be off")
+    unknown = sorted({d for r in on for d in r.get("unknown_dtypes", [])})
+    if unknown:
+        notes.append(f"dtypes of unknown size, left out of the bytes: {', '.join(map(str, unknown))}")
+    if hook is None:
+        notes.append("the bound is the read alone: without hook-only it leaves out the hook's cost per call")
+    return [""] + [f"- {n}" for n in notes] if notes else []
+
+
+def llc_bytes() -> int:
+    """The largest CPU cache that sysfs or glibc (`getconf`) reports, else
+    32 MiB. The larger of the two: in a VM they can disagree (32 MiB against
+    320 MiB on the development machine), and a buffer that fits a cache
+    would overstate the bandwidth of memory."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        if m:
+            sizes.append(int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
+    try:  # Python's os.sysconf does not know the cache names
+        out = subprocess.run(["getconf", "LEVEL3_CACHE_SIZE"], capture_output=True, text=True).stdout.strip()
+        sizes.append(int(out) if out.isdigit() else 0)
+    except OSError:
+        pass
+    return max(sizes + [0]) or 32 * 2**20
+
+
+def measure_bandwidth(args, tmp: Path) -> list[str]:
+    """Runs the bandwidth child; sets SUMMARY["bandwidth"] ({threads:
+    bytes/s}) and returns the report's line about it."""
+    llc = llc_bytes()
+    buf = args.bw_mib * 2**20 if args.bw_mib else max(4 * llc, 256 * 2**20)
+    # Never more than a quarter of the free memory.
+    buf = min(buf, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4)
+    spec = {"bytes": int(buf), "repeats": args.bw_repeats}
+    print(f"bench: read bandwidth over {buf / 2**20:,.0f} MiB", file=sys.stderr, flush=True)
+    r = subprocess.run([str(VENV_PY), str(Path(__file__).resolve()), "--bandwidth", json.dumps(spec)],
+                       capture_output=True, text=True, env=clean_env(), cwd=str(tmp), timeout=args.child_timeout)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("BW ")]
+    if r.returncode != 0 or not lines:
+        SUMMARY["bandwidth_why"] = f"bandwidth measurement failed: {_last_line(r.stderr)}"
+        return [f"- read bandwidth: {SUMMARY['bandwidth_why']}"]
+    got = json.loads(lines[-1][3:])
+    SUMMARY["bandwidth"] = {int(n): v for n, v in got["bandwidth"].items()}
+    rates = ", ".join(f"{v / 1e9:.1f} GB/s with {n} thread{'s' if n > 1 else ''}"
+                      for n, v in sorted(SUMMARY["bandwidth"].items()))
+    return [f"- read bandwidth: {rates} (the faster of torch.sum and torch.amax over a "
+            f"{got['bytes'] / 2**20:,.0f} MiB float32 buffer, last-level cache {llc / 2**20:,.0f} MiB, "
+            f"median of {args.bw_repeats} repeats)"]
+
+
+def hook_only_support(tmp: Path, lib: str) -> str:
+    """'' when this build honours OPDUMP_HOOK_ONLY=1 (no warning about the
+    name, nothing written), else why not. One short process, before the
+    repeats, so that an unsupported configuration costs no repeats."""
+    out = tmp / "hook-probe"
+    code = ("import torch; torch.ops.load_library(%r); x = torch.ones(64); (x + 1).sum(); "
+            "torch.ops.opdump.flush()" % lib)
+    env = dict(clean_env(), OPDUMP="1", OPDUMP_HOOK_ONLY="1", OPDUMP_DIR=str(out))
+    r = subprocess.run([str(VENV_PY), "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp),
+                       timeout=120)
+    rows = _rows_of([out])[0] if out.exists() else 0
+    shutil.rmtree(out, ignore_errors=True)
+    if r.returncode != 0:
+        return f"the probe failed: {_last_line(r.stderr)}"
+    if "OPDUMP_HOOK_ONLY is not an opdump variable" in r.stderr:
+        return "this build does not know OPDUMP_HOOK_ONLY"
+    if rows:
+        return f"with OPDUMP_HOOK_ONLY=1 this build still wrote {rows} rows"
+    return ""
 
 
 # Figures for the goal table: {"groups": {(workload, threads): (medians, amortized)},
@@ -624,25 +852,49 @@ def _rows_of(dirs) -> list[int]:
     return [sum(pq.ParquetFile(f).metadata.num_rows for f in Path(d).rglob("*.parquet")) for d in dirs]
 
 
+def prepare_bound(configs: list[str], args, tmp: Path) -> list[str]:
+    """Before the repeats: leaves hook-only out when this build does not
+    support it, and measures the read bandwidth when a physical limit will be
+    printed. Returns the report's header lines about both."""
+    lines = []
+    if "hook-only" in configs:
+        why = hook_only_support(tmp, args.lib)
+        if why:
+            configs.remove("hook-only")
+            SUMMARY["hook_only_why"] = why
+            lines.append(f"- hook-only: not run ({why}); the physical limit leaves out the hook's cost")
+    if "baseline" in configs and "on" in configs and args.threads.strip(","):
+        lines += measure_bandwidth(args, tmp)
+    return lines
+
+
 # --------------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--bandwidth", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true",
                     help="TinyLM only, one intra-op thread, fewer steps; skips the parts")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--workloads", default="tiny,large")
+    ap.add_argument("--workloads", default="tiny,tiny-v1000,large",
+                    help="comma list of: " + ", ".join(w for w in WORKLOADS if w != "testdev"))
     ap.add_argument("--threads", default="1,default", help="comma list of 1 and/or default")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--warmup", type=int, default=2, help="TinyLM warm-up steps")
-    ap.add_argument("--steps", type=int, default=30, help="TinyLM timed steps (at most)")
-    ap.add_argument("--max-seconds", type=float, default=2.0, help="TinyLM: stop timing after this long")
+    ap.add_argument("--warmup", type=int, default=2, help="TinyLM (tiny, tiny-v1000) warm-up steps")
+    ap.add_argument("--steps", type=int, default=30, help="TinyLM (tiny, tiny-v1000) timed steps (at most)")
+    ap.add_argument("--max-seconds", type=float, default=2.0,
+                    help="TinyLM (tiny, tiny-v1000): stop timing after this long")
     ap.add_argument("--large-warmup", type=int, default=1)
     ap.add_argument("--large-steps", type=int, default=4)
     ap.add_argument("--large-max-seconds", type=float, default=2.5)
     ap.add_argument("--min-steps", type=int, default=3)
     ap.add_argument("--child-timeout", type=float, default=300)
+    ap.add_argument("--bw-repeats", type=int, default=7,
+                    help="physical limit: repeats of each reduction that measures the read bandwidth")
+    ap.add_argument("--bw-mib", type=int, default=0,
+                    help="physical limit: the bandwidth buffer in MiB (default: 4x the last-level cache, "
+                         "at least 256 MiB)")
     ap.add_argument("--no-msprobe-install", action="store_true",
                     help=f"use msprobe only if {MSPROBE_VENV} already has it")
     ap.add_argument("--no-parts", action="store_true", help="skip the writer and compare benchmarks")
@@ -666,6 +918,9 @@ def main() -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
+    if args.bandwidth:
+        bandwidth_child(json.loads(args.bandwidth))
+        return 0
     # SIGTERM: unwind (the running child is killed, temporary files removed).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.repeats < 5:
@@ -678,6 +933,11 @@ def main() -> int:
     if unknown:
         print(f"bench: unknown --testdev-settings {','.join(unknown)}; known: {', '.join(TESTDEV_SETTINGS)}",
               file=sys.stderr)
+        return 2
+    unknown = [w for w in args.workloads.split(",") if w and (w not in WORKLOADS or w == "testdev")]
+    if unknown:
+        print(f"bench: unknown --workloads {','.join(unknown)}; known: "
+              f"{', '.join(w for w in WORKLOADS if w != 'testdev')} (testdev: the device tables)", file=sys.stderr)
         return 2
     SUMMARY["testdev_sync_us"] = args.testdev_sync_us
     if not LIB.exists():
@@ -749,6 +1009,7 @@ def main() -> int:
                       f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(built))})")
     t_all = time.time()
     try:
+        report[-1:-1] = prepare_bound(configs, args, tmp)
         for tsetting in [t for t in args.threads.split(",") if t and configs]:
             threads = 1 if tsetting == "1" else 0
             print(f"bench: threads={tsetting}", file=sys.stderr, flush=True)
