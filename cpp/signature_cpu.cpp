@@ -13,16 +13,12 @@
 
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/signature.h"
+#include "opdump/cpp/signature_cpu.h"
 
 namespace opdump {
 
-namespace {
-
-using sig::Words;
-
-// How the dtype's values become words, and how many values an element is
-// (the two parts of a complex number are two values).
-bool words_of(at::ScalarType t, Words& w, int& per_element) {
+bool signature_words(at::ScalarType t, sig::Words& w, int& per_element) {
+  using sig::Words;
   per_element = 1;
   switch (t) {
     case at::kFloat: w = Words::F32; return true;
@@ -43,46 +39,16 @@ bool words_of(at::ScalarType t, Words& w, int& per_element) {
   }
 }
 
-template <typename T>
-inline double sketch_value(T v) {
-  double d;
-  if constexpr (c10::is_complex<T>::value) {
-    d = std::abs(std::complex<double>(static_cast<double>(v.real()), static_cast<double>(v.imag())));
-  } else {
-    d = static_cast<double>(v);
-  }
-  return d - d == 0.0 ? d : 0.0;  // NaN and infinities count as 0
-}
-
-// Elements [first, first + n) of `p` to the sketch's state.
-template <typename T>
-void sketch_run(const T* p, int64_t n, int64_t first, sig::SketchState& st) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (sig::add_sketch_f32(p, n, static_cast<uint64_t>(first), st)) return;
-  }
-  constexpr int64_t kBlock = 1024;
-  double buf[kBlock];
-  for (int64_t s = 0; s < n; s += kBlock) {
-    const int64_t m = std::min(kBlock, n - s);
-    for (int64_t i = 0; i < m; ++i) buf[i] = sketch_value(p[s + i]);
-    sig::add_sketch(buf, m, static_cast<uint64_t>(first + s), st);
-  }
-}
+namespace {
 
 constexpr int64_t kChunk = int64_t{1} << 18;
 
 template <typename T>
-sig::Signature signature_of(const T* p, int64_t n, int k, Words words, int per_element) {
+sig::Signature signature_of(const T* p, int64_t n, int k, sig::Words words, int per_element) {
   auto run = [&](int64_t first, int64_t len) {
-    sig::Signature s;
-    s.k = k;
-    sig::add_fingerprint(p + first, len * per_element, static_cast<uint64_t>(first * per_element), words, s);
-    if (k > 0) {
-      sig::SketchState st(k);
-      sketch_run(p + first, len, first, st);
-      sig::sketch_finish(st, s);
-    }
-    return s;
+    SignatureRun r(words, per_element, k);
+    r.add(p, first, len);
+    return r.finish();
   };
   if (n < 4 * kChunk) return run(0, n);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -107,9 +73,10 @@ void signature_to_row(const sig::Signature& s, TensorRow& row) {
 }
 
 void measure_signature_cpu(const at::Tensor& x, int k, TensorRow& row) {
-  Words words;
+  sig::Words words;
   int per_element;
-  if (!x.is_contiguous() || x.is_conj() || x.is_neg() || !words_of(x.scalar_type(), words, per_element)) return;
+  if (!x.is_contiguous() || x.is_conj() || x.is_neg() || !signature_words(x.scalar_type(), words, per_element))
+    return;
   sig::Signature s;
   AT_DISPATCH_V2(x.scalar_type(), "opdump_signature", AT_WRAP([&] {
     s = signature_of(static_cast<const scalar_t*>(x.const_data_ptr()), x.numel(), k, words, per_element);

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <complex>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -26,6 +27,7 @@
 
 #include "opdump/cpp/device_stats.h"
 #include "opdump/cpp/internal.h"
+#include "opdump/cpp/signature_cpu.h"
 #include "opdump/cpp/stats_acc.h"
 #include "opdump/src/bridge.rs.h"
 
@@ -167,24 +169,42 @@ bool fast_block(const T* p, int64_t m, Acc& acc) {
 // in chunk order, so the result does not depend on the thread count.
 constexpr int64_t kChunk = int64_t{1} << 18;
 
+// The fingerprint and sketch asked of a tensor whose memory is in logical
+// order: each block is added to them as well, while it is in L1.
+struct SignatureSpec {
+  sig::Words words;
+  int per_element;
+  int k;
+};
+
 template <typename T>
-Acc accumulate(const T* p, int64_t n) {
-  auto run = [](const T* q, int64_t len) {
+Acc accumulate(const T* p, int64_t n, const SignatureSpec* spec, sig::Signature* sig_out) {
+  auto run = [&](int64_t first, int64_t len, sig::Signature* s_out) {
     Acc a;
-    for (int64_t s = 0; s < len; s += kBlock) {
-      const int64_t m = std::min(kBlock, len - s);
-      if (!fast_block(q + s, m, a)) add_block(q + s, m, a);
+    std::optional<SignatureRun> r;
+    if (spec != nullptr) r.emplace(spec->words, spec->per_element, spec->k);
+    for (int64_t s = first; s < first + len; s += kBlock) {
+      const int64_t m = std::min(kBlock, first + len - s);
+      if (!fast_block(p + s, m, a)) add_block(p + s, m, a);
+      if (r) r->add(p, s, m);
     }
+    if (r) *s_out = r->finish();
     return a;
   };
-  if (n < 4 * kChunk) return run(p, n);
+  if (n < 4 * kChunk) return run(0, n, sig_out);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<Acc> parts(static_cast<size_t>(chunks));
+  std::vector<sig::Signature> sigs(spec != nullptr ? static_cast<size_t>(chunks) : 0);
   at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) parts[c] = run(p + c * kChunk, std::min(kChunk, n - c * kChunk));
+    for (int64_t c = b; c < e; ++c)
+      parts[c] = run(c * kChunk, std::min(kChunk, n - c * kChunk), spec != nullptr ? &sigs[c] : nullptr);
   });
   Acc total;
   for (const auto& a : parts) total.merge(a);
+  if (spec != nullptr) {
+    sig_out->k = spec->k;
+    for (const auto& s : sigs) sig_out->merge(s);
+  }
   return total;
 }
 
@@ -210,14 +230,23 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   if (src.is_neg()) src = src.resolve_neg();
   if (!src.is_non_overlapping_and_dense()) src = contiguous_copy(src);
   const int64_t n = src.numel();
+  // The fingerprint and the sketch read the values in logical order: in the
+  // same pass when memory is in that order, else from a copy below.
+  const int k = sketch_size_once();
+  SignatureSpec spec{};
+  spec.k = k;
+  const bool fused = k > 0 && src.is_contiguous() && !src.is_conj() &&
+                     signature_words(src.scalar_type(), spec.words, spec.per_element);
   Acc acc;
+  sig::Signature signature;
   AT_DISPATCH_V2(src.scalar_type(), "opdump_stats", AT_WRAP([&] {
-    acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n);
+    acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n, fused ? &spec : nullptr, &signature);
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
   row.stats = stats_of(acc);
-  // The fingerprint and the sketch read the values in logical order.
-  if (const int k = sketch_size_once(); k > 0) {
+  if (fused) {
+    signature_to_row(signature, row);
+  } else if (k > 0) {
     if (src.is_conj()) src = src.resolve_conj();
     measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
   }
