@@ -90,7 +90,7 @@ struct Prepared {
 /// different layers are different calls, even where their shapes agree (a
 /// call missing on one side then cannot pair with the next layer's).
 fn module_key(d: &Dump, i: u32) -> u64 {
-    match d.module[i as usize] {
+    match d.op_row(i).module {
         NO_ID => 0,
         m => d.texts.hash(m),
     }
@@ -104,8 +104,9 @@ fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
             base
         }
     };
+    let mut rows = Vec::new();
     let sig: Vec<u64> = (0..d.len() as u32)
-        .map(|i| key(i, d.signature(i)))
+        .map(|i| key(i, d.signature_with(i, &mut rows)))
         .collect();
     let loose: Vec<u64> = (0..d.len() as u32)
         .map(|i| key(i, d.name_signature(i)))
@@ -137,7 +138,7 @@ type Groups = BTreeMap<(i64, Phase), Vec<u32>>;
 fn groups(d: &Dump, p: &Prepared, filter: &Filter, by_step: bool) -> Groups {
     let mut g = Groups::new();
     for &r in &d.roots {
-        let (step, phase) = (d.step[r as usize], d.phase[r as usize]);
+        let (step, phase) = (d.step(r), d.phase(r));
         if !p.ignored[r as usize] && filter.step_selected(step) {
             g.entry((if by_step { step } else { 0 }, phase))
                 .or_default()

@@ -11,8 +11,7 @@ use crate::error::{CliError, Result};
 fn counts(d: &Dump, s: &Selector, j: u32) -> bool {
     match s {
         Selector::Op { step, .. } => {
-            s.matches_op(d.op_name(j), d.overload_name(j))
-                && step.is_none_or(|st| st == d.step[j as usize])
+            s.matches_op(d.op_name(j), d.overload_name(j)) && step.is_none_or(|st| st == d.step(j))
         }
         Selector::Module { .. } => false,
     }
@@ -26,7 +25,7 @@ pub fn of_call(d: &Dump, i: u32) -> Selector {
     let mut s = Selector::Op {
         op: d.op_name(i).to_string(),
         overload: (overload != "default").then(|| overload.to_string()),
-        step: Some(d.step[i as usize]),
+        step: Some(d.step(i)),
         index: 0,
     };
     let before = (0..i).filter(|&j| counts(d, &s, j)).count() as u64;

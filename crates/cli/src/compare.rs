@@ -239,10 +239,26 @@ fn choose_rank(
 pub fn timing(label: &str, since: std::time::Instant) {
     if std::env::var_os("OPDUMP_TIMINGS").is_some_and(|v| v == "1") {
         eprintln!(
-            "opdump: timing: {label}: {:.3}s",
-            since.elapsed().as_secs_f64()
+            "opdump: timing: {label}: {:.3}s{}",
+            since.elapsed().as_secs_f64(),
+            memory_now()
         );
     }
+}
+
+/// The resident set now and its peak so far (`/proc/self/status`), for
+/// [`timing`]; empty where that file is not there.
+fn memory_now() -> String {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return String::new();
+    };
+    let field = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or("?".to_string(), |kb| format!("{} MB", kb / 1024))
+    };
+    format!(" (RSS {}, peak {})", field("VmRSS:"), field("VmHWM:"))
 }
 
 pub fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared> {
@@ -350,12 +366,7 @@ pub fn compare_dumps(
     let first_unmatched_change = unmatched_change
         .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
         .map(|ch| UnmatchedChange {
-            b_op: changer_only_in_b(
-                &b,
-                &alignment,
-                ch.after,
-                b.seq[alignment.pairs[ch.pair].b as usize],
-            ),
+            b_op: changer_only_in_b(&b, &alignment, ch.after, b.seq(alignment.pairs[ch.pair].b)),
             ..ch
         });
 
@@ -394,12 +405,7 @@ fn check_dumps_hold_calls(a: &Dump, b: &Dump, filter: &Filter) -> Result<()> {
                 d.path.display()
             )));
         }
-        if !filter.steps.is_empty()
-            && !d
-                .roots
-                .iter()
-                .any(|&r| filter.step_selected(d.step[r as usize]))
-        {
+        if !filter.steps.is_empty() && !d.roots.iter().any(|&r| filter.step_selected(d.step(r))) {
             return Err(CliError::new(format!(
                 "{}: no op calls in the selected steps (the dump has {})",
                 d.path.display(),
@@ -521,6 +527,7 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
                 let mut batch = back_rx.try_recv().unwrap_or_default();
                 batch.resize_with(chunk.len(), OpCmp::default);
                 for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
+                    cmp.reset();
                     ctx.measure(p.a, p.b, cmp);
                 }
                 if tx.send(batch).is_err() {
@@ -539,8 +546,14 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
                 j.record(k, cmp, &mut prov);
                 for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
                     if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
-                        let err = ctx.own_relative_error(tc);
-                        one_sided.register(ctx.b, tc.key.1, tb, err, tc.taint);
+                        // The rows as the measuring thread read them: this
+                        // thread reads no chunk of the dumps for them.
+                        let rows = tc.ta.and_then(|ta| cmp.rows(ta, tb));
+                        let rb = rows.map_or_else(|| ctx.b.tensors.row(tb), |r| *r.1);
+                        let err = ctx.own_relative_error_of(tc, |ta| {
+                            rows.map_or_else(|| ctx.a.tensors.row(ta), |r| *r.0)
+                        });
+                        one_sided.register(ctx.b, tc.key.1, (tb, &rb), err, tc.taint);
                     }
                 }
                 if k.is_multiple_of(65536) {
@@ -548,7 +561,7 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
                 }
                 k += 1;
             }
-            batch.clear();
+            // Kept whole: the next batch reuses each OpCmp's buffers.
             let _ = back_tx.send(batch);
         }
         j.unmatched_change = first_change.get();
@@ -821,16 +834,14 @@ fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Optio
     let h = side_hash(b, t);
     let mut best: Option<u32> = None;
     for i in 0..b.len() as u32 {
-        if b.seq[i as usize] >= before_seq {
+        if b.seq(i) >= before_seq {
             break;
         }
         if al.b_match[i as usize] != NONE {
             continue;
         }
         let makes_it = b.tensors_of(i).any(|x| {
-            b.tensors.role[x as usize] == Role::Output
-                && b.tensors.has_values(x)
-                && side_hash(b, x) == h
+            b.tensors.role(x) == Role::Output && b.tensors.has_values(x) && side_hash(b, x) == h
         });
         if makes_it {
             // A later maker wins, unless it is inside the one found.

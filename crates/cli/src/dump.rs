@@ -1,62 +1,45 @@
-//! One rank of one dump, in memory, as flat columns.
+//! One rank of one dump, as flat columns.
 //!
 //! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
 //! order they were read, and each op points at its contiguous run of tensors.
-//! Strings, dtypes and shapes are interned. There is no per-row heap object:
-//! a million op calls with three tensors each cost about 100 bytes per tensor
-//! and 60 per op call.
+//! Strings, dtypes and shapes are interned. What the call tree and alignment
+//! walk all the time stays in memory (about 28 bytes per op call); the rest
+//! of each call ([`OpRow`]) and every tensor ([`TensorRow`]) live in
+//! [`Spill`]s, out of memory, read back a chunk at a time.
 
 use std::path::PathBuf;
 
-use opdump_format::{Phase, Role, StatsStatus};
+use opdump_format::{Phase, Role};
 
 use crate::dtype::DType;
 use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
+use crate::op_row::OpRow;
+use crate::spill::Spill;
+use crate::tensor_row::TensorRow;
 
 pub const NONE: u32 = u32::MAX;
 /// A null seq (`fwd_seq` of a call outside backward).
 pub const NO_SEQ: i64 = i64::MIN;
 
-/// Per-tensor columns. Role, phase and status are the format crate's enums,
-/// one byte each.
+/// Per-tensor columns. The fixed-size ones are one [`TensorRow`] per
+/// tensor, kept out of memory in a [`Spill`] (a dump's tensors are most of
+/// its size); the sparse and variable-sized ones are here.
+#[derive(Default)]
 pub struct Tensors {
-    /// `Input` or `Output`: the row of an op without tensors is no tensor.
-    pub role: Vec<Role>,
-    /// Id in [`Dump::names`].
-    pub arg: Vec<u32>,
-    /// -1 when null.
-    pub list_index: Vec<i32>,
-    /// Index into [`Dump::dtypes`].
-    pub dtype: Vec<u16>,
-    /// Id in `shapes` (which also holds the numel).
-    pub shape: Vec<u32>,
+    pub rows: Spill<TensorRow>,
     pub shapes: ShapeInterner,
-    /// `None` when the file has no status, or one this reader does not
-    /// know (a newer writer's): either way, no values to trust.
-    pub status: Vec<Option<StatsStatus>>,
-    pub min: Vec<f64>,
-    pub max: Vec<f64>,
-    pub mean: Vec<f64>,
-    pub std: Vec<f64>,
-    pub l2: Vec<f64>,
-    pub absmax: Vec<f64>,
     /// NaN, +Inf and -Inf counts, stored only for tensors that have some
     /// (almost none do): `nf_index` is sorted, `nf_counts` parallel to it.
     pub nf_index: Vec<u32>,
     pub nf_counts: Vec<[i64; 3]>,
-    pub zero: Vec<i64>,
-    /// The `fingerprint` column (schema 4); empty when the dump has none.
-    /// 0 means null.
-    pub fingerprint: Vec<u64>,
+    /// Whether the dump has the `fingerprint` column (schema 4).
+    pub has_fingerprints: bool,
     /// The `sketch` column (schema 4), back to back: tensor `t`'s sketch is
     /// `sketch_values[sketch_start[t]..sketch_start[t + 1]]`, empty where
     /// null, so a tensor without one costs one index. Both empty when the
     /// dump has none.
     pub sketch_start: Vec<u32>,
     pub sketch_values: Vec<f64>,
-    /// Id in [`Dump::texts`] of the parameter or buffer the tensor is
-    /// (`fc1.weight`, `fc1.weight.grad`); `NO_ID` when none or unknown.
-    pub name: Vec<u32>,
     /// Ids in [`Dump::texts`] of the capture file (its path) and the key of
     /// the tensor in it (`OPDUMP_CAPTURE`); both empty when no call of the
     /// dump was captured, `NO_ID` for tensors without a capture.
@@ -66,36 +49,53 @@ pub struct Tensors {
 
 impl Tensors {
     pub fn len(&self) -> usize {
-        self.role.len()
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.role.is_empty()
+        self.rows.is_empty()
+    }
+
+    /// Everything fixed-size about tensor `t`, in one read.
+    pub fn row(&self, t: u32) -> TensorRow {
+        self.rows.get(t as usize)
+    }
+
+    /// The rows of tensors `range` (an op call's), replacing what `out`
+    /// held.
+    pub fn rows_of(&self, range: std::ops::Range<u32>, out: &mut Vec<TensorRow>) {
+        out.clear();
+        self.rows
+            .get_range(range.start as usize..range.end as usize, out);
+    }
+
+    pub fn role(&self, t: u32) -> Role {
+        self.row(t).role
     }
 
     /// Whether the statistics columns hold measured values.
     pub fn has_values(&self, t: u32) -> bool {
-        self.status[t as usize].is_some_and(|s| s.has_values())
+        self.row(t).has_values()
     }
 
     pub fn numel(&self, t: u32) -> i64 {
-        self.shapes.numel(self.shape[t as usize])
+        self.shapes.numel(self.row(t).shape)
     }
 
     /// The L2 norm and the largest absolute value, each 0 where it
     /// overflowed to infinity (or is NaN).
     pub fn finite_norms(&self, t: u32) -> (f64, f64) {
         let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
-        let i = t as usize;
-        (finite(self.l2[i]), finite(self.absmax[i]))
+        let r = self.row(t);
+        (finite(r.l2), finite(r.absmax))
     }
 
     /// The fingerprint of a tensor, when it has one.
     pub fn fingerprint(&self, t: u32) -> Option<u64> {
-        self.fingerprint
-            .get(t as usize)
-            .copied()
-            .filter(|&f| f != 0)
+        if !self.has_fingerprints {
+            return None;
+        }
+        Some(self.row(t).fingerprint).filter(|&f| f != 0)
     }
 
     /// The sketch of a tensor, when it has one.
@@ -151,26 +151,14 @@ pub struct Dump {
     pub dtypes: Vec<DType>,
 
     // Op calls, in seq order.
-    pub seq: Vec<i64>,
+    /// Everything about a call but its place in the tree and its tensors,
+    /// kept out of memory (see [`OpRow`]).
+    pub ops: Spill<OpRow>,
     /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
     /// that is not in the dump).
     pub parent: Vec<u32>,
-    pub depth: Vec<i32>,
-    pub step: Vec<i64>,
-    pub phase: Vec<Phase>,
     pub op: Vec<u32>,
     pub overload: Vec<u32>,
-    pub args: Vec<u32>,
-    /// `NO_ID` when the op did not raise.
-    pub error: Vec<u32>,
-    /// Id in `texts` of the innermost module running the call (its
-    /// forward's, for a backward call); `NO_ID` outside any.
-    pub module: Vec<u32>,
-    /// Backward calls: the seq of the forward call that made the autograd
-    /// node being run; [`NO_SEQ`] when null.
-    pub fwd_seq: Vec<i64>,
-    /// Id in `texts` of the user's source line (`OPDUMP_SOURCE=1`).
-    pub source: Vec<u32>,
     pub t_start: Vec<u32>,
     pub t_len: Vec<u32>,
     /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
@@ -185,11 +173,47 @@ pub struct Dump {
 
 impl Dump {
     pub fn len(&self) -> usize {
-        self.seq.len()
+        self.parent.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.seq.is_empty()
+        self.parent.is_empty()
+    }
+
+    /// Everything about op call `i` but its tree and tensors, in one read.
+    pub fn op_row(&self, i: u32) -> OpRow {
+        self.ops.get(i as usize)
+    }
+
+    pub fn seq(&self, i: u32) -> i64 {
+        self.op_row(i).seq
+    }
+
+    pub fn step(&self, i: u32) -> i64 {
+        self.op_row(i).step
+    }
+
+    pub fn phase(&self, i: u32) -> Phase {
+        self.op_row(i).phase
+    }
+
+    pub fn depth(&self, i: u32) -> i32 {
+        self.op_row(i).depth
+    }
+
+    /// The op call of seq `s`, when the dump has it (calls are in seq
+    /// order).
+    pub fn find_seq(&self, s: i64) -> Option<u32> {
+        let (mut lo, mut hi) = (0usize, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.seq(mid as u32) < s {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo < self.len() && self.seq(lo as u32) == s).then_some(lo as u32)
     }
 
     pub fn op_name(&self, i: u32) -> &str {
@@ -211,35 +235,35 @@ impl Dump {
     }
 
     pub fn args_text(&self, i: u32) -> &str {
-        self.texts.get(self.args[i as usize])
+        self.texts.get(self.op_row(i).args)
     }
 
     pub fn error_text(&self, i: u32) -> Option<&str> {
-        let e = self.error[i as usize];
+        let e = self.op_row(i).error;
         (e != NO_ID).then(|| self.texts.get(e))
     }
 
     /// The module path of the call, when the dump has one.
     pub fn module_of(&self, i: u32) -> Option<&str> {
-        let m = self.module[i as usize];
+        let m = self.op_row(i).module;
         (m != NO_ID).then(|| self.texts.get(m))
     }
 
     pub fn source_of(&self, i: u32) -> Option<&str> {
-        let s = self.source[i as usize];
+        let s = self.op_row(i).source;
         (s != NO_ID).then(|| self.texts.get(s))
     }
 
     /// The forward call's seq, for a backward call.
     pub fn fwd_seq_of(&self, i: u32) -> Option<i64> {
-        let s = self.fwd_seq[i as usize];
+        let s = self.op_row(i).fwd_seq;
         (s != NO_SEQ).then_some(s)
     }
 
     /// The forward call itself, when it is in the dump.
     pub fn fwd_of(&self, i: u32) -> Option<u32> {
         let s = self.fwd_seq_of(i)?;
-        self.seq.binary_search(&s).ok().map(|k| k as u32)
+        self.find_seq(s)
     }
 
     /// Where a tensor's captured values are: the capture file and the key
@@ -263,7 +287,10 @@ impl Dump {
 
     /// The parameter, buffer or `.grad` name of a tensor.
     pub fn tensor_name(&self, t: u32) -> Option<&str> {
-        let n = *self.tensors.name.get(t as usize)?;
+        if t as usize >= self.tensors.len() {
+            return None;
+        }
+        let n = self.tensors.row(t).name;
         (n != NO_ID).then(|| self.texts.get(n))
     }
 
@@ -298,19 +325,24 @@ impl Dump {
     }
 
     pub fn dtype(&self, t: u32) -> &DType {
-        &self.dtypes[self.tensors.dtype[t as usize] as usize]
+        self.dtype_of(&self.tensors.row(t))
+    }
+
+    /// The dtype of a row already read.
+    pub fn dtype_of(&self, r: &TensorRow) -> &DType {
+        &self.dtypes[r.dtype as usize]
     }
 
     pub fn shape(&self, t: u32) -> &[i64] {
-        self.tensors.shapes.get(self.tensors.shape[t as usize])
+        self.tensors.shapes.get(self.tensors.row(t).shape)
     }
 
     pub fn arg_name(&self, t: u32) -> &str {
-        self.names.get(self.tensors.arg[t as usize])
+        self.names.get(self.tensors.row(t).arg)
     }
 
     pub fn list_index(&self, t: u32) -> Option<i32> {
-        let v = self.tensors.list_index[t as usize];
+        let v = self.tensors.row(t).list_index;
         (v >= 0).then_some(v)
     }
 
@@ -318,10 +350,17 @@ impl Dump {
     /// shape of each tensor, but not dtypes (a bf16 run must align with an
     /// fp32 run). Equal across dumps for equal calls.
     pub fn signature(&self, i: u32) -> u64 {
+        self.signature_with(i, &mut Vec::new())
+    }
+
+    /// [`Dump::signature`], reading the call's rows through `rows` (a
+    /// buffer a pass over every call reuses).
+    pub fn signature_with(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
         let mut h = self.name_signature(i);
-        for t in self.tensors_of(i) {
-            h = mix(h, self.tensors.role[t as usize] as u64);
-            h = mix(h, self.tensors.shapes.hash(self.tensors.shape[t as usize]));
+        self.tensors.rows_of(self.tensors_of(i), rows);
+        for r in rows.iter() {
+            h = mix(h, r.role as u64);
+            h = mix(h, self.tensors.shapes.hash(r.shape));
         }
         h
     }
@@ -349,7 +388,7 @@ impl Dump {
 
     /// Steps present among the roots, sorted.
     pub fn steps(&self) -> Vec<i64> {
-        let mut s: Vec<i64> = self.roots.iter().map(|&r| self.step[r as usize]).collect();
+        let mut s: Vec<i64> = self.roots.iter().map(|&r| self.step(r)).collect();
         s.sort_unstable();
         s.dedup();
         s

@@ -9,6 +9,7 @@
 //! has.
 
 use crate::dump::Dump;
+use crate::tensor_row::TensorRow;
 
 /// What is known about the difference of one tensor pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -34,12 +35,16 @@ pub struct Measure {
     pub exact: bool,
 }
 
+/// A tensor of a dump and its row.
+pub type Row<'a> = (u32, &'a TensorRow);
+
 pub trait Evidence: Sync {
     /// Whether both dumps carry what this source needs.
     fn available(&self, a: &Dump, b: &Dump) -> bool;
-    /// Adds what this source says about tensor `ta` of `a` and `tb` of `b`.
-    /// Both have measured values and the same shape.
-    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure);
+    /// Adds what this source says about tensor `ta` of `a` and `tb` of `b`,
+    /// given with their rows (already read by the caller). Both have
+    /// measured values and the same shape.
+    fn measure(&self, a: &Dump, ta: Row<'_>, b: &Dump, tb: Row<'_>, m: &mut Measure);
 }
 
 /// The statistics columns: every dump has them.
@@ -91,9 +96,8 @@ impl Evidence for StatsEvidence {
         true
     }
 
-    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+    fn measure(&self, a: &Dump, (ta, ra): Row<'_>, b: &Dump, (tb, rb): Row<'_>, m: &mut Measure) {
         let (x, y) = (&a.tensors, &b.tensors);
-        let (i, j) = (ta as usize, tb as usize);
         // Each term is <= ||a - b||_2 (over the finite elements):
         // - | ||a|| - ||b|| |                 (triangle inequality)
         // - |sum a - sum b| / sqrt(n)         (Cauchy-Schwarz with the ones vector)
@@ -104,36 +108,35 @@ impl Evidence for StatsEvidence {
         // underflow is taken off them: each of the n squares, and the mean,
         // may have lost up to one subnormal unit (tests/evidence_prop.rs
         // found a 1e-5 overshoot for float64 values near 1e-160).
-        let n = a
-            .tensors
-            .finite_count(ta)
-            .min(b.tensors.finite_count(tb))
-            .max(0) as f64;
+        let finite = |d: &Dump, t: u32, r: &TensorRow| {
+            let [n, p, m] = d.tensors.nonfinite_counts(t);
+            d.tensors.shapes.numel(r.shape) - n - p - m
+        };
+        let n = finite(a, ta, ra).min(finite(b, tb, rb)).max(0) as f64;
         let (ua, ub) = (underflow_unit(a), underflow_unit(b));
-        let linf = gap(x.max[i], y.max[j])
-            .max(gap(x.min[i], y.min[j]))
-            .max(gap(x.absmax[i], y.absmax[j]));
-        let norm_gap =
-            gap(x.l2[i], y.l2[j]) - norm_slack(x.l2[i], n * ua) - norm_slack(y.l2[j], n * ub);
+        let linf = gap(ra.max, rb.max)
+            .max(gap(ra.min, rb.min))
+            .max(gap(ra.absmax, rb.absmax));
+        let norm_gap = gap(ra.l2, rb.l2) - norm_slack(ra.l2, n * ua) - norm_slack(rb.l2, n * ub);
         let mut l2 = linf.max(norm_gap);
         if n > 0.0 {
-            let sum_gap = gap(x.mean[i] * n, y.mean[j] * n) - n * (ua + ub);
+            let sum_gap = gap(ra.mean * n, rb.mean * n) - n * (ua + ub);
             // sqrt(n) * std is the norm of the centred tensor.
-            let (ca, cb) = (x.std[i] * n.sqrt(), y.std[j] * n.sqrt());
+            let (ca, cb) = (ra.std * n.sqrt(), rb.std * n.sqrt());
             let centred_gap = gap(ca, cb) - norm_slack(ca, n * ua) - norm_slack(cb, n * ub);
             l2 = l2.max(sum_gap / n.sqrt()).max(centred_gap);
         }
         m.l2_bound = m.l2_bound.max(l2);
         m.linf_bound = m.linf_bound.max(linf);
-        m.stats_equal = same(x.min[i], y.min[j])
-            && same(x.max[i], y.max[j])
-            && same(x.mean[i], y.mean[j])
-            && same(x.std[i], y.std[j])
-            && same(x.l2[i], y.l2[j])
-            && same(x.absmax[i], y.absmax[j])
+        m.stats_equal = same(ra.min, rb.min)
+            && same(ra.max, rb.max)
+            && same(ra.mean, rb.mean)
+            && same(ra.std, rb.std)
+            && same(ra.l2, rb.l2)
+            && same(ra.absmax, rb.absmax)
             && x.nonfinite_counts(ta) == y.nonfinite_counts(tb)
-            && x.zero[i] == y.zero[j]
-            && x.numel(ta) == y.numel(tb);
+            && ra.zero == rb.zero
+            && x.shapes.numel(ra.shape) == y.shapes.numel(rb.shape);
     }
 }
 
@@ -143,11 +146,14 @@ pub struct FingerprintEvidence;
 
 impl Evidence for FingerprintEvidence {
     fn available(&self, a: &Dump, b: &Dump) -> bool {
-        !a.tensors.fingerprint.is_empty() && !b.tensors.fingerprint.is_empty()
+        a.tensors.has_fingerprints && b.tensors.has_fingerprints
     }
 
-    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
-        if let (Some(fa), Some(fb)) = (a.tensors.fingerprint(ta), b.tensors.fingerprint(tb)) {
+    fn measure(&self, a: &Dump, (_, ra): Row<'_>, b: &Dump, (_, rb): Row<'_>, m: &mut Measure) {
+        let fingerprint = |d: &Dump, r: &TensorRow| {
+            Some(r.fingerprint).filter(|&f| d.tensors.has_fingerprints && f != 0)
+        };
+        if let (Some(fa), Some(fb)) = (fingerprint(a, ra), fingerprint(b, rb)) {
             m.identical = Some(fa == fb);
         }
     }
@@ -162,7 +168,7 @@ impl Evidence for SketchEvidence {
         !a.tensors.sketch_start.is_empty() && !b.tensors.sketch_start.is_empty()
     }
 
-    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+    fn measure(&self, a: &Dump, (ta, _): Row<'_>, b: &Dump, (tb, _): Row<'_>, m: &mut Measure) {
         let (Some(sa), Some(sb)) = (a.tensors.sketch(ta), b.tensors.sketch(tb)) else {
             return;
         };
@@ -184,7 +190,7 @@ impl Evidence for CaptureEvidence {
         a.has_captures() && b.has_captures()
     }
 
-    fn measure(&self, a: &Dump, ta: u32, b: &Dump, tb: u32, m: &mut Measure) {
+    fn measure(&self, a: &Dump, (ta, _): Row<'_>, b: &Dump, (tb, _): Row<'_>, m: &mut Measure) {
         if let Some(e) = crate::captures::exact_metrics(a, ta, b, tb, 0.0) {
             m.l2_bound = e.diff_l2;
             m.linf_bound = e.max_abs;

@@ -8,9 +8,10 @@
 use opdump_format::Role;
 
 use crate::dtype::DType;
-use crate::dump::{Dump, Tensors};
-use crate::evidence::{Evidence, Measure};
+use crate::dump::Dump;
+use crate::evidence::{Evidence, Measure, Row};
 use crate::opclass::{args_make_discontinuous, classify, is_factor, is_product, OpClass};
+use crate::tensor_row::TensorRow;
 use crate::tolerance::Tolerances;
 use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
 
@@ -57,7 +58,6 @@ pub fn output_floor(class: OpClass, in_rms: f64, reduced_rms: f64, k: f64) -> f6
 /// output as large as the input (a copy, a cast, a permutation, a
 /// broadcast) concentrates nothing: 1.
 pub fn concentration(d: &Dump, t: u32, n_in: i64, (l2_in, abs_in): (f64, f64)) -> f64 {
-    let i = t as usize;
     if d.tensors.numel(t) >= n_in {
         return 1.0;
     }
@@ -68,9 +68,8 @@ pub fn concentration(d: &Dump, t: u32, n_in: i64, (l2_in, abs_in): (f64, f64)) -
             1.0
         }
     };
-    ratio(l2_in, d.tensors.l2[i])
-        .max(ratio(abs_in, d.tensors.absmax[i]))
-        .max(1.0)
+    let r = d.tensors.row(t);
+    ratio(l2_in, r.l2).max(ratio(abs_in, r.absmax)).max(1.0)
 }
 
 /// The partial-sum scale of a sum of K products of two inputs of RMS `r1`
@@ -157,8 +156,39 @@ pub struct OpCmp {
     pub in_err: f64,
     pub amplification: f64,
     pub verdict: Option<OpVerdict>,
-    /// Buffer reused across calls.
+    /// Buffers reused across calls: the tensor pairs, and the rows of the
+    /// two calls' tensors (read once per call).
     scratch: Vec<(Option<u32>, Option<u32>)>,
+    rows_a: Vec<TensorRow>,
+    rows_b: Vec<TensorRow>,
+    /// The first tensor of each call: `rows_a[t - start_a]` is tensor `t`.
+    start_a: u32,
+    start_b: u32,
+}
+
+impl OpCmp {
+    /// Back to [`OpCmp::default`], keeping the buffers' memory: a batch of
+    /// calls is measured into the same `OpCmp`s again and again.
+    pub fn reset(&mut self) {
+        let mut tensors = std::mem::take(&mut self.tensors);
+        tensors.clear();
+        *self = OpCmp {
+            tensors,
+            scratch: std::mem::take(&mut self.scratch),
+            rows_a: std::mem::take(&mut self.rows_a),
+            rows_b: std::mem::take(&mut self.rows_b),
+            ..OpCmp::default()
+        };
+    }
+
+    /// The rows of A's tensor `ta` and B's tensor `tb` as measured (read
+    /// once, by the measuring thread); `None` for a tensor not of this
+    /// pair.
+    pub fn rows(&self, ta: u32, tb: u32) -> Option<(&TensorRow, &TensorRow)> {
+        let ra = self.rows_a.get(ta.checked_sub(self.start_a)? as usize)?;
+        let rb = self.rows_b.get(tb.checked_sub(self.start_b)? as usize)?;
+        Some((ra, rb))
+    }
 }
 
 /// How far an input is tainted, and from where.
@@ -204,7 +234,12 @@ impl<'a> Ctx<'a> {
 
     /// Pairs the tensors of op `ia` (in a) and `ib` (in b) by role, argument
     /// name and list index, in a's order; tensors of b left over come last.
-    fn pair_tensors(&self, ia: u32, ib: u32, out: &mut Vec<(Option<u32>, Option<u32>)>) {
+    fn pair_tensors(
+        &self,
+        (ia, rows_a): (u32, &[TensorRow]),
+        (ib, rows_b): (u32, &[TensorRow]),
+        out: &mut Vec<(Option<u32>, Option<u32>)>,
+    ) {
         let (a, b) = (self.a, self.b);
         let rb = b.tensors_of(ib);
         let nb = (rb.end - rb.start) as usize;
@@ -215,9 +250,12 @@ impl<'a> Ctx<'a> {
         let is_used =
             |m: usize, small: u64, big: &[bool]| if nb > 64 { big[m] } else { small >> m & 1 == 1 };
         for (k, ta) in a.tensors_of(ia).enumerate() {
-            let key =
-                |d: &Dump, t: u32| (d.tensors.role[t as usize], d.tensors.list_index[t as usize]);
-            let matches = |t: u32| key(a, ta) == key(b, t) && a.arg_name(ta) == b.arg_name(t);
+            let x = &rows_a[k];
+            let arg = a.names.get(x.arg);
+            let matches = |t: u32| {
+                let y = &rows_b[(t - rb.start) as usize];
+                (x.role, x.list_index) == (y.role, y.list_index) && arg == b.names.get(y.arg)
+            };
             // Usually the k-th tensor is the one; search only when not.
             let found =
                 if k < nb && !is_used(k, used_small, &used_big) && matches(rb.start + k as u32) {
@@ -253,7 +291,16 @@ impl<'a> Ctx<'a> {
         let (a, b) = (self.a, self.b);
         let mut pairs = std::mem::take(&mut cmp.scratch);
         pairs.clear();
-        self.pair_tensors(ia, ib, &mut pairs);
+        let (mut rows_a, mut rows_b) = (
+            std::mem::take(&mut cmp.rows_a),
+            std::mem::take(&mut cmp.rows_b),
+        );
+        a.tensors.rows_of(a.tensors_of(ia), &mut rows_a);
+        b.tensors.rows_of(b.tensors_of(ib), &mut rows_b);
+        let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
+        let row_a = |t: u32| &rows_a[(t - start_a) as usize];
+        let row_b = |t: u32| &rows_b[(t - start_b) as usize];
+        self.pair_tensors((ia, &rows_a), (ib, &rows_b), &mut pairs);
         cmp.tensors.clear();
 
         let op = a.op_name(ia);
@@ -277,48 +324,48 @@ impl<'a> Ctx<'a> {
         let (mut reduced_numel, mut reduced_rms) = (0i64, 0.0f64);
         let mut reduced_norms = (0.0f64, 0.0f64);
         let mut factors = [(0i64, 0.0f64); 2];
-        let consider = |d: &'a Dump, t: u32, compute: &mut Option<&'a DType>| {
-            let dt = d.dtype(t);
+        let consider = |dt: &'a DType, compute: &mut Option<&'a DType>| {
             if dt.is_float() && compute.is_none_or(|c| dt.unit_roundoff > c.unit_roundoff) {
                 *compute = Some(dt);
             }
         };
         for &(ta, tb) in &pairs {
             if let Some(t) = ta {
-                consider(a, t, &mut compute);
-                if a.tensors.role[t as usize] == Role::Input && a.dtype(t).is_float() {
+                let r = row_a(t);
+                consider(a.dtype_of(r), &mut compute);
+                if r.role == Role::Input && a.dtype_of(r).is_float() {
                     any_float_input = true;
-                    let i = t as usize;
-                    if a.tensors.has_values(t) && a.tensors.numel(t) > 0 {
-                        let rms = a.tensors.l2[i] / (a.tensors.numel(t) as f64).sqrt();
+                    let n = a.tensors.shapes.numel(r.shape);
+                    if r.has_values() && n > 0 {
+                        let rms = r.l2 / (n as f64).sqrt();
                         if rms.is_finite() {
                             in_rms = in_rms.max(rms);
-                            let n = a.tensors.numel(t);
                             if n > reduced_numel {
                                 (reduced_numel, reduced_rms) = (n, rms);
-                                reduced_norms = (a.tensors.l2[i], a.tensors.absmax[i]);
+                                reduced_norms = (r.l2, r.absmax);
                             }
-                            if n > factors[1].0 && is_factor(op, a.arg_name(t)) {
+                            if n > factors[1].0 && is_factor(op, a.names.get(r.arg)) {
                                 factors[1] = (n, rms);
                                 if n > factors[0].0 {
                                     factors.swap(0, 1);
                                 }
                             }
                         }
-                        if a.tensors.absmax[i].is_finite() {
-                            in_absmax = in_absmax.max(a.tensors.absmax[i]);
+                        if r.absmax.is_finite() {
+                            in_absmax = in_absmax.max(r.absmax);
                         }
                     }
                 }
             }
             if let Some(t) = tb {
-                consider(b, t, &mut compute);
-                if b.tensors.role[t as usize] == Role::Input && b.dtype(t).is_float() {
+                let r = row_b(t);
+                consider(b.dtype_of(r), &mut compute);
+                if r.role == Role::Input && b.dtype_of(r).is_float() {
                     any_float_input = true;
                 }
             }
         }
-        let k = reduction_length(a, ia, class);
+        let k = reduction_length_of(a, ia, &rows_a, class);
         let tolerance = self.tol.rtol(compute, k);
         let products = if is_product(op) {
             product_floor(k, factors[0].1, factors[1].1)
@@ -328,26 +375,33 @@ impl<'a> Ctx<'a> {
 
         for &(ta, tb) in &pairs {
             let role = match (ta, tb) {
-                (Some(t), _) => a.tensors.role[t as usize],
-                (None, Some(t)) => b.tensors.role[t as usize],
+                (Some(t), _) => row_a(t).role,
+                (None, Some(t)) => row_b(t).role,
                 (None, None) => continue,
             };
             let floor = match (role, ta) {
                 (Role::Output, Some(t)) => {
                     // Each output element reduces this many of the input's.
-                    let k_out = reduced_numel as f64 / a.tensors.numel(t).max(1) as f64;
+                    let k_out =
+                        reduced_numel as f64 / a.tensors.shapes.numel(row_a(t).shape).max(1) as f64;
                     let rms = output_floor(class, in_rms, reduced_rms, k_out).max(products);
                     (rms, (CANCELLATION_FLOOR * in_absmax).max(rms))
                 }
                 _ => (0.0, 0.0),
             };
-            let mut tc = self.compare_tensors(ta, tb, role, tolerance, floor);
+            let mut tc = self.compare_tensors(
+                ta.map(|t| (t, row_a(t))),
+                tb.map(|t| (t, row_b(t))),
+                role,
+                tolerance,
+                floor,
+            );
             tc.legit = if role != Role::Output {
                 None
             } else if class == OpClass::Rng {
                 Some(TensorVerdict::Rng)
             } else if class == OpClass::Discontinuous
-                || (ta.is_some_and(|t| a.dtype(t).is_discrete()) && any_float_input)
+                || (ta.is_some_and(|t| a.dtype_of(row_a(t)).is_discrete()) && any_float_input)
             {
                 // Comparisons, rounding, and integer outputs of float
                 // inputs (argmax, topk indices, casts to int).
@@ -360,7 +414,8 @@ impl<'a> Ctx<'a> {
         cmp.concentration = 1.0;
         if class == OpClass::Movement {
             for t in a.tensors_of(ia) {
-                if a.tensors.role[t as usize] == Role::Output && a.tensors.has_values(t) {
+                let r = row_a(t);
+                if r.role == Role::Output && r.has_values() {
                     let c = concentration(a, t, reduced_numel, reduced_norms);
                     cmp.concentration = cmp.concentration.max(c);
                 }
@@ -372,6 +427,8 @@ impl<'a> Ctx<'a> {
         cmp.tolerance = tolerance;
         cmp.verdict = None;
         cmp.scratch = pairs;
+        (cmp.rows_a, cmp.rows_b) = (rows_a, rows_b);
+        (cmp.start_a, cmp.start_b) = (start_a, start_b);
     }
 
     /// Stage 2: verdicts, given how far each input is *tainted*: 0 when no
@@ -508,14 +565,20 @@ impl<'a> Ctx<'a> {
     /// [`output_floor`]: what a consumer sees of it as an input. Infinite
     /// for a structural difference, 0 when nothing was measured.
     pub fn own_relative_error(&self, tc: &TensorCmp) -> f64 {
+        self.own_relative_error_of(tc, |ta| self.a.tensors.row(ta))
+    }
+
+    /// [`Ctx::own_relative_error`], A's row of the tensor given by `row`.
+    pub fn own_relative_error_of(&self, tc: &TensorCmp, row: impl FnOnce(u32) -> TensorRow) -> f64 {
         if tc.verdict.is_structural() {
             return f64::INFINITY;
         }
         let Some(ta) = tc.ta else { return 0.0 };
-        if !self.a.tensors.has_values(ta) {
+        let r = row(ta);
+        if !r.has_values() {
             return 0.0;
         }
-        relative_to_own_norms(&self.a.tensors, ta, &tc.measure)
+        relative_to_own_norms(&r, &tc.measure)
     }
 
     /// How much two tensors of one dump differ, relative to the first: a
@@ -530,25 +593,26 @@ impl<'a> Ctx<'a> {
         if t.nonfinite_counts(x) != t.nonfinite_counts(y) {
             return f64::INFINITY;
         }
+        let (rx, ry) = (t.row(x), t.row(y));
         let mut m = Measure::default();
         for e in &self.evidence {
-            e.measure(d, x, d, y, &mut m);
+            e.measure(d, (x, &rx), d, (y, &ry), &mut m);
         }
-        relative_to_own_norms(t, x, &m)
+        relative_to_own_norms(&rx, &m)
     }
 
     fn compare_tensors(
         &self,
-        ta: Option<u32>,
-        tb: Option<u32>,
+        x: Option<Row<'_>>,
+        y: Option<Row<'_>>,
         role: Role,
         op_tolerance: f64,
         (floor_rms, floor_abs): (f64, f64),
     ) -> TensorCmp {
         let (a, b) = (self.a, self.b);
         let mut tc = TensorCmp {
-            ta,
-            tb,
+            ta: x.map(|x| x.0),
+            tb: y.map(|y| y.0),
             role,
             verdict: TensorVerdict::Unpaired,
             measure: Measure::default(),
@@ -568,33 +632,33 @@ impl<'a> Ctx<'a> {
             sketch_rel: None,
             sketch_low: 0.0,
         };
-        let (Some(ta), Some(tb)) = (ta, tb) else {
+        let (Some((ta, ra)), Some((tb, rb))) = (x, y) else {
             return tc;
         };
-        tc.dtype_differs = a.dtype(ta).canonical() != b.dtype(tb).canonical();
-        if a.shape(ta) != b.shape(tb) || a.tensors.numel(ta) != b.tensors.numel(tb) {
+        let (x, y) = (&a.tensors, &b.tensors);
+        tc.dtype_differs = a.dtype_of(ra).canonical() != b.dtype_of(rb).canonical();
+        let numel = x.shapes.numel(ra.shape);
+        if x.shapes.get(ra.shape) != y.shapes.get(rb.shape) || numel != y.shapes.numel(rb.shape) {
             // An output holding no values on either side (a scratch buffer
             // from `empty` or `resize_`) differs in nothing that matters; an
             // input's shape, measured or not, shapes what the op computes.
-            tc.verdict =
-                if role == Role::Output && !a.tensors.has_values(ta) && !b.tensors.has_values(tb) {
-                    TensorVerdict::Unmeasured
-                } else {
-                    TensorVerdict::ShapeMismatch
-                };
+            tc.verdict = if role == Role::Output && !ra.has_values() && !rb.has_values() {
+                TensorVerdict::Unmeasured
+            } else {
+                TensorVerdict::ShapeMismatch
+            };
             return tc;
         }
-        if !a.tensors.has_values(ta) || !b.tensors.has_values(tb) {
+        if !ra.has_values() || !rb.has_values() {
             tc.verdict = TensorVerdict::Unmeasured;
             return tc;
         }
-        tc.key = crate::provenance::key(a, ta, b, tb);
+        tc.key = crate::provenance::key_of_rows(a, ta, ra, b, tb, rb);
         let mut m = Measure::default();
         for e in &self.evidence {
-            e.measure(a, ta, b, tb, &mut m);
+            e.measure(a, (ta, ra), b, (tb, rb), &mut m);
         }
         tc.measure = m;
-        let (x, y) = (&a.tensors, &b.tensors);
         if m.identical == Some(true) {
             // Equal bits (a fingerprint, or the captured values): whatever
             // the statistics say, nothing differs.
@@ -606,8 +670,8 @@ impl<'a> Ctx<'a> {
             tc.verdict = TensorVerdict::NanMismatch;
             return tc;
         }
-        let (l2a, absa) = x.finite_norms(ta);
-        let n = x.numel(ta).max(0) as f64;
+        let (l2a, absa) = finite_norms(ra);
+        let n = numel.max(0) as f64;
         // ||a||_2 >= ||a||_inf: absmax guards an l2 that underflowed.
         tc.scale_l2 = l2a.max(absa).max(n.sqrt() * floor_rms).max(TINY);
         tc.scale_linf = absa.max(floor_abs).max(TINY);
@@ -617,12 +681,12 @@ impl<'a> Ctx<'a> {
         if let Some(est) = m.l2_estimate {
             tc.rel_err = tc.rel_err.max(est / tc.scale_l2);
         }
-        tc.tolerance = op_tolerance.max(Tolerances::stats_noise(self.stats_f32, x.numel(ta)));
+        tc.tolerance = op_tolerance.max(Tolerances::stats_noise(self.stats_f32, numel));
         if let (Some(est), false) = (m.sketch_estimate, m.exact) {
             // Never below what the statistics guarantee.
             let est = est.max(m.l2_bound);
-            let norm = l2a.max(y.finite_norms(tb).0);
-            let low = sketch_low_end(est, m.sketch_k, x.numel(ta), norm, self.stats_f32);
+            let norm = l2a.max(finite_norms(rb).0);
+            let low = sketch_low_end(est, m.sketch_k, numel, norm, self.stats_f32);
             tc.sketch_rel = Some(est / tc.scale_l2);
             tc.sketch_low = low / tc.scale_l2;
             tc.rel_err = tc.rel_err.max(tc.sketch_low);
@@ -664,9 +728,16 @@ pub fn sketch_low_end(est: f64, k: usize, numel: i64, norm: f64, f32_accumulate:
 /// The bounds of `m` relative to tensor `x`'s own norms: a lower bound on
 /// max(||x - y||_2 / ||x||_2, ||x - y||_inf / ||x||_inf). `||x||_2 >=
 /// ||x||_inf`, so absmax guards an L2 norm that underflowed.
-fn relative_to_own_norms(t: &Tensors, x: u32, m: &Measure) -> f64 {
-    let (l2, absmax) = t.finite_norms(x);
+fn relative_to_own_norms(r: &TensorRow, m: &Measure) -> f64 {
+    let (l2, absmax) = finite_norms(r);
     (m.l2_bound / l2.max(absmax).max(TINY)).max(m.linf_bound / absmax.max(TINY))
+}
+
+/// The L2 norm and the largest absolute value of a tensor, each 0 where it
+/// overflowed to infinity (or is NaN).
+fn finite_norms(r: &TensorRow) -> (f64, f64) {
+    let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+    (finite(r.l2), finite(r.absmax))
 }
 
 /// The number of elements each output element is reduced from, which sets
@@ -677,26 +748,32 @@ fn relative_to_own_norms(t: &Tensors, x: u32, m: &Measure) -> f64 {
 ///   of an input (or a convolution weight's numel per output channel);
 /// - normalizations (softmax, layer_norm, ...): the last dimension.
 pub fn reduction_length(d: &Dump, i: u32, class: OpClass) -> f64 {
+    let mut rows = Vec::new();
+    d.tensors.rows_of(d.tensors_of(i), &mut rows);
+    reduction_length_of(d, i, &rows, class)
+}
+
+/// [`reduction_length`], the rows of the call's tensors already read.
+fn reduction_length_of(d: &Dump, i: u32, rows: &[TensorRow], class: OpClass) -> f64 {
     let mut max_in: i64 = 0;
     let mut out: i64 = 0;
     let mut last_dim: i64 = 1;
     let mut first_last_dim: Option<i64> = None;
     let mut conv_k: i64 = 1;
     let conv = d.op_name(i).contains("conv");
-    for t in d.tensors_of(i) {
-        let ti = t as usize;
-        let numel = d.tensors.numel(t);
-        if d.tensors.role[ti] == Role::Output {
+    for r in rows {
+        let numel = d.tensors.shapes.numel(r.shape);
+        if r.role == Role::Output {
             if out == 0 {
                 out = numel;
             }
             continue;
         }
-        if !d.dtype(t).is_float() {
+        if !d.dtype_of(r).is_float() {
             continue;
         }
         max_in = max_in.max(numel);
-        let shape = d.shape(t);
+        let shape = d.tensors.shapes.get(r.shape);
         if let Some(&l) = shape.last() {
             last_dim = last_dim.max(l);
             first_last_dim.get_or_insert(l);

@@ -33,10 +33,11 @@ use opdump_format::Role;
 
 use crate::align::Alignment;
 use crate::dump::{Dump, NONE};
+use crate::evidence::Row;
 use crate::intern::{FxBuild, FxMap};
 use crate::metrics::reduction_length;
 use crate::opclass::classify;
-use crate::provenance::side_hash;
+use crate::provenance::{side_hash, side_hash_of_row};
 
 /// How many subtree roots one walk visits at most (an optimizer's chain for
 /// one parameter is a dozen), and how many calls of one subtree it reads
@@ -97,13 +98,13 @@ impl OneSided {
     /// Records an aligned output (`ha`: its side hash in A; `tb`: its
     /// tensor in B), its error relative to its own norm and its taint, when
     /// an unaligned root reads it.
-    pub fn register(&mut self, b: &Dump, ha: u64, tb: u32, err: f64, taint: f64) {
+    pub fn register(&mut self, b: &Dump, ha: u64, (tb, rb): Row<'_>, err: f64, taint: f64) {
         let v = (err as f32, taint as f32);
         if self.a.read.contains(&ha) {
             self.a.err.insert(ha, v);
         }
         if !self.b.read.is_empty() {
-            let hb = side_hash(b, tb);
+            let hb = side_hash_of_row(b, tb, rb);
             if self.b.read.contains(&hb) {
                 self.b.err.insert(hb, v);
             }
@@ -149,7 +150,7 @@ impl Side {
                 root = p;
             }
             for t in d.tensors_of(i) {
-                let output = d.tensors.role[t as usize] == Role::Output;
+                let output = d.tensors.role(t) == Role::Output;
                 // Only outputs, and the inputs of roots, are looked up.
                 if !d.tensors.has_values(t) || !(output || i == root) {
                     continue;
@@ -202,7 +203,7 @@ impl Side {
             // What the root was fed: of a list output's element i, only
             // element i of the input lists (and the inputs not in a list).
             for t in d.tensors_of(root) {
-                if d.tensors.role[t as usize] != Role::Input || !d.tensors.has_values(t) {
+                if d.tensors.role(t) != Role::Input || !d.tensors.has_values(t) {
                     continue;
                 }
                 let lt = d.list_index(t);

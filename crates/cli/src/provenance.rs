@@ -19,34 +19,44 @@
 
 use crate::dump::{Dump, NONE};
 use crate::intern::{mix, FxMap};
+use crate::tensor_row::TensorRow;
 
 /// The identity of one side's tensor by its statistics.
 pub fn side_hash(d: &Dump, t: u32) -> u64 {
+    side_hash_of_row(d, t, &d.tensors.row(t))
+}
+
+/// [`side_hash`] of tensor `t`, its row `r` already read.
+pub fn side_hash_of_row(d: &Dump, t: u32, r: &TensorRow) -> u64 {
     let x = &d.tensors;
-    let i = t as usize;
     // FxHash steps, one strong mix at the end.
-    let mut h = x.shapes.hash(x.shape[i]);
+    let mut h = x.shapes.hash(r.shape);
     let [n, p, m] = x.nonfinite_counts(t);
-    for v in [
-        x.min[i],
-        x.max[i],
-        x.mean[i],
-        x.std[i],
-        x.l2[i],
-        x.absmax[i],
-    ] {
+    for v in r.stats() {
         h = (h.rotate_left(5) ^ v.to_bits()).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
     for v in [n, p, m] {
         h = (h.rotate_left(5) ^ v as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
-    mix(h, x.numel(t) as u64)
+    mix(h, x.shapes.numel(r.shape) as u64)
 }
 
 /// The identity of a tensor pair, and of its A side alone.
 pub fn key(a: &Dump, ta: u32, b: &Dump, tb: u32) -> (u64, u64) {
-    let ha = side_hash(a, ta);
-    (mix(ha, side_hash(b, tb)), ha)
+    key_of_rows(a, ta, &a.tensors.row(ta), b, tb, &b.tensors.row(tb))
+}
+
+/// [`key`], the two rows already read.
+pub fn key_of_rows(
+    a: &Dump,
+    ta: u32,
+    ra: &TensorRow,
+    b: &Dump,
+    tb: u32,
+    rb: &TensorRow,
+) -> (u64, u64) {
+    let ha = side_hash_of_row(a, ta, ra);
+    (mix(ha, side_hash_of_row(b, tb, rb)), ha)
 }
 
 #[derive(Default)]

@@ -1,9 +1,10 @@
 //! Reading one rank of a dump into a [`Dump`].
 //!
 //! Only the columns comparison needs are decoded (Parquet projection), batch
-//! by batch, straight into the flat columns of [`Dump`]; a batch is dropped as
-//! soon as it is copied. Vectors are reserved from the file footers' row
-//! counts, so they do not overshoot by the doubling of `Vec` growth.
+//! by batch, straight into the flat columns of [`Dump`] and its spilled rows
+//! (one chunk of which is resident); a batch is dropped as soon as it is
+//! copied. Vectors are reserved from the file footers' row counts, so they
+//! do not overshoot by the doubling of `Vec` growth.
 //!
 //! Every file goes through `opdump_format::reader::open_batches`, which checks
 //! the schema version and says clearly when a dump is too old or too new.
@@ -31,8 +32,11 @@ use crate::dtype::DType;
 use crate::dump::{Dump, Tensors, NONE, NO_SEQ};
 use crate::error::{CliError, Result};
 use crate::intern::{Interner, ShapeInterner, NO_ID};
+use crate::op_row::OpRow;
 use crate::panic_guard;
 use crate::progress::Progress;
+use crate::spill::Spill;
+use crate::tensor_row::TensorRow;
 
 /// Columns read for every op call / tensor. Others (pid, thread, times,
 /// stride, tensor_device) are never decoded.
@@ -76,6 +80,20 @@ const OPTIONAL: [&str; 9] = [
     col::CAPTURE_KEY,
     col::FINGERPRINT,
     col::SKETCH,
+];
+
+/// Optional string columns that read as absent when every value is null.
+/// Most dumps leave these null throughout (no errors, no source lines, no
+/// captures), and a dictionary column with no dictionary values takes the
+/// reader's slow path: each batch is rebuilt into a dictionary by hashing
+/// and comparing its rows one by one.
+const NULL_AS_ABSENT: [&str; 6] = [
+    col::ERROR,
+    col::MODULE,
+    col::SOURCE,
+    col::NAME,
+    col::CAPTURE_FILE,
+    col::CAPTURE_KEY,
 ];
 
 const BATCH_ROWS: usize = 64 * 1024;
@@ -195,7 +213,7 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &Progress, label: &str) -> R
         .sum();
     let ops: u64 = calls(files).min(rows);
 
-    let mut b = Builder::new(rows as usize, ops as usize);
+    let mut b = Builder::new(ops as usize);
     for (n, f) in files.iter().enumerate() {
         progress.update(|| {
             format!(
@@ -269,22 +287,17 @@ struct Builder {
     names: Interner,
     texts: Interner,
     dtypes: Vec<DType>,
+    /// The seqs and parents' seqs, until the call tree is built.
     seq: Vec<i64>,
     parent_seq: Vec<i64>,
-    depth: Vec<i32>,
-    step: Vec<i64>,
-    phase: Vec<Phase>,
+    /// The rest of each call, out of memory.
+    ops: Spill<OpRow>,
+    has_modules: bool,
     op: Vec<u32>,
     overload: Vec<u32>,
-    args: Vec<u32>,
-    error: Vec<u32>,
-    module: Vec<u32>,
-    fwd_seq: Vec<i64>,
-    source: Vec<u32>,
     t_start: Vec<u32>,
     t_len: Vec<u32>,
     t: Tensors,
-    has_fingerprint: bool,
     has_sketch: bool,
     /// Some tensor read so far was captured: every tensor has the two
     /// capture columns from then on.
@@ -533,39 +546,25 @@ fn ival(a: &Int64Array, i: usize) -> i64 {
     }
 }
 
-// Column-wise copies of the tensor rows; without nulls, a plain gather.
-
-fn gather_f64(a: &Float64Array, rows: &[u32], out: &mut Vec<f64>) {
-    let v = a.values();
-    if a.null_count() == 0 {
-        out.extend(rows.iter().map(|&i| v[i as usize]));
-    } else {
-        out.extend(rows.iter().map(|&i| fval(a, i as usize)));
-    }
-}
-
-fn gather_i64(a: &Int64Array, rows: &[u32], out: &mut Vec<i64>) {
-    let v = a.values();
-    if a.null_count() == 0 {
-        out.extend(rows.iter().map(|&i| v[i as usize]));
-    } else {
-        out.extend(rows.iter().map(|&i| ival(a, i as usize)));
-    }
-}
-
-fn gather_i32(a: &arrow_array::Int32Array, rows: &[u32], null: i32, out: &mut Vec<i32>) {
-    let v = a.values();
-    if a.null_count() == 0 {
-        out.extend(rows.iter().map(|&i| v[i as usize]));
-    } else {
-        out.extend(rows.iter().map(|&i| {
-            if a.is_null(i as usize) {
-                null
-            } else {
-                v[i as usize]
-            }
-        }));
-    }
+/// Whether the footer says column `name` is null in every row of the file
+/// (each row group's statistics count as many nulls as rows). Without
+/// statistics, it is read.
+fn all_null(metadata: &parquet::file::metadata::ParquetMetaData, name: &str) -> bool {
+    let Some(k) = metadata
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.path().string() == name)
+    else {
+        return false;
+    };
+    metadata.row_groups().iter().all(|rg| {
+        rg.column(k)
+            .statistics()
+            .and_then(|s| s.null_count_opt())
+            .is_some_and(|n| n == rg.num_rows().max(0) as u64)
+    })
 }
 
 /// An empty vector with room for `n` items, or less when that much memory
@@ -615,9 +614,15 @@ fn corrupt(path: &Path, msg: impl std::fmt::Display) -> CliError {
 }
 
 /// Interns the shape of each tensor row (a null shape is a scalar's).
-fn push_shapes(path: &Path, c: &Cols<'_>, rows: &[u32], t: &mut Tensors) -> Result<()> {
+fn shape_ids(
+    path: &Path,
+    c: &Cols<'_>,
+    rows: &[u32],
+    shapes: &mut ShapeInterner,
+) -> Result<Vec<u32>> {
     let shape_offsets = c.shape.value_offsets();
     let shape_values = c.shape.values().as_primitive::<Int64Type>().values();
+    let mut out = Vec::with_capacity(rows.len());
     for &i in rows {
         let i = i as usize;
         let numel = ival(c.numel, i);
@@ -629,9 +634,9 @@ fn push_shapes(path: &Path, c: &Cols<'_>, rows: &[u32], t: &mut Tensors) -> Resu
                 .get(s..e)
                 .ok_or_else(|| corrupt(path, "shape offsets out of range"))?
         };
-        t.shape.push(t.shapes.intern(dims, numel));
+        out.push(shapes.intern(dims, numel));
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Appends the sketches of `rows` (none when the file has no such column)
@@ -687,30 +692,10 @@ fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut 
 }
 
 impl Builder {
-    fn new(rows: usize, ops: usize) -> Self {
+    fn new(ops: usize) -> Self {
         let t = Tensors {
-            role: reserved(rows),
-            arg: reserved(rows),
-            list_index: reserved(rows),
-            dtype: reserved(rows),
-            shape: reserved(rows),
             shapes: ShapeInterner::new(),
-            status: reserved(rows),
-            min: reserved(rows),
-            max: reserved(rows),
-            mean: reserved(rows),
-            std: reserved(rows),
-            l2: reserved(rows),
-            absmax: reserved(rows),
-            nf_index: Vec::new(),
-            nf_counts: Vec::new(),
-            zero: reserved(rows),
-            fingerprint: Vec::new(),
-            sketch_start: Vec::new(),
-            sketch_values: Vec::new(),
-            name: reserved(rows),
-            capture_file: Vec::new(),
-            capture_key: Vec::new(),
+            ..Tensors::default()
         };
         Builder {
             names: Interner::default(),
@@ -718,20 +703,13 @@ impl Builder {
             dtypes: Vec::new(),
             seq: reserved(ops),
             parent_seq: reserved(ops),
-            depth: reserved(ops),
-            step: reserved(ops),
-            phase: reserved(ops),
+            ops: Spill::default(),
+            has_modules: false,
             op: reserved(ops),
             overload: reserved(ops),
-            args: reserved(ops),
-            error: reserved(ops),
-            module: reserved(ops),
-            fwd_seq: reserved(ops),
-            source: reserved(ops),
             t_start: reserved(ops),
             t_len: reserved(ops),
             t,
-            has_fingerprint: false,
             has_sketch: false,
             has_captures: false,
         }
@@ -783,9 +761,17 @@ impl Builder {
                 }
             }
         }
+        let metadata = builder.metadata().clone();
+        let absent = |n: &str| {
+            NULL_AS_ABSENT.contains(&n)
+                && all_null(&metadata, n)
+                // A file with capture files but no keys reads as it did.
+                && (n != col::CAPTURE_KEY || all_null(&metadata, col::CAPTURE_FILE))
+        };
         roots.extend(
             OPTIONAL
                 .iter()
+                .filter(|n| !absent(n))
                 .filter_map(|n| arrow_schema.index_of(n).ok()),
         );
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
@@ -828,17 +814,15 @@ impl Builder {
     /// From the first file with fingerprints on, every tensor has one (0,
     /// null, for those read before).
     fn start_fingerprints(&mut self) {
-        if !self.has_fingerprint {
-            self.has_fingerprint = true;
-            self.t.fingerprint.resize(self.t.role.len(), 0);
-        }
+        // Tensors read before have 0 (null) in their rows.
+        self.t.has_fingerprints = true;
     }
 
     /// Likewise for sketches: the tensors read before have none.
     fn start_sketches(&mut self) {
         if !self.has_sketch {
             self.has_sketch = true;
-            self.t.sketch_start.resize(self.t.role.len() + 1, 0);
+            self.t.sketch_start.resize(self.t.len() + 1, 0);
         }
     }
 
@@ -948,7 +932,7 @@ impl Builder {
             if codes.dtype[i] == NO_ID {
                 return Err(corrupt(path, format!("null dtype at seq {s}")));
             }
-            if self.t.role.len() + tensors.rows.len() >= u32::MAX as usize - 1 {
+            if self.t.len() + tensors.rows.len() >= u32::MAX as usize - 1 {
                 return Err(corrupt(path, "more than 4 billion tensors"));
             }
             if let Some(n) = self.t_len.last_mut() {
@@ -989,26 +973,30 @@ impl Builder {
         } else {
             c.parent.value(i)
         });
-        self.depth.push(c.depth.value(i));
-        self.step.push(c.step.value(i));
-        self.phase.push(phase);
         self.op.push(codes.op[i]);
         self.overload.push(codes.overload[i]);
-        self.args.push(codes.args[i]);
-        self.error.push(codes.error[i]);
-        self.module.push(codes.module[i]);
-        self.source.push(codes.source[i]);
-        self.fwd_seq.push(match c.fwd_seq {
-            Some(f) if !f.is_null(i) => f.value(i),
-            _ => NO_SEQ,
-        });
-        self.t_start
-            .push((self.t.role.len() + tensors_before) as u32);
+        self.has_modules |= codes.module[i] != NO_ID;
+        self.ops.push(OpRow {
+            seq: s,
+            step: c.step.value(i),
+            fwd_seq: match c.fwd_seq {
+                Some(f) if !f.is_null(i) => f.value(i),
+                _ => NO_SEQ,
+            },
+            depth: c.depth.value(i),
+            phase,
+            args: codes.args[i],
+            error: codes.error[i],
+            module: codes.module[i],
+            source: codes.source[i],
+        })?;
+        self.t_start.push((self.t.len() + tensors_before) as u32);
         self.t_len.push(0);
         Ok(())
     }
 
-    /// Column by column over the tensor rows of a batch.
+    /// Row by row over the tensor rows of a batch, into the spilled
+    /// [`TensorRow`]s; the sparse columns beside them.
     fn push_tensors(
         &mut self,
         path: &Path,
@@ -1016,12 +1004,39 @@ impl Builder {
         codes: &RowCodes,
         tensors: &TensorRows,
     ) -> Result<()> {
-        let first = self.t.role.len();
+        let first = self.t.len();
         let rows = &tensors.rows;
+        let shapes = shape_ids(path, c, rows, &mut self.t.shapes)?;
         let t = &mut self.t;
-        t.role.extend_from_slice(&tensors.roles);
-        t.arg.extend(rows.iter().map(|&i| codes.arg[i as usize]));
-        t.name.extend(rows.iter().map(|&i| codes.name[i as usize]));
+        let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
+        let [cnan, cpos, cneg, czero] = c.c;
+        for (k, &i) in rows.iter().enumerate() {
+            let i = i as usize;
+            t.rows.push(TensorRow {
+                role: tensors.roles[k],
+                status: codes.status[i],
+                dtype: codes.dtype[i] as u16,
+                shape: shapes[k],
+                arg: codes.arg[i],
+                list_index: if c.list_index.is_null(i) {
+                    -1
+                } else {
+                    c.list_index.value(i)
+                },
+                name: codes.name[i],
+                min: fval(fmin, i),
+                max: fval(fmax, i),
+                mean: fval(fmean, i),
+                std: fval(fstd, i),
+                l2: fval(fl2, i),
+                absmax: fval(fabs, i),
+                zero: ival(czero, i),
+                fingerprint: match c.fingerprint {
+                    Some(a) if !a.is_null(i) => a.value(i),
+                    _ => 0,
+                },
+            })?;
+        }
         if !codes.capture_file.is_empty() && !self.has_captures {
             // The first captured call: every tensor read before has none.
             self.has_captures = true;
@@ -1038,36 +1053,7 @@ impl Builder {
                 t.capture_key.push(k);
             }
         }
-        t.dtype
-            .extend(rows.iter().map(|&i| codes.dtype[i as usize] as u16));
-        t.status
-            .extend(rows.iter().map(|&i| codes.status[i as usize]));
-        gather_i32(c.list_index, rows, -1, &mut t.list_index);
-        push_shapes(path, c, rows, t)?;
-        let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
-        gather_f64(fmin, rows, &mut t.min);
-        gather_f64(fmax, rows, &mut t.max);
-        gather_f64(fmean, rows, &mut t.mean);
-        gather_f64(fstd, rows, &mut t.std);
-        gather_f64(fl2, rows, &mut t.l2);
-        gather_f64(fabs, rows, &mut t.absmax);
-        let [cnan, cpos, cneg, czero] = c.c;
-        gather_i64(czero, rows, &mut t.zero);
         push_nonfinite([cnan, cpos, cneg], rows, first, t);
-        if self.has_fingerprint {
-            let t = &mut self.t;
-            match c.fingerprint {
-                Some(a) => t.fingerprint.extend(rows.iter().map(|&i| {
-                    let i = i as usize;
-                    if a.is_null(i) {
-                        0
-                    } else {
-                        a.value(i)
-                    }
-                })),
-                None => t.fingerprint.resize(t.fingerprint.len() + rows.len(), 0),
-            }
-        }
         if self.has_sketch {
             push_sketches(path, c.sketch, rows, &mut self.t)?;
         }
@@ -1095,16 +1081,8 @@ impl Builder {
             }
             apply(&mut self.seq, &perm);
             apply(&mut self.parent_seq, &perm);
-            apply(&mut self.depth, &perm);
-            apply(&mut self.step, &perm);
-            apply(&mut self.phase, &perm);
             apply(&mut self.op, &perm);
             apply(&mut self.overload, &perm);
-            apply(&mut self.args, &perm);
-            apply(&mut self.error, &perm);
-            apply(&mut self.module, &perm);
-            apply(&mut self.fwd_seq, &perm);
-            apply(&mut self.source, &perm);
             apply(&mut self.t_start, &perm);
             apply(&mut self.t_len, &perm);
             if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
@@ -1114,6 +1092,11 @@ impl Builder {
                     w[0]
                 )));
             }
+            let mut sorted = Spill::default();
+            for &i in &perm {
+                sorted.push(self.ops.get(i as usize))?;
+            }
+            self.ops = sorted;
         }
         // Parents by seq; a parent missing from the dump (filtered out, or
         // in a file that was lost) makes its child a root.
@@ -1157,23 +1140,15 @@ impl Builder {
             stats_accumulate,
             skipped_other_pids,
             schema_version: SCHEMA_VERSION,
-            has_modules: self.module.iter().any(|&m| m != NO_ID),
+            has_modules: self.has_modules,
             captures: Default::default(),
             names: self.names,
             texts: self.texts,
             dtypes: self.dtypes,
-            seq: self.seq,
+            ops: self.ops,
             parent,
-            depth: self.depth,
-            step: self.step,
-            phase: self.phase,
             op: self.op,
             overload: self.overload,
-            args: self.args,
-            error: self.error,
-            module: self.module,
-            fwd_seq: self.fwd_seq,
-            source: self.source,
             t_start: self.t_start,
             t_len: self.t_len,
             child_start,

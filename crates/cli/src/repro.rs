@@ -94,7 +94,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
                 .ok_or_else(|| {
                     CliError::new(format!(
                         "{s} (seq A {}) has no aligned call in B: nothing to reproduce it against",
-                        c.a.seq[ia as usize]
+                        c.a.seq(ia)
                     ))
                 })?
         }
@@ -115,7 +115,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
              and the same other OPDUMP_* settings, then run opdump repro on the new dump",
             d.path.display(),
             d.full_name(i),
-            d.seq[i as usize]
+            d.seq(i)
         ))
     };
     let fa =
@@ -130,7 +130,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             .chars()
             .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
             .collect();
-        PathBuf::from(format!("repro-{safe}-{}", c.a.seq[p.a as usize]))
+        PathBuf::from(format!("repro-{safe}-{}", c.a.seq(p.a)))
     });
     output::create_dir(&out)?;
     for (d, from, name) in [(&c.a, fa, "a.safetensors"), (&c.b, fb, "b.safetensors")] {
@@ -147,10 +147,10 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         overload: c.a.overload_name(p.a).to_string(),
         device_a: device_of(&c.a, fa),
         device_b: device_of(&c.b, fb),
-        seq_a: c.a.seq[p.a as usize],
-        seq_b: c.b.seq[p.b as usize],
-        step_a: c.a.step[p.a as usize],
-        step_b: c.b.step[p.b as usize],
+        seq_a: c.a.seq(p.a),
+        seq_b: c.b.seq(p.b),
+        step_a: c.a.step(p.a),
+        step_b: c.b.step(p.b),
         selector_a: sa.to_string(),
         selector_b: sb.to_string(),
         module: c.a.module_of(p.a).map(str::to_string),

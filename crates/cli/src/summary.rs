@@ -88,7 +88,7 @@ impl OpSite {
                 .tensors_of(i)
                 .map(|t| TensorBrief {
                     name: d.tensor_name(t).map(str::to_string),
-                    role: d.tensors.role[t as usize].as_str(),
+                    role: d.tensors.role(t).as_str(),
                     arg: d.arg_name(t).to_string(),
                     list_index: d.list_index(t),
                     dtype: d.dtype(t).name.to_string(),
@@ -140,10 +140,9 @@ fn io_flags(d: &Dump, i: u32) -> (bool, bool, bool, bool) {
         if !d.tensors.has_values(t) {
             continue;
         }
-        let x = t as usize;
         let [n, p, m] = d.tensors.nonfinite_counts(t);
         let (nan, inf) = (n > 0, p > 0 || m > 0);
-        match d.tensors.role[x] {
+        match d.tensors.role(t) {
             Role::Input => {
                 nan_in |= nan;
                 nf_in |= nan || inf;
@@ -192,20 +191,20 @@ pub fn summarize(d: &Dump) -> RankSummary {
     for i in 0..d.len() as u32 {
         let key = (d.op[i as usize], d.overload[i as usize]);
         *per_op.entry(key).or_default() += 1;
-        *per_phase.entry(d.phase[i as usize].as_str()).or_default() += 1;
-        *per_step.entry(d.step[i as usize]).or_default() += 1;
+        *per_phase.entry(d.phase(i).as_str()).or_default() += 1;
+        *per_step.entry(d.step(i)).or_default() += 1;
         if d.error_text(i).is_some() {
             raised += 1;
             first_raised.get_or_insert(i);
         }
         let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
-        match d.module[i as usize] {
+        match d.op_row(i).module {
             NO_ID => outside += 1,
             m => {
                 let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
                     module: d.texts.get(m).to_string(),
                     calls: 0,
-                    first_seq: d.seq[i as usize],
+                    first_seq: d.seq(i),
                     calls_nan_out: 0,
                     calls_inf_out: 0,
                     first_nonfinite_seq: None,
@@ -216,9 +215,9 @@ pub fn summarize(d: &Dump) -> RankSummary {
                 e.calls_nan_out += nan_out as u64;
                 e.calls_inf_out += inf_out as u64;
                 if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
-                    e.first_nonfinite_seq = Some(d.seq[i as usize]);
+                    e.first_nonfinite_seq = Some(d.seq(i));
                     e.first_nonfinite_op = Some(d.full_name(i));
-                    e.first_nonfinite_phase = Some(d.phase[i as usize].as_str());
+                    e.first_nonfinite_phase = Some(d.phase(i).as_str());
                 }
             }
         }
@@ -229,7 +228,7 @@ pub fn summarize(d: &Dump) -> RankSummary {
                 calls_nan_out: 0,
                 calls_inf_out: 0,
                 calls_nonfinite_in: 0,
-                first_seq: d.seq[i as usize],
+                first_seq: d.seq(i),
             });
             e.calls_nan_out += nan_out as u64;
             e.calls_inf_out += inf_out as u64;

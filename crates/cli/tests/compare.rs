@@ -21,7 +21,7 @@ fn compared(a: &Path, b: &Path) -> Compared {
 fn with_verdict(c: &Compared, v: OpVerdict) -> Vec<i64> {
     (0..c.alignment.pairs.len())
         .filter(|&k| c.op_verdict(k) == v)
-        .map(|k| c.a.seq[c.alignment.pairs[k].a as usize])
+        .map(|k| c.a.seq(c.alignment.pairs[k].a))
         .collect()
 }
 

@@ -456,7 +456,8 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
         .map(|k| {
             let (ta, tb) = (d.tensors_of(2 * k).start, d.tensors_of(2 * k + 1).start);
             let mut m = Measure::default();
-            StatsEvidence.measure(&d, ta, &d, tb, &mut m);
+            let (ra, rb) = (d.tensors.row(ta), d.tensors.row(tb));
+            StatsEvidence.measure(&d, (ta, &ra), &d, (tb, &rb), &mut m);
             m
         })
         .collect()

@@ -114,12 +114,12 @@ impl OpBrief {
         OpBrief {
             op: d.op_name(i).to_string(),
             overload: d.overload_name(i).to_string(),
-            seq: d.seq[i as usize],
-            step: d.step[i as usize],
-            phase: d.phase[i as usize].as_str(),
-            depth: d.depth[i as usize],
+            seq: d.seq(i),
+            step: d.step(i),
+            phase: d.phase(i).as_str(),
+            depth: d.depth(i),
             parent_op: p.map(|p| d.full_name(p)),
-            parent_seq: p.map(|p| d.seq[p as usize]),
+            parent_seq: p.map(|p| d.seq(p)),
             module: d.module_of(i).map(str::to_string),
             fwd_seq: d.fwd_seq_of(i),
             source: d.source_of(i).map(str::to_string),
@@ -228,22 +228,22 @@ pub struct StatsReport {
 impl StatsReport {
     pub fn of(d: &Dump, t: u32) -> Self {
         let x = &d.tensors;
-        let i = t as usize;
-        let has = x.has_values(t);
-        let v = |c: &Vec<f64>| if has { c[i] } else { f64::NAN };
+        let r = x.row(t);
+        let has = r.has_values();
+        let v = |c: f64| if has { c } else { f64::NAN };
         StatsReport {
-            status: x.status[i].map(|s| s.as_str()),
-            numel: x.numel(t),
-            min: v(&x.min),
-            max: v(&x.max),
-            mean: v(&x.mean),
-            std: v(&x.std),
-            l2: v(&x.l2),
-            absmax: v(&x.absmax),
+            status: r.status.map(|s| s.as_str()),
+            numel: x.shapes.numel(r.shape),
+            min: v(r.min),
+            max: v(r.max),
+            mean: v(r.mean),
+            std: v(r.std),
+            l2: v(r.l2),
+            absmax: v(r.absmax),
             nan_count: x.nonfinite_counts(t)[0],
             posinf_count: x.nonfinite_counts(t)[1],
             neginf_count: x.nonfinite_counts(t)[2],
-            zero_count: x.zero[i],
+            zero_count: r.zero,
             has_values: has,
         }
     }
@@ -425,7 +425,7 @@ impl OpReport {
             i.map(|i| OpRef {
                 op: d.op_name(i).into(),
                 overload: d.overload_name(i).into(),
-                seq: d.seq[i as usize],
+                seq: d.seq(i),
             })
         };
         let ancestors = a
@@ -436,9 +436,9 @@ impl OpReport {
                 AncestorRef {
                     op: a.op_name(x).into(),
                     overload: a.overload_name(x).into(),
-                    seq_a: a.seq[x as usize],
-                    seq_b: (m != NONE).then(|| b.seq[m as usize]),
-                    depth: a.depth[x as usize],
+                    seq_a: a.seq(x),
+                    seq_b: (m != NONE).then(|| b.seq(m)),
+                    depth: a.depth(x),
                 }
             })
             .collect();
@@ -471,13 +471,13 @@ impl OpReport {
                 .map(str::to_string),
             op: a.op_name(ia).into(),
             overload: a.overload_name(ia).into(),
-            seq_a: a.seq[ia as usize],
-            seq_b: b.seq[ib as usize],
-            step_a: a.step[ia as usize],
-            step_b: b.step[ib as usize],
-            phase_a: a.phase[ia as usize].as_str(),
-            phase_b: b.phase[ib as usize].as_str(),
-            depth: a.depth[ia as usize],
+            seq_a: a.seq(ia),
+            seq_b: b.seq(ib),
+            step_a: a.step(ia),
+            step_b: b.step(ib),
+            phase_a: a.phase(ia).as_str(),
+            phase_b: b.phase(ib).as_str(),
+            depth: a.depth(ia),
             parent_a: op_ref(a, a.parent_of(ia)),
             parent_b: op_ref(b, b.parent_of(ib)),
             args_a: a.args_text(ia).into(),
@@ -547,9 +547,9 @@ impl UnmatchedReport {
             consumer: ConsumerRef {
                 op: a.op_name(p.a).to_string(),
                 overload: a.overload_name(p.a).to_string(),
-                seq_a: a.seq[p.a as usize],
-                seq_b: b.seq[p.b as usize],
-                step_a: a.step[p.a as usize],
+                seq_a: a.seq(p.a),
+                seq_b: b.seq(p.b),
+                step_a: a.step(p.a),
                 arg: b.arg_name(ch.after).to_string(),
             },
             before: StatsReport::of(b, ch.before),
@@ -633,8 +633,8 @@ impl NextStep {
         };
         NextStep {
             op: c.a.full_name(p.a),
-            seq_a: c.a.seq[p.a as usize],
-            seq_b: c.b.seq[p.b as usize],
+            seq_a: c.a.seq(p.a),
+            seq_b: c.b.seq(p.b),
             capture_a: sa.to_string(),
             capture_b: sb.to_string(),
             captured: both,
@@ -779,7 +779,7 @@ impl<'a> AlignedPairs<'a> {
     }
 
     pub fn step_a(&self, k: usize) -> i64 {
-        self.c.a.step[self.a_index(k)]
+        self.c.a.step(self.a_index(k) as u32)
     }
 
     /// Whether pair `k` is a top-level call (in A).
@@ -792,8 +792,8 @@ impl<'a> AlignedPairs<'a> {
         PairLabel {
             module: self.c.a.module_of(p.a),
             name: self.c.a.full_name(p.a),
-            seq_a: self.c.a.seq[p.a as usize],
-            seq_b: self.c.b.seq[p.b as usize],
+            seq_a: self.c.a.seq(p.a),
+            seq_b: self.c.b.seq(p.b),
         }
     }
 
@@ -937,12 +937,12 @@ impl<'a> PairDetails<'a> {
         let (a, b) = (&c.a, &c.b);
         let (ia, ib) = (p.a as usize, p.b as usize);
         OpRow {
-            seq_a: a.seq[ia],
-            seq_b: b.seq[ib],
-            step_a: a.step[ia],
-            step_b: b.step[ib],
-            phase: a.phase[ia].as_str(),
-            depth: a.depth[ia],
+            seq_a: a.seq(ia as u32),
+            seq_b: b.seq(ib as u32),
+            step_a: a.step(ia as u32),
+            step_b: b.step(ib as u32),
+            phase: a.phase(ia as u32).as_str(),
+            depth: a.depth(ia as u32),
             op: a.op_name(p.a),
             overload: a.overload_name(p.a),
             verdict: c.op_verdict(k),

@@ -114,14 +114,11 @@ pub fn align_dirs(a: &Path, b: &Path) -> (Dump, Dump, Alignment) {
 
 /// Matched (seq A, seq B) pairs.
 pub fn seq_pairs(a: &Dump, b: &Dump, al: &Alignment) -> Vec<(i64, i64)> {
-    al.pairs
-        .iter()
-        .map(|p| (a.seq[p.a as usize], b.seq[p.b as usize]))
-        .collect()
+    al.pairs.iter().map(|p| (a.seq(p.a), b.seq(p.b))).collect()
 }
 
 pub fn seqs(d: &Dump, idx: &[u32]) -> Vec<i64> {
-    idx.iter().map(|&i| d.seq[i as usize]).collect()
+    idx.iter().map(|&i| d.seq(i)).collect()
 }
 
 /// `opdump compare` of two dump directories, with the default settings.
