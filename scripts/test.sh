@@ -5,6 +5,7 @@
 #
 #   scripts/test.sh               # everything
 #   scripts/test.sh -k seed       # extra arguments go to pytest
+#   PYTEST_WORKERS=0 scripts/test.sh   # the Python tests one at a time, in one process
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,5 +18,7 @@ cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test (engine, format, cli, preload)" >&2
 cargo test --release --workspace --quiet
 
+# Every test runs its jobs in subprocesses: two workers keep both cores busy
+# (a test file stays on one worker, so its module fixtures are made once).
 echo "== pytest" >&2
-"$OPDUMP_PYTHON" -m pytest tests -q -p no:cacheprovider "$@"
+"$OPDUMP_PYTHON" -m pytest tests -q -p no:cacheprovider -n "${PYTEST_WORKERS:-auto}" --dist loadfile "$@"
