@@ -1,16 +1,15 @@
 // The fingerprint and sketch of a CPU tensor (README: "Fingerprint and
 // sketch"), from its values in logical order: the kernels of signature.h over
-// the tensor's memory, which the caller has made contiguous. Large tensors
-// are split into fixed chunks measured in parallel and added up in chunk
-// order, so the result does not depend on the thread count.
+// the tensor's memory, which the caller has made contiguous, in chunks
+// (chunked.h).
 
 #include <cmath>
 #include <complex>
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
-#include <ATen/Parallel.h>
 
+#include "opdump/cpp/chunked.h"
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/signature.h"
 #include "opdump/cpp/signature_cpu.h"
@@ -41,25 +40,15 @@ bool signature_words(at::ScalarType t, sig::Words& w, int& per_element) {
 
 namespace {
 
-constexpr int64_t kChunk = int64_t{1} << 18;
-
 template <typename T>
 sig::Signature signature_of(const T* p, int64_t n, int k, sig::Words words, int per_element) {
-  auto run = [&](int64_t first, int64_t len) {
+  sig::Signature total;
+  total.k = k;
+  return chunked(n, total, [&](int64_t first, int64_t len) {
     SignatureRun r(words, per_element, k);
     r.add(p, first, len);
     return r.finish();
-  };
-  if (n < 4 * kChunk) return run(0, n);
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<sig::Signature> parts(static_cast<size_t>(chunks));
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) parts[c] = run(c * kChunk, std::min(kChunk, n - c * kChunk));
   });
-  sig::Signature total;
-  total.k = k;
-  for (const auto& s : parts) total.merge(s);
-  return total;
 }
 
 }  // namespace

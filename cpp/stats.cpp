@@ -17,14 +17,12 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
-#include <vector>
-
-#include <ATen/Parallel.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "opdump/cpp/chunked.h"
 #include "opdump/cpp/device_stats.h"
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/signature_cpu.h"
@@ -165,10 +163,6 @@ bool fast_block(const T* p, int64_t m, Acc& acc) {
   return false;
 }
 
-// Large tensors are split into fixed chunks measured in parallel and merged
-// in chunk order, so the result does not depend on the thread count.
-constexpr int64_t kChunk = int64_t{1} << 18;
-
 // The fingerprint and sketch asked of a tensor whose memory is in logical
 // order: each block is added to them as well, while it is in L1.
 struct SignatureSpec {
@@ -177,35 +171,32 @@ struct SignatureSpec {
   int k;
 };
 
+// The statistics of a run and, when asked, its signature.
+struct Measured {
+  Acc acc;
+  sig::Signature sig;
+  void merge(const Measured& o) {
+    acc.merge(o.acc);
+    sig.merge(o.sig);
+  }
+};
+
 template <typename T>
-Acc accumulate(const T* p, int64_t n, const SignatureSpec* spec, sig::Signature* sig_out) {
-  auto run = [&](int64_t first, int64_t len, sig::Signature* s_out) {
-    Acc a;
+Measured accumulate(const T* p, int64_t n, const SignatureSpec* spec) {
+  Measured total;
+  if (spec != nullptr) total.sig.k = spec->k;
+  return chunked(n, total, [&](int64_t first, int64_t len) {
+    Measured m;
     std::optional<SignatureRun> r;
     if (spec != nullptr) r.emplace(spec->words, spec->per_element, spec->k);
     for (int64_t s = first; s < first + len; s += kBlock) {
-      const int64_t m = std::min(kBlock, first + len - s);
-      if (!fast_block(p + s, m, a)) add_block(p + s, m, a);
-      if (r) r->add(p, s, m);
+      const int64_t b = std::min(kBlock, first + len - s);
+      if (!fast_block(p + s, b, m.acc)) add_block(p + s, b, m.acc);
+      if (r) r->add(p, s, b);
     }
-    if (r) *s_out = r->finish();
-    return a;
-  };
-  if (n < 4 * kChunk) return run(0, n, sig_out);
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<Acc> parts(static_cast<size_t>(chunks));
-  std::vector<sig::Signature> sigs(spec != nullptr ? static_cast<size_t>(chunks) : 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c)
-      parts[c] = run(c * kChunk, std::min(kChunk, n - c * kChunk), spec != nullptr ? &sigs[c] : nullptr);
+    if (r) m.sig = r->finish();
+    return m;
   });
-  Acc total;
-  for (const auto& a : parts) total.merge(a);
-  if (spec != nullptr) {
-    sig_out->k = spec->k;
-    for (const auto& s : sigs) sig_out->merge(s);
-  }
-  return total;
 }
 
 // A contiguous copy of `t` in a buffer kept per thread: a fresh allocation
@@ -237,15 +228,14 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   spec.k = k;
   const bool fused = k > 0 && src.is_contiguous() && !src.is_conj() &&
                      signature_words(src.scalar_type(), spec.words, spec.per_element);
-  Acc acc;
-  sig::Signature signature;
+  Measured m;
   AT_DISPATCH_V2(src.scalar_type(), "opdump_stats", AT_WRAP([&] {
-    acc = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n, fused ? &spec : nullptr, &signature);
+    m = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n, fused ? &spec : nullptr);
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
-  row.stats = stats_of(acc);
+  row.stats = stats_of(m.acc);
   if (fused) {
-    signature_to_row(signature, row);
+    signature_to_row(m.sig, row);
   } else if (k > 0) {
     if (src.is_conj()) src = src.resolve_conj();
     measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
