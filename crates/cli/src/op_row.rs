@@ -7,7 +7,7 @@ use opdump_format::Phase;
 
 use crate::dump::NO_SEQ;
 use crate::intern::NO_ID;
-use crate::spill::{chunk_cache, Record};
+use crate::spill::{bytes_at, chunk_cache, PutBytes, Record};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpRow {
@@ -51,27 +51,23 @@ impl Record for OpRow {
     const SIZE: usize = 45;
 
     fn put(&self, out: &mut [u8]) {
-        let mut w = 0;
-        let mut put = |b: &[u8]| {
-            out[w..w + b.len()].copy_from_slice(b);
-            w += b.len();
-        };
-        put(&self.seq.to_le_bytes());
-        put(&self.step.to_le_bytes());
-        put(&self.fwd_seq.to_le_bytes());
-        put(&self.depth.to_le_bytes());
-        put(&self.args.to_le_bytes());
-        put(&self.error.to_le_bytes());
-        put(&self.module.to_le_bytes());
-        put(&self.source.to_le_bytes());
-        put(&[PHASES.iter().position(|&p| p == self.phase).unwrap_or(0) as u8]);
+        let mut w = PutBytes::new(out);
+        w.put(&self.seq.to_le_bytes());
+        w.put(&self.step.to_le_bytes());
+        w.put(&self.fwd_seq.to_le_bytes());
+        w.put(&self.depth.to_le_bytes());
+        w.put(&self.args.to_le_bytes());
+        w.put(&self.error.to_le_bytes());
+        w.put(&self.module.to_le_bytes());
+        w.put(&self.source.to_le_bytes());
+        w.put(&[PHASES.iter().position(|&p| p == self.phase).unwrap_or(0) as u8]);
     }
 
     chunk_cache!(OpRow);
 
     fn take(b: &[u8]) -> Self {
-        let l = |k: usize| i64::from_le_bytes(b[k..k + 8].try_into().unwrap_or_default());
-        let w = |k: usize| u32::from_le_bytes(b[k..k + 4].try_into().unwrap_or_default());
+        let l = |k: usize| i64::from_le_bytes(bytes_at(b, k));
+        let w = |k: usize| u32::from_le_bytes(bytes_at(b, k));
         OpRow {
             seq: l(0),
             step: l(8),

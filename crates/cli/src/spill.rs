@@ -45,6 +45,32 @@ pub trait Record: Copy + Default + 'static {
     fn cache() -> &'static LocalKey<RefCell<ChunkCache<Self>>>;
 }
 
+/// Writes byte strings one after another into a record's bytes
+/// ([`Record::put`]).
+pub struct PutBytes<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl<'a> PutBytes<'a> {
+    pub fn new(out: &'a mut [u8]) -> Self {
+        PutBytes { out, at: 0 }
+    }
+
+    pub fn put(&mut self, b: &[u8]) {
+        self.out[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+}
+
+/// The `N` bytes of a record's bytes from offset `k` ([`Record::take`];
+/// zeros past the end, which a record of `SIZE` bytes never reaches).
+pub fn bytes_at<const N: usize>(b: &[u8], k: usize) -> [u8; N] {
+    b.get(k..k + N)
+        .and_then(|s| s.try_into().ok())
+        .unwrap_or([0; N])
+}
+
 /// Declares the per-thread chunk cache of a record type, for
 /// [`Record::cache`].
 macro_rules! chunk_cache {
@@ -67,8 +93,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Spill<T: Record> {
     /// Distinguishes this store's chunks in the per-thread caches.
     id: u64,
-    /// Full chunks written out: chunk `k` is `at[k]..at[k + 1]` of the file.
-    spilled: usize,
+    /// Chunk `k` is `at[k]..at[k + 1]` of the file: `at.len() - 1` full
+    /// chunks are written out.
     at: Vec<u64>,
     file: Option<File>,
     tail: Vec<T>,
@@ -82,7 +108,6 @@ impl<T: Record> Default for Spill<T> {
     fn default() -> Self {
         Spill {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            spilled: 0,
             at: vec![0],
             file: None,
             tail: Vec::new(),
@@ -95,7 +120,7 @@ impl<T: Record> Default for Spill<T> {
 
 impl<T: Record> Spill<T> {
     pub fn len(&self) -> usize {
-        self.spilled * CHUNK + self.tail.len()
+        self.spilled_chunks() * CHUNK + self.tail.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -104,7 +129,7 @@ impl<T: Record> Spill<T> {
 
     /// Full chunks written to the spill file so far.
     pub fn spilled_chunks(&self) -> usize {
-        self.spilled
+        self.at.len() - 1
     }
 
     /// Records held in memory by the store itself (the partial chunk; the
@@ -150,9 +175,8 @@ impl<T: Record> Spill<T> {
                 "cannot write the temporary file that holds the dump's tensors: {e}"
             ))
         })?;
-        let end = self.at[self.spilled] + n as u64;
+        let end = self.at[self.spilled_chunks()] + n as u64;
         self.at.push(end);
-        self.spilled += 1;
         self.tail.clear();
         Ok(())
     }
@@ -161,8 +185,9 @@ impl<T: Record> Spill<T> {
     #[inline]
     pub fn get(&self, i: usize) -> T {
         let c = i / CHUNK;
-        if c >= self.spilled {
-            return self.tail[i - self.spilled * CHUNK];
+        let spilled = self.spilled_chunks();
+        if c >= spilled {
+            return self.tail[i - spilled * CHUNK];
         }
         T::cache().with(|cache| cache.borrow_mut().chunk(self, c)[i % CHUNK])
     }
@@ -174,8 +199,9 @@ impl<T: Record> Spill<T> {
         while i < range.end {
             let c = i / CHUNK;
             let end = range.end.min((c + 1) * CHUNK);
-            if c >= self.spilled {
-                let base = self.spilled * CHUNK;
+            let spilled = self.spilled_chunks();
+            if c >= spilled {
+                let base = spilled * CHUNK;
                 out.extend_from_slice(&self.tail[i - base..end - base]);
             } else {
                 T::cache().with(|cache| {
@@ -194,10 +220,14 @@ impl<T: Record> Spill<T> {
         let (s, e) = (self.at[c], self.at[c + 1]);
         scratch.packed.resize((e - s) as usize, 0);
         scratch.rows.resize(CHUNK * T::SIZE, 0);
-        let file = self.file.as_ref().expect("spilled chunks have a file");
-        // The file is ours and was written whole: only the system failing
-        // (an I/O error of the disk, memory corrupted) gets past these.
-        if let Err(e) = file.read_exact_at(&mut scratch.packed, s) {
+        // The file is ours and was written whole (a spilled chunk implies
+        // it): only the system failing (an I/O error of the disk, memory
+        // corrupted) gets past these.
+        let read = match &self.file {
+            Some(file) => file.read_exact_at(&mut scratch.packed, s),
+            None => Err(std::io::Error::other("no file holds the spilled chunks")),
+        };
+        if let Err(e) = read {
             panic!("reading back the temporary file that holds the dump's tensors: {e}");
         }
         if let Err(e) = scratch

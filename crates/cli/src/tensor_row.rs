@@ -3,7 +3,7 @@
 
 use opdump_format::{Role, StatsStatus};
 
-use crate::spill::{chunk_cache, Record};
+use crate::spill::{bytes_at, chunk_cache, PutBytes, Record};
 
 /// The per-tensor columns of a dump (see [`crate::dump::Tensors`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -93,30 +93,26 @@ impl Record for TensorRow {
     const SIZE: usize = 84;
 
     fn put(&self, out: &mut [u8]) {
-        let mut w = 0;
-        let mut put = |b: &[u8]| {
-            out[w..w + b.len()].copy_from_slice(b);
-            w += b.len();
-        };
+        let mut w = PutBytes::new(out);
         for v in self.stats() {
-            put(&v.to_le_bytes());
+            w.put(&v.to_le_bytes());
         }
-        put(&self.zero.to_le_bytes());
-        put(&self.fingerprint.to_le_bytes());
-        put(&self.shape.to_le_bytes());
-        put(&self.arg.to_le_bytes());
-        put(&self.list_index.to_le_bytes());
-        put(&self.name.to_le_bytes());
-        put(&self.dtype.to_le_bytes());
-        put(&[role_byte(self.role), status_byte(self.status)]);
+        w.put(&self.zero.to_le_bytes());
+        w.put(&self.fingerprint.to_le_bytes());
+        w.put(&self.shape.to_le_bytes());
+        w.put(&self.arg.to_le_bytes());
+        w.put(&self.list_index.to_le_bytes());
+        w.put(&self.name.to_le_bytes());
+        w.put(&self.dtype.to_le_bytes());
+        w.put(&[role_byte(self.role), status_byte(self.status)]);
     }
 
     chunk_cache!(TensorRow);
 
     fn take(b: &[u8]) -> Self {
-        let f = |k: usize| f64::from_le_bytes(b[k..k + 8].try_into().unwrap_or_default());
-        let u = |k: usize| u64::from_le_bytes(b[k..k + 8].try_into().unwrap_or_default());
-        let w = |k: usize| u32::from_le_bytes(b[k..k + 4].try_into().unwrap_or_default());
+        let f = |k: usize| f64::from_le_bytes(bytes_at(b, k));
+        let u = |k: usize| u64::from_le_bytes(bytes_at(b, k));
+        let w = |k: usize| u32::from_le_bytes(bytes_at(b, k));
         TensorRow {
             min: f(0),
             max: f(8),
@@ -130,7 +126,7 @@ impl Record for TensorRow {
             arg: w(68),
             list_index: w(72) as i32,
             name: w(76),
-            dtype: u16::from_le_bytes([b[80], b[81]]),
+            dtype: u16::from_le_bytes(bytes_at(b, 80)),
             role: ROLES.get(b[82] as usize).copied().unwrap_or(Role::None),
             status: StatsStatus::ALL.get(b[83] as usize).copied(),
         }
