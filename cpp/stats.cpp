@@ -1,10 +1,11 @@
 // Statistics of one tensor, computed on the tensor's own device.
 //
-// - CPU: L1-sized blocks read twice while in cache (extremes, counts and
-//   sum, then squared deviations), accumulating in float64, with the AVX2
-//   kernel where the CPU has it, and no full-size float copy (dense tensors
-//   of any layout are read in memory order, since every statistic is
-//   order-independent).
+// - CPU: L1-sized blocks, accumulating in float64, with the AVX2 kernel
+//   where the CPU has it (one pass: extremes, counts, and the sums of the
+//   deviations from the block's first value and of their squares; the
+//   portable path for blocks with NaN or infinities takes two), and no
+//   full-size float copy (dense tensors of any layout are read in memory
+//   order, since every statistic is order-independent).
 // - Other devices: ATen reductions on the device, in pieces of bounded size,
 //   whose results come back later without a wait on the job's thread
 //   (device_stats.cpp); the row waits for them.

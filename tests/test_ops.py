@@ -149,8 +149,9 @@ def test_values_nan_inf_empty_int_bool(run, tmp_path):
 def test_values_vector_kernel_blocks(run, tmp_path):
     """Float tensors long enough for the vector kernel (blocks of 1024,
     vectors of 16 and 8, scalar tails), with NaN and infinities in some
-    blocks only, a large mean against the spread, and a tensor large enough
-    to be split into chunks measured in parallel."""
+    blocks only, a large mean against the spread, an outlier as the first
+    value of every block (the kernel's pivot), and a tensor large enough to
+    be split into chunks measured in parallel."""
     for name, row, ten in alias_rows(run, tmp_path, """
     g = torch.Generator().manual_seed(3)
     tensors = {}
@@ -162,6 +163,9 @@ def test_values_vector_kernel_blocks(run, tmp_path):
         x[1500] = float("nan"); x[1600] = float("inf"); x[4999] = -float("inf"); x[10:20] = 0
         tensors[f"{name}-nonfinite"] = x
         tensors[f"{name}-offset"] = (torch.rand(4096, generator=g, dtype=torch.float64) + 1000).to(dt)
+        y = torch.rand(4100, generator=g, dtype=torch.float64) + 1000
+        y[::1024] = -60000.0
+        tensors[f"{name}-pivots"] = y.to(dt)
     big = torch.randn(3_000_001, generator=g)
     big[2_000_000] = float("nan")
     tensors["float32-chunks"] = big
