@@ -18,6 +18,7 @@ fn main() {
             "cpp/capture.cpp",
             "cpp/python_hooks.cpp",
             "cpp/names.cpp",
+            "cpp/interned.cpp",
             "cpp/saved_call.cpp",
             "cpp/threads.cpp",
             "cpp/uninitialized.cpp",

@@ -444,13 +444,14 @@ struct Recorder {
     return -1;
   }
 
-  void tensor(const at::Tensor& t, Role role, const std::string& arg, int32_t list_index,
-              bool values_defined, bool produced) {
+  // `arg`: the interned name of the argument, or of the return's index.
+  void tensor(const at::Tensor& t, Role role, uint32_t arg, int32_t list_index, bool values_defined,
+              bool produced) {
     if (!t.defined()) return;
     TensorRow row{};
     row.name = tensor_name(t);
     row.role = role;
-    row.arg = rust::String(arg);
+    row.arg_id = arg;
     row.list_index = list_index;
     StatsStatus no_values = this->no_values;
     if (role == Role::Output && carries != nullptr) {
@@ -548,7 +549,7 @@ struct Recorder {
   // One argument or return value: a Tensor, an element of Tensor[] or
   // Tensor?[], or nothing at all.
   // `no_values`: the status when `values_defined` is false.
-  void value(const c10::IValue& v, Role role, const std::string& arg, bool values_defined,
+  void value(const c10::IValue& v, Role role, uint32_t arg, bool values_defined,
              bool produced = false, StatsStatus no_values = StatsStatus::Uninitialized) {
     this->no_values = no_values;
     if (v.isTensor()) {
@@ -710,8 +711,9 @@ void record_inputs(Recorder& rec, const c10::OperatorHandle& op, const torch::ji
     const auto& args = op.schema().arguments();
     const std::string_view base = base_name(name.name);
     rec.call.tensors.reserve(args.size() + op.schema().returns().size());
-    rec.call.op = rust::String(name.name);
-    rec.call.overload = rust::String(name.overload_name.empty() ? "default" : name.overload_name);
+    const OpNames& names = op_names(op);
+    rec.call.op_id = names.op;
+    rec.call.overload_id = names.overload_id;
     const size_t first = stack.size() - args.size();
     std::string text;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -720,7 +722,7 @@ void record_inputs(Recorder& rec, const c10::OperatorHandle& op, const torch::ji
       const bool writes = is_written(a);
       if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
         if (writes) written.emplace_back(i, v);
-        if (ticket.inputs) rec.value(v, Role::Input, a.name(), input_values_defined(base, a, writes));
+        if (ticket.inputs) rec.value(v, Role::Input, names.args[i], input_values_defined(base, a, writes));
       } else {
         append_arg_text(text, a, v);
       }
@@ -768,9 +770,9 @@ void record_outputs(Recorder& rec, const c10::OperatorHandle& op, const torch::j
     const std::string_view base = base_name(name.name);
     const auto& returns = op.schema().returns();
     if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
+      static const uint32_t self = name_id("self");
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
-        if (rec.call.tensors[i].role == Role::Input && std::string(rec.call.tensors[i].arg) == "self")
-          rec.view_source = i;
+        if (rec.call.tensors[i].role == Role::Input && rec.call.tensors[i].arg_id == self) rec.view_source = i;
       rec.view_keeps_order = preserves_order(base);
     }
     const bool async_outputs = outputs_asynchronous(name.name);
@@ -784,13 +786,13 @@ void record_outputs(Recorder& rec, const c10::OperatorHandle& op, const torch::j
         const bool produced = alias == nullptr || alias->isWrite();
         rec.alias_return = !produced;
         rec.write_return = alias != nullptr && alias->isWrite();
-        rec.value(stack[first + r], Role::Output, std::to_string(r), fresh, produced, no_values);
+        rec.value(stack[first + r], Role::Output, return_name_id(r), fresh, produced, no_values);
       }
     } else {
       rec.alias_return = false;
       rec.write_return = true;
-      const auto& args = op.schema().arguments();
-      for (auto& [i, v] : written) rec.value(v, Role::Output, args[i].name(), fresh, true, no_values);
+      const OpNames& names = op_names(op);
+      for (auto& [i, v] : written) rec.value(v, Role::Output, names.args[i], fresh, true, no_values);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));

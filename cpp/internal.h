@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -72,6 +73,22 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 void python_hooks_want(bool on);
 void python_hooks_tick();
 std::string python_source();
+
+// Ids of interned names (interned.cpp), as TensorRow and OpCall carry them:
+// asked of Rust once per distinct name, then cached. u32::MAX: not had,
+// which fails the record.
+uint32_t name_id(std::string_view name);
+uint32_t dtype_name_id(at::ScalarType t);
+uint32_t device_name_id(const at::Device& d);
+// "0", "1", ...: the names of returns.
+uint32_t return_name_id(size_t r);
+struct OpNames {
+  std::string name, overload;  // to tell a reused entry from the one cached
+  uint32_t op = 0, overload_id = 0;
+  std::vector<uint32_t> args;  // by the schema's argument index
+};
+// The calling thread's cached ids of an op's names.
+const OpNames& op_names(const c10::OperatorHandle& op);
 
 // Names of parameters, buffers and their gradients (names.cpp).
 void names_add(const std::vector<at::Tensor>& tensors, const std::vector<std::string>& names);

@@ -266,8 +266,7 @@ bool values_unreadable(const at::Tensor& t) {
 namespace {
 
 void fill_metadata(const at::Tensor& t, TensorRow& row) {
-  // The name Python prints without "torch.": float32, bfloat16, int64.
-  row.dtype = rust::String(std::string(c10::getDtypeNames(t.scalar_type()).first));
+  row.dtype_id = dtype_name_id(t.scalar_type());
   const auto sizes = t.sym_sizes();
   row.shape.reserve(sizes.size());
   for (auto s : sizes) row.shape.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
@@ -276,7 +275,7 @@ void fill_metadata(const at::Tensor& t, TensorRow& row) {
     row.stride.reserve(strides.size());
     for (auto s : strides) row.stride.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
   }
-  row.device = t.device().is_cpu() ? rust::String("cpu") : rust::String(t.device().str());
+  row.device_id = device_name_id(t.device());
   row.numel = t.sym_numel().is_symbolic() ? -1 : t.sym_numel().as_int_unchecked();
 }
 

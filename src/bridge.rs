@@ -9,8 +9,8 @@
 //! default.
 
 use opdump_engine::recorder::{self, Call, Ticket};
-use opdump_engine::{host::Host, runtime};
-use opdump_format::{self as format, TensorRecord};
+use opdump_engine::{host::Host, names, runtime};
+use opdump_format::{self as format, Name, TensorRecord};
 
 #[cxx::bridge(namespace = "opdump")]
 pub mod ffi {
@@ -86,17 +86,20 @@ pub mod ffi {
         zero_count: i64,
     }
 
-    /// One tensor of a call, measured by C++.
+    /// One tensor of a call, measured by C++. Names cross as ids from
+    /// `intern_name`.
     struct TensorRow {
         role: Role,
-        arg: String,
+        /// The schema's argument name, or the return's index.
+        arg_id: u32,
         /// -1 when the tensor is not an element of a list.
         list_index: i32,
-        dtype: String,
+        /// As Python prints it without `torch.`: `float32`.
+        dtype_id: u32,
         shape: Vec<i64>,
         stride: Vec<i64>,
         /// As torch prints it: `cpu`, `cuda:0`.
-        device: String,
+        device_id: u32,
         numel: i64,
         status: StatsStatus,
         /// Meaningful when `status` is Computed, Reused or View.
@@ -156,8 +159,10 @@ pub mod ffi {
 
     /// What C++ knows of a call at its exit.
     struct OpCall {
-        op: String,
-        overload: String,
+        /// Interned (`intern_name`): `aten::addmm`.
+        op_id: u32,
+        /// Interned: `default` for the unnamed overload.
+        overload_id: u32,
         args: String,
         start_ns: i64,
         duration_ns: i64,
@@ -211,6 +216,10 @@ pub mod ffi {
         /// OPDUMP_HOOK_ONLY: the hook passes every call on, records nothing
         /// (the benchmark's empty-hook cost).
         fn hook_only() -> bool;
+        /// The id of a name (an op, overload, argument, dtype or device), the
+        /// same in every thread; C++ caches it. u32::MAX when it cannot
+        /// be had, which fails the record that carries it.
+        fn intern_name(name: &str) -> u32;
         /// One `opdump:` line on stderr; opdump stays on.
         fn warn(what: &str);
         /// The end of an `Optimizer.step` scope on this thread.
@@ -336,15 +345,22 @@ fn stats(s: &ffi::TensorStats) -> format::Stats {
     }
 }
 
+/// An interned name, borrowed for the life of the process.
+fn name(id: u32, what: &str) -> Result<Name, String> {
+    names::get(id)
+        .map(Name::Borrowed)
+        .ok_or_else(|| format!("unknown {what} name id {id}"))
+}
+
 fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
     Ok(TensorRecord {
         role: role(row.role)?,
-        arg: std::mem::take(&mut row.arg),
+        arg: name(row.arg_id, "argument")?,
         list_index: (row.list_index >= 0).then_some(row.list_index),
-        dtype: std::mem::take(&mut row.dtype),
+        dtype: name(row.dtype_id, "dtype")?,
         shape: std::mem::take(&mut row.shape),
         stride: std::mem::take(&mut row.stride),
-        device: std::mem::take(&mut row.device),
+        device: name(row.device_id, "device")?,
         numel: row.numel,
         name: (!row.name.is_empty()).then(|| std::mem::take(&mut row.name)),
         status: status(row.status)?,
@@ -368,8 +384,8 @@ fn saved(t: &mut ffi::SavedTensor) -> format::CapturedTensor {
 /// Moves the strings and rows out of C++'s record.
 fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
     Ok(Call {
-        op: std::mem::take(&mut call.op),
-        overload: std::mem::take(&mut call.overload),
+        op: name(call.op_id, "op")?,
+        overload: name(call.overload_id, "overload")?,
         args: std::mem::take(&mut call.args),
         start_ns: call.start_ns,
         duration_ns: call.duration_ns,
@@ -499,6 +515,13 @@ fn sketch_size() -> i32 {
 
 fn hook_only() -> bool {
     runtime::hook_only()
+}
+
+fn intern_name(name: &str) -> u32 {
+    std::panic::catch_unwind(|| names::intern(name))
+        .ok()
+        .flatten()
+        .unwrap_or(u32::MAX)
 }
 
 fn warn(what: &str) {

@@ -48,7 +48,7 @@ pub fn tensor_of(role: Role, arg: &str, values: &[f32], sketch_k: Option<usize>)
     let as_f64: Vec<f64> = values.iter().map(|&x| f64::from(x)).collect();
     TensorRecord {
         role,
-        arg: arg.to_string(),
+        arg: arg.to_string().into(),
         list_index: None,
         dtype: "float32".into(),
         shape: vec![n],

@@ -6,6 +6,8 @@
 //!   depth, the record cap);
 //! - [`recorder`]: sequencing and nesting of op calls, per thread;
 //! - [`capture`]: which calls `OPDUMP_CAPTURE` chooses, and the byte cap;
+//! - [`names`]: the interned names records borrow (ops, arguments, dtypes,
+//!   devices, module paths);
 //! - [`modules`]: the module path of a call, and the forward call behind a
 //!   backward one;
 //! - [`sink`]: the bounded channel and the writer thread;
@@ -21,6 +23,7 @@ pub mod capture;
 pub mod config;
 pub mod host;
 pub mod modules;
+pub mod names;
 pub mod recorder;
 pub mod runtime;
 pub mod selection;

@@ -14,48 +14,21 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock};
 
-/// An interned module path.
-pub type ModuleId = u32;
+use crate::names::{self, NameId};
 
-#[derive(Default)]
-struct Interned {
-    ids: HashMap<Arc<str>, ModuleId>,
-    names: Vec<Arc<str>>,
-}
-
-fn interned() -> &'static RwLock<Interned> {
-    static I: OnceLock<RwLock<Interned>> = OnceLock::new();
-    I.get_or_init(Default::default)
-}
+/// An interned module path (crate::names).
+pub type ModuleId = NameId;
 
 /// The id of a path, the same for the same path in every thread.
 pub fn intern(path: &str) -> ModuleId {
-    if let Some(id) = interned()
-        .read()
-        .ok()
-        .and_then(|i| i.ids.get(path).copied())
-    {
-        return id;
-    }
-    let Ok(mut i) = interned().write() else {
-        return ModuleId::MAX;
-    };
-    if let Some(&id) = i.ids.get(path) {
-        return id;
-    }
-    let id = ModuleId::try_from(i.names.len()).unwrap_or(ModuleId::MAX);
-    let name: Arc<str> = Arc::from(path);
-    i.names.push(name.clone());
-    i.ids.insert(name, id);
-    id
+    names::intern(path).unwrap_or(ModuleId::MAX)
 }
 
 /// The path of an id.
-pub fn path(id: ModuleId) -> Option<String> {
-    let i = interned().read().ok()?;
-    i.names.get(id as usize).map(|n| n.to_string())
+pub fn path(id: ModuleId) -> Option<&'static str> {
+    names::get(id)
 }
 
 thread_local! {
@@ -203,13 +176,13 @@ mod tests {
         enter("Model");
         enter("blocks.0");
         let id = current().unwrap();
-        assert_eq!(path(id).as_deref(), Some("blocks.0"));
+        assert_eq!(path(id), Some("blocks.0"));
         assert_eq!(intern("blocks.0"), id);
         std::thread::spawn(|| assert_eq!(current(), None))
             .join()
             .unwrap();
         exit();
-        assert_eq!(path(current().unwrap()).as_deref(), Some("Model"));
+        assert_eq!(path(current().unwrap()), Some("Model"));
         exit();
         exit(); // unbalanced: ignored
         assert_eq!(current(), None);

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::OnceLock;
 
-use opdump_format::{capture as capture_file, Capture, OpRecord, Phase, TensorRecord};
+use opdump_format::{capture as capture_file, Capture, Name, OpRecord, Phase, TensorRecord};
 
 use crate::capture;
 use crate::host;
@@ -54,8 +54,8 @@ impl Ticket {
 /// What the hook knows of a recorded call at its exit.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Call {
-    pub op: String,
-    pub overload: String,
+    pub op: Name,
+    pub overload: Name,
     pub args: String,
     pub start_ns: i64,
     pub duration_ns: i64,
@@ -371,7 +371,7 @@ fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
         start_ns: call.start_ns,
         duration_ns: call.duration_ns,
         error: call.error,
-        module: d.module.and_then(modules::path),
+        module: d.module.and_then(modules::path).map(Name::Borrowed),
         fwd_seq: d.fwd_seq,
         source: call.source,
         tensors: call.tensors,

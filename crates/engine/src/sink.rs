@@ -205,7 +205,7 @@ fn partition_of(rec: &OpRecord) -> &str {
         .iter()
         .find(|t| t.role == Role::Output)
         .or_else(|| rec.tensors.first())
-        .map_or("cpu", |t| t.device.as_str())
+        .map_or("cpu", |t| &*t.device)
 }
 
 impl Worker {
@@ -418,7 +418,7 @@ mod tests {
             dtype: "float32".into(),
             shape: vec![4],
             stride: vec![1],
-            device: device.into(),
+            device: device.to_string().into(),
             numel: 4,
             name: None,
             capture_key: None,

@@ -205,8 +205,8 @@ pub fn serialize(rec: &OpRecord) -> Result<Vec<u8>, String> {
     let mut put = |k: &str, v: String| {
         m.insert(k.to_string(), v);
     };
-    put(meta::OP, rec.op.clone());
-    put(meta::OVERLOAD, rec.overload.clone());
+    put(meta::OP, rec.op.to_string());
+    put(meta::OVERLOAD, rec.overload.to_string());
     put(meta::SELECTOR, cap.selector.clone());
     put(meta::SEQ, rec.seq.to_string());
     put(meta::STEP, rec.step.to_string());
@@ -214,7 +214,7 @@ pub fn serialize(rec: &OpRecord) -> Result<Vec<u8>, String> {
     put(meta::DEPTH, rec.depth.to_string());
     put(meta::PID, rec.pid.to_string());
     if let Some(module) = &rec.module {
-        put(meta::MODULE, module.clone());
+        put(meta::MODULE, module.to_string());
     }
     put(meta::ARGS, cap.args.clone());
     put(meta::TENSORS, format!("{{{}}}", layout.join(", ")));
@@ -303,7 +303,7 @@ mod tests {
     fn row(role: Role, arg: &str, key: &str) -> TensorRecord {
         TensorRecord {
             role,
-            arg: arg.into(),
+            arg: arg.to_string().into(),
             list_index: None,
             dtype: "float32".into(),
             shape: vec![2, 2],

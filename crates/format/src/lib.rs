@@ -24,7 +24,7 @@ pub mod writer;
 
 pub use error::{Error, Result};
 pub use record::{
-    Capture, CapturedTensor, OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord,
+    Capture, CapturedTensor, Name, OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord,
 };
 pub use schema::SCHEMA_VERSION;
 pub use writer::{RotateOptions, RotatingWriter};

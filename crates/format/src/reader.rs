@@ -375,13 +375,13 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
                     phase: Phase::parse(phase.value(i)).ok_or_else(|| {
                         Error::format(path, format!("bad phase {:?}", phase.value(i)))
                     })?,
-                    op: op.value(i).to_owned(),
-                    overload: overload.value(i).to_owned(),
+                    op: op.value(i).to_owned().into(),
+                    overload: overload.value(i).to_owned().into(),
                     args: args.value(i).to_owned(),
                     start_ns: start.value(i),
                     duration_ns: dur.value(i),
                     error: (!error.is_null(i)).then(|| error.value(i).to_owned()),
-                    module: str_at(module, i),
+                    module: str_at(module, i).map(Into::into),
                     fwd_seq: fwd_seq.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
                     source: str_at(source, i),
                     tensors: Vec::new(),
@@ -399,12 +399,12 @@ pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
             let Some(rec) = out.last_mut() else { continue };
             rec.tensors.push(TensorRecord {
                 role: role_v,
-                arg: arg.value(i).to_owned(),
+                arg: arg.value(i).to_owned().into(),
                 list_index: (!list_index.is_null(i)).then(|| list_index.value(i)),
-                dtype: dtype.value(i).to_owned(),
+                dtype: dtype.value(i).to_owned().into(),
                 shape: ints(shape, i),
                 stride: ints(stride, i),
-                device: device.value(i).to_owned(),
+                device: device.value(i).to_owned().into(),
                 numel: numel.value(i),
                 status: status_v,
                 stats: if status_v.has_values() {

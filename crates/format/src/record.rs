@@ -1,5 +1,13 @@
 //! The record of one op call, as the plugin hands it to the writer.
 
+use std::borrow::Cow;
+
+/// A name that repeats from record to record: an op, an overload, an
+/// argument, a dtype, a device, a module path. The plugin's records borrow
+/// names interned for the life of the process (one allocation per distinct
+/// name, not per record); records read back or built by hand own theirs.
+pub type Name = Cow<'static, str>;
+
 /// Where an op call ran: the autograd engine's backward functions, inside
 /// `Optimizer.step`, or anywhere else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -132,14 +140,14 @@ pub use crate::schema::Stats;
 pub struct TensorRecord {
     pub role: Role,
     /// The schema's argument name, or the return index for results.
-    pub arg: String,
+    pub arg: Name,
     /// The position inside a `Tensor[]` argument or result.
     pub list_index: Option<i32>,
-    pub dtype: String,
+    pub dtype: Name,
     pub shape: Vec<i64>,
     pub stride: Vec<i64>,
     /// As torch prints it: `cpu`, `cuda:0`.
-    pub device: String,
+    pub device: Name,
     pub numel: i64,
     pub status: StatsStatus,
     /// Meaningful only when `status.has_values()`.
@@ -202,9 +210,9 @@ pub struct OpRecord {
     pub step: i64,
     pub phase: Phase,
     /// As the schema names it, without the overload: `aten::native_layer_norm`.
-    pub op: String,
+    pub op: Name,
     /// `Tensor`, `out`, ...; `default` for the unnamed overload.
-    pub overload: String,
+    pub overload: Name,
     /// The non-tensor arguments as text.
     pub args: String,
     pub start_ns: i64,
@@ -213,7 +221,7 @@ pub struct OpRecord {
     pub error: Option<String>,
     /// The qualified path of the innermost module running the call; for a
     /// backward call, that of its forward call.
-    pub module: Option<String>,
+    pub module: Option<Name>,
     /// For a backward call: the seq of the forward call whose autograd node
     /// it runs.
     pub fwd_seq: Option<i64>,

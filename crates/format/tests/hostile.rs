@@ -19,7 +19,7 @@ use opdump_format::{
 fn record(seq: i64) -> OpRecord {
     let t = |role, arg: &str| TensorRecord {
         role,
-        arg: arg.into(),
+        arg: arg.to_string().into(),
         list_index: None,
         dtype: "float32".into(),
         shape: vec![4],

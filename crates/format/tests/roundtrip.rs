@@ -13,7 +13,7 @@ use opdump_format::{
 fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
     TensorRecord {
         role,
-        arg: arg.into(),
+        arg: arg.to_string().into(),
         list_index: None,
         dtype: "float32".into(),
         shape: vec![2, 3],
