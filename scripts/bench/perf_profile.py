@@ -125,6 +125,8 @@ def main() -> int:
         print(f"perf record -g, config {args.config}, workload {args.workload}, threads {args.threads}: "
               f"{len(st)} timed steps, median {sorted(st)[len(st) // 2] * 1e3:.1f} ms/step "
               f"(under perf); samples from the timed window only, self time")
+        if args.keep:
+            print(f"perf.data kept at {data}; the timed window for `perf report --time`: {window}")
         for sort, top in (("comm,dso,symbol", args.top), ("comm,dso", 12)):
             rep = subprocess.run(["perf", "report", "-i", data, "--time", window, "--no-children", "-g", "none",
                                   "--sort", sort, "--stdio", "--percent-limit", "0.3"],
