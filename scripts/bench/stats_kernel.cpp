@@ -1,0 +1,71 @@
+// The AVX2 statistics kernel alone (cpp/stats_avx2.cpp): nanoseconds per
+// float32 element over a buffer in cache (256 KiB) and one in memory
+// (64 MiB), blocks of 1,024 as cpp/stats.cpp hands them, and the mean and
+// the sum of squared deviations against a long double two-pass reference,
+// for random values and for blocks whose first value (the kernel's pivot) is
+// an outlier. Build and run from the repository root:
+//
+//   g++ -O3 -std=c++20 -mavx2 -mfma -mf16c -Icpp scripts/bench/stats_kernel.cpp cpp/stats_avx2.cpp \
+//       -o /tmp/stats_bench && /tmp/stats_bench
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "stats_acc.h"
+
+using opdump::Acc;
+
+static Acc run(const std::vector<float>& x) {
+  Acc acc;
+  for (size_t s = 0; s < x.size(); s += 1024)
+    opdump::avx2::add_block(x.data() + s, static_cast<int64_t>(std::min<size_t>(1024, x.size() - s)), acc);
+  return acc;
+}
+
+static void check(const char* what, const std::vector<float>& x) {
+  long double sum = 0;
+  for (float v : x) sum += v;
+  const long double mean = sum / x.size();
+  long double m2 = 0;
+  for (float v : x) m2 += (v - mean) * (v - mean);
+  const Acc a = run(x);
+  std::printf("%-26s mean rel. error %.1e, m2 rel. error %.1e\n", what,
+              static_cast<double>(std::fabs((a.mean - mean) / mean)), static_cast<double>(std::fabs((a.m2 - m2) / m2)));
+}
+
+int main() {
+  if (!opdump::avx2::usable()) {
+    std::puts("this CPU has no AVX2/FMA/F16C: the portable path is used instead");
+    return 0;
+  }
+  std::mt19937 g(1);
+  std::normal_distribution<float> normal(3.0f, 0.5f);
+  for (size_t n : {size_t{1} << 16, size_t{1} << 24}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = normal(g);
+    const int reps = static_cast<int>(std::max<size_t>(1, (size_t{1} << 28) / n));
+    std::vector<double> ns;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      double sink = 0;
+      for (int i = 0; i < reps; ++i) sink += run(x).m2;
+      ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+                   (static_cast<double>(reps) * n));
+      if (sink == 42) std::puts("");
+    }
+    std::sort(ns.begin(), ns.end());
+    std::printf("%8zu KiB of float32: %.3f ns per element (median of 7)\n", n * 4 / 1024, ns[3]);
+  }
+  std::vector<float> x(1 << 20);
+  for (auto& v : x) v = normal(g);
+  check("random, mean 3, std 0.5", x);
+  for (auto& v : x) v += 1000.0f;
+  check("mean 1003, std 0.5", x);
+  for (size_t s = 0; s < x.size(); s += 1024) x[s] = -60000.0f;
+  check("outlier first in a block", x);
+  return 0;
+}
