@@ -81,6 +81,51 @@ def child(spec: dict) -> None:
     print("STEPS " + json.dumps(times), flush=True)
 
 
+STATS_KERNEL = ("add_block", "accumulate<", "add_finite")
+
+
+def job_thread_split(data: str, window: str, top: int = 12) -> list[str]:
+    """The job thread's samples in four parts, by the leaf of each stack:
+    opdump's statistics kernels; the rest of opdump's own code (the record
+    path); code opdump calls (libc, torch helpers) below an opdump frame and
+    above the op's own redispatch; everything else (torch's work, Python).
+    Then the largest leaves of the record path."""
+    rep = subprocess.run(["perf", "script", "-i", data, "--time", window, "--comm", "python", "-F", "ip,sym,dso"],
+                         capture_output=True, text=True)
+    if rep.returncode != 0:
+        return []
+    parts = {"statistics kernel": 0, "record path (opdump's own code)": 0, "called by opdump": 0,
+             "torch, Python and the rest": 0}
+    leaves: dict[str, int] = {}
+    samples = [s for s in rep.stdout.split("\n\n") if s.strip()]
+    for sample in samples:
+        frames = [l.strip().split(" ", 1)[-1] for l in sample.splitlines() if l.strip()]
+        leaf = frames[0].split(" (")[0].split("+0x")[0]
+        # The frames down to the op's own kernel: a redispatch is where
+        # opdump hands the call on, and below it is the op's work.
+        above = []
+        for f in frames:
+            if "redispatchBoxed" in f or "callBoxed" in f:
+                break
+            above.append(f)
+        if any(k in leaf for k in STATS_KERNEL):
+            parts["statistics kernel"] += 1
+        elif "libopdump" in frames[0]:
+            parts["record path (opdump's own code)"] += 1
+            name = leaf.replace("(anonymous namespace)::", "")[:90]
+            leaves[name] = leaves.get(name, 0) + 1
+        elif any("libopdump" in f for f in above[1:]):
+            parts["called by opdump"] += 1
+        else:
+            parts["torch, Python and the rest"] += 1
+    n = max(len(samples), 1)
+    out = [f"{v * 100 / n:6.1f}%  {k}" for k, v in parts.items()]
+    out.append("  of the record path, the largest leaves:")
+    for name, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:top]:
+        out.append(f"{v * 100 / n:8.2f}%  {name}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -147,6 +192,12 @@ def main() -> int:
         print("## opdump on the job's thread, inclusive (children, self)")
         for l in lines[:args.top]:
             print(l[:200])
+        split = job_thread_split(data, window)
+        if split:
+            print()
+            print("## the job's thread, split by the leaf of each sample's stack")
+            for line in split:
+                print(line)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
