@@ -14,55 +14,56 @@
 
 namespace opdump {
 
+uint32_t name_id(std::string_view name) { return intern_name(rust::Str(name.data(), name.size())); }
+
 namespace {
 
-// Cached ids are stored plus one: 0 is "not asked yet".
-constexpr uint32_t kUnset = 0;
-
-uint32_t ask(std::string_view name) { return intern_name(rust::Str(name.data(), name.size())); }
-
-}  // namespace
-
-uint32_t name_id(std::string_view name) { return ask(name); }
-
-uint32_t dtype_name_id(at::ScalarType t) {
-  static std::array<std::atomic<uint32_t>, static_cast<size_t>(at::ScalarType::NumOptions)> ids{};
-  const auto i = static_cast<size_t>(t);
-  if (i >= ids.size()) return ask(c10::getDtypeNames(t).first);
-  uint32_t id = ids[i].load(std::memory_order_acquire);
-  if (id == kUnset) {
-    // The name Python prints without "torch.": float32, bfloat16, int64.
-    id = ask(c10::getDtypeNames(t).first) + 1;
-    if (id != kUnset) ids[i].store(id, std::memory_order_release);  // u32::MAX + 1 is not kept
+// The id in `slot`, asked for once: slots hold the id plus one, so that 0
+// means "not asked yet"; a failed ask (u32::MAX) is not kept.
+template <typename Name>
+uint32_t cached(std::atomic<uint32_t>& slot, Name name) {
+  uint32_t id = slot.load(std::memory_order_acquire);
+  if (id == 0) {
+    id = name_id(name()) + 1;
+    if (id != 0) slot.store(id, std::memory_order_release);
   }
   return id - 1;
 }
 
+}  // namespace
+
+uint32_t dtype_name_id(at::ScalarType t) {
+  static std::array<std::atomic<uint32_t>, static_cast<size_t>(at::ScalarType::NumOptions)> ids{};
+  // The name Python prints without "torch.": float32, bfloat16, int64.
+  auto name = [t] { return c10::getDtypeNames(t).first; };
+  const auto i = static_cast<size_t>(t);
+  return i < ids.size() ? cached(ids[i], name) : name_id(name());
+}
+
 uint32_t device_name_id(const at::Device& d) {
   if (d.is_cpu()) {
-    static const uint32_t cpu = ask("cpu");
+    static const uint32_t cpu = name_id("cpu");
     return cpu;
   }
   // A handful of devices per thread: a short list beats a map.
   thread_local std::vector<std::pair<at::Device, uint32_t>> seen;
   for (const auto& [device, id] : seen)
     if (device == d) return id;
-  const uint32_t id = ask(d.str());
+  const uint32_t id = name_id(d.str());
   seen.emplace_back(d, id);
   return id;
 }
 
 uint32_t return_name_id(size_t r) {
-  thread_local std::array<uint32_t, 16> ids{};
-  if (r >= ids.size()) return ask(std::to_string(r));
-  if (ids[r] == kUnset) ids[r] = ask(std::to_string(r)) + 1;
-  return ids[r] - 1;
+  static std::array<std::atomic<uint32_t>, 16> ids{};
+  auto name = [r] { return std::to_string(r); };
+  return r < ids.size() ? cached(ids[r], name) : name_id(name());
 }
 
 const OpNames& op_names(const c10::OperatorHandle& op) {
   // Keyed by the operator's entry, which lives as long as the op is
   // registered. An op deregistered and another registered at the same
-  // address is told apart by its name and argument count.
+  // address is told apart by its name, overload and argument count.
   thread_local std::unordered_map<const void*, OpNames> cache;
   const auto& name = op.operator_name();
   const auto& args = op.schema().arguments();
@@ -70,10 +71,10 @@ const OpNames& op_names(const c10::OperatorHandle& op) {
   if (n.args.size() != args.size() || n.name != name.name || n.overload != name.overload_name) {
     n.name = name.name;
     n.overload = name.overload_name;
-    n.op = ask(name.name);
-    n.overload_id = ask(name.overload_name.empty() ? "default" : name.overload_name);
+    n.op = name_id(name.name);
+    n.overload_id = name_id(name.overload_name.empty() ? "default" : name.overload_name);
     n.args.clear();
-    for (const auto& a : args) n.args.push_back(ask(a.name()));
+    for (const auto& a : args) n.args.push_back(name_id(a.name()));
   }
   return n;
 }
