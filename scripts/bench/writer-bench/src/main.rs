@@ -14,11 +14,17 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use opdump_format::{OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord};
+use opdump_format::{
+    OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
+};
 
 const OPS: &[(&str, &str, &str)] = &[
     ("aten::addmm", "default", "beta=1, alpha=1"),
-    ("aten::native_layer_norm", "default", "normalized_shape=[128], eps=1e-05"),
+    (
+        "aten::native_layer_norm",
+        "default",
+        "normalized_shape=[128], eps=1e-05",
+    ),
     ("aten::view", "default", "size=[16, 32, 128]"),
     ("aten::gelu", "default", "approximate='none'"),
     ("aten::add", "Tensor", "alpha=1"),
@@ -26,7 +32,13 @@ const OPS: &[(&str, &str, &str)] = &[
     ("aten::mul_", "Tensor", ""),
     ("aten::addcdiv_", "default", "value=-0.001"),
 ];
-const SHAPES: &[&[i64]] = &[&[16, 32, 128], &[512, 128], &[128], &[16, 4, 32, 32], &[384, 128]];
+const SHAPES: &[&[i64]] = &[
+    &[16, 32, 128],
+    &[512, 128],
+    &[128],
+    &[16, 4, 32, 32],
+    &[384, 128],
+];
 
 fn stride(shape: &[i64]) -> Vec<i64> {
     let mut s = vec![1; shape.len()];
@@ -36,16 +48,17 @@ fn stride(shape: &[i64]) -> Vec<i64> {
     s
 }
 
-fn tensor(role: Role, arg: &str, shape: &[i64], x: f64) -> TensorRecord {
+fn tensor(role: Role, arg: &'static str, shape: &[i64], x: f64) -> TensorRecord {
     let numel: i64 = shape.iter().product();
     TensorRecord {
         role,
-        arg: arg.to_string(),
+        // Names borrowed for the life of the process, as the plugin's interned ones are.
+        arg: arg.into(),
         list_index: None,
-        dtype: "float32".to_string(),
+        dtype: "float32".into(),
         shape: shape.to_vec(),
         stride: stride(shape),
-        device: "cpu".to_string(),
+        device: "cpu".into(),
         numel,
         name: None,
         capture_key: None,
@@ -62,6 +75,9 @@ fn tensor(role: Role, arg: &str, shape: &[i64], x: f64) -> TensorRecord {
             neginf_count: 0,
             zero_count: (x * 7.0) as i64 % 3,
         },
+        // OPDUMP_SKETCH's default: neither.
+        fingerprint: None,
+        sketch: None,
     }
 }
 
@@ -82,8 +98,8 @@ fn record(i: i64) -> OpRecord {
             1 => Phase::Backward,
             _ => Phase::Optimizer,
         },
-        op: op.to_string(),
-        overload: overload.to_string(),
+        op: op.into(),
+        overload: overload.into(),
         args: args.to_string(),
         start_ns: 1_700_000_000_000_000_000 + i * 1500,
         duration_ns: 700 + i % 300,
@@ -92,12 +108,20 @@ fn record(i: i64) -> OpRecord {
         fwd_seq: None,
         source: None,
         capture: None,
-        tensors: vec![tensor(Role::Input, "self", shape, x), tensor(Role::Output, "0", shape, x * 1.1)],
+        tensors: vec![
+            tensor(Role::Input, "self", shape, x),
+            tensor(Role::Output, "0", shape, x * 1.1),
+        ],
     }
 }
 
 fn writer(dir: &Path) -> RotatingWriter {
-    RotatingWriter::new(dir.join("rank=0").join("device=cpu"), "part-4242", RotateOptions::default(), vec![])
+    RotatingWriter::new(
+        dir.join("rank=0").join("device=cpu"),
+        "part-4242",
+        RotateOptions::default(),
+        vec![],
+    )
 }
 
 struct Run {
@@ -129,7 +153,12 @@ fn run_producer(ops: i64) -> Run {
         let r = std::hint::black_box(record(i));
         rows += r.row_count() as u64;
     }
-    Run { secs: t.elapsed().as_secs_f64(), rows, files: 0, bytes: 0 }
+    Run {
+        secs: t.elapsed().as_secs_f64(),
+        rows,
+        files: 0,
+        bytes: 0,
+    }
 }
 
 fn run_writer(ops: i64, dir: &Path) -> Run {
@@ -140,7 +169,12 @@ fn run_writer(ops: i64, dir: &Path) -> Run {
     }
     w.close_file().expect("close");
     let secs = t.elapsed().as_secs_f64();
-    Run { secs, rows: w.rows_written(), files: w.files_written(), bytes: dir_bytes(dir) }
+    Run {
+        secs,
+        rows: w.rows_written(),
+        files: w.files_written(),
+        bytes: dir_bytes(dir),
+    }
 }
 
 fn run_channel(ops: i64, dir: &Path) -> Run {
@@ -166,7 +200,12 @@ fn run_channel(ops: i64, dir: &Path) -> Run {
     drop(tx);
     let (rows, files) = h.join().expect("writer thread");
     let secs = t.elapsed().as_secs_f64();
-    Run { secs, rows, files, bytes: dir_bytes(dir) }
+    Run {
+        secs,
+        rows,
+        files,
+        bytes: dir_bytes(dir),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -185,7 +224,12 @@ fn main() {
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--ops" => ops = it.next().and_then(|v| v.replace('_', "").parse().ok()).expect("--ops N"),
+            "--ops" => {
+                ops = it
+                    .next()
+                    .and_then(|v| v.replace('_', "").parse().ok())
+                    .expect("--ops N")
+            }
             "--runs" => runs = it.next().and_then(|v| v.parse().ok()).expect("--runs N"),
             "--dir" => dir = it.next().map(PathBuf::from),
             _ => {
@@ -194,7 +238,9 @@ fn main() {
             }
         }
     }
-    let base = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("opdump-writer-bench-{}", std::process::id())));
+    let base = dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("opdump-writer-bench-{}", std::process::id()))
+    });
     println!("{} op calls × 2 tensors = {} rows per run; median of {} runs; files rotate every 500,000 rows", ops, 2 * ops, runs);
     println!();
     println!("| path | median s | rows/s | op calls/s | files | MiB written | runs (s) |");
