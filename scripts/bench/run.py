@@ -24,6 +24,8 @@ Configurations:
   msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
 and, on request (--configs): on-nomodules (OPDUMP_MODULES=0), on-source
 (OPDUMP_SOURCE=1), on-sketch (OPDUMP_SKETCH=16), on-before (the --before-lib build).
+--extra NAME=BASE,VAR=VALUE,... adds a configuration NAME that runs as BASE with
+the variables in its environment, e.g. on-passive=on,OMP_WAIT_POLICY=PASSIVE.
 
 Then the device tables: the TinyLM step on the test device `testdev`, with a
 simulated cost per host wait (TESTDEV_SYNC_US), one table per way testdev runs
@@ -87,6 +89,16 @@ TESTDEV_SETTINGS = {
 # The configurations that load libopdump.so, and those that dump with it.
 LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
 DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
+# --extra NAME=BASE,VAR=VALUE,...: NAME runs as BASE with VAR=VALUE added to
+# its environment (parent only; the child gets BASE and the variables in its spec).
+EXTRA_BASES = ("baseline", "off", "on", "on-noreuse", "on-nomodules", "on-source", "on-sketch")
+EXTRA: dict = {}
+
+
+def base_of(config: str) -> str:
+    return EXTRA[config][0] if config in EXTRA else config
+
+
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
@@ -117,7 +129,7 @@ def child(spec: dict) -> None:
     sys.path.insert(0, str(HERE))
     import tinylm
 
-    cfg = spec["config"]
+    cfg = spec.get("base", spec["config"])  # an --extra configuration behaves as its base
     if spec["threads"] == 1:
         torch.set_num_threads(1)
     out_dir = spec["out_dir"]
@@ -402,20 +414,22 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     spec = dict(spec, out_dir=str(out))
     env = clean_env()
     env.update(spec.get("env", {}))
-    if spec["config"] in DUMPING or spec["config"] == "hook-only":
+    cfg = spec.get("base", spec["config"])
+    if cfg in DUMPING or cfg == "hook-only":
         env.update(OPDUMP="1", OPDUMP_DIR=str(out))
-        if spec["config"] == "hook-only":
+        if cfg == "hook-only":
             env["OPDUMP_HOOK_ONLY"] = "1"
-        if spec["config"] == "on-noreuse":
+        if cfg == "on-noreuse":
             env["OPDUMP_REUSE"] = "0"
-        if spec["config"] == "on-sync":
+        if cfg == "on-sync":
             env["OPDUMP_DEVICE_SYNC"] = "1"
-        if spec["config"] == "on-nomodules":
+        if cfg == "on-nomodules":
             env["OPDUMP_MODULES"] = "0"
-        if spec["config"] == "on-source":
+        if cfg == "on-source":
             env["OPDUMP_SOURCE"] = "1"
-        if spec["config"] == "on-sketch":
+        if cfg == "on-sketch":
             env["OPDUMP_SKETCH"] = "16"
+    env.update(spec.get("extra_env", {}))
     opdump_lines = []
     try:
         r = subprocess.run([py, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
@@ -467,6 +481,8 @@ def bench_threads(threads: int, workloads: list[str], configs: list[str], args, 
                         before_lib=args.before_lib_copy)
             if device:
                 spec.update(device="testdev", env=device["env"])
+            if c in EXTRA:
+                spec.update(base=EXTRA[c][0], extra_env=EXTRA[c][1])
             t0 = time.time()
             reps = run_child(py_for[c], spec, tmp, args.child_timeout)
             msgs = []
@@ -542,7 +558,7 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         drops = [r.get("dropped", 0) + r.get("failed", 0) for r in good]
         if any(drops):
             notes.append(f"{c}: dropped+failed op calls per run: {drops}")
-        if c in DUMPING or c == "peer":
+        if base_of(c) in DUMPING or c == "peer":
             fl = statistics.median(r.get("flush_s", 0.0) for r in good)
             nt = statistics.median(len(r["times"]) for r in good)
             notes.append(f"{c}: final flush after the timed steps: median {fl * 1e3:.0f} ms "
@@ -564,6 +580,11 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         notes.append(f"on-source / on = {meds['on-source'] / meds['on']:.2f}× (what OPDUMP_SOURCE=1 costs)")
     if "on" in meds and "on-before" in meds:
         notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× (the --before-lib build against this one)")
+    for c in configs:
+        if c in EXTRA and c in meds and EXTRA[c][0] in meds:
+            b = EXTRA[c][0]
+            notes.append(f"{c} / {b} = {meds[c] / meds[b]:.2f}× (what {' '.join(f'{k}={v}' for k, v in EXTRA[c][1].items())} "
+                         f"changes); {c} − {b} = {(meds[c] - meds[b]) * 1e3:+.1f} ms a step")
     if device:
         waits = {c: statistics.median(r["job_waits_per_step"] for r in results[c] if "job_waits_per_step" in r)
                  for c in configs if any("job_waits_per_step" in r for r in results[c])}
@@ -881,6 +902,10 @@ def main() -> int:
                     help="comma list of: " + ", ".join(w for w in WORKLOADS if w != "testdev"))
     ap.add_argument("--threads", default="1,default", help="comma list of 1 and/or default")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=BASE,VAR=VALUE,...",
+                    help="one more configuration, NAME: the configuration BASE (" + ", ".join(EXTRA_BASES) +
+                         ") with VAR=VALUE added to its environment, e.g. "
+                         "on-passive=on,OMP_WAIT_POLICY=PASSIVE; repeatable; run beside --configs")
     ap.add_argument("--warmup", type=int, default=2, help="TinyLM (tiny, tiny-v1000) warm-up steps")
     ap.add_argument("--steps", type=int, default=30, help="TinyLM (tiny, tiny-v1000) timed steps (at most)")
     ap.add_argument("--max-seconds", type=float, default=2.0,
@@ -944,7 +969,18 @@ def main() -> int:
         print(f"bench: {LIB} is missing; run scripts/setup.sh", file=sys.stderr)
         return 2
 
+    for spec in args.extra:
+        name, _, rest = spec.partition("=")
+        base, *pairs = rest.split(",")
+        env = dict(p.split("=", 1) for p in pairs if "=" in p)
+        if not name or name in DESCRIBE or base not in EXTRA_BASES or len(env) != len(pairs) or not env:
+            print(f"bench: --extra {spec!r}: expected NAME=BASE,VAR=VALUE,... with a new NAME, BASE one of "
+                  f"{', '.join(EXTRA_BASES)} and at least one VAR=VALUE", file=sys.stderr)
+            return 2
+        EXTRA[name] = (base, env)
+        DESCRIBE[name] = DESCRIBE[base] + ", " + " ".join(f"{k}={v}" for k, v in env.items())
     configs = [] if args.parts_only else [c for c in args.configs.split(",") if c]
+    configs += [c for c in EXTRA if c not in configs and not args.parts_only]
     device_configs = [] if args.parts_only or args.no_testdev else [c for c in args.testdev_configs.split(",") if c]
     if not args.before_lib:
         device_configs = [c for c in device_configs if c != "on-before"]
