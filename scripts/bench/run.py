@@ -634,6 +634,8 @@ def bound_table(workload: str, threads: int, results: dict, meds: dict) -> list[
         bound = read + (hook or 0.0)
         hook_s = "not run" if hook is None else f"{hook * 1e3:.2f}"
         ratio = f"{added / bound:.1f}×" if bound > 0 else "–"
+        if n == 1 and bound > 0 and hook is not None:  # the goals table's "added / limit"
+            SUMMARY.setdefault("added_over_bound", {})[(workload, threads)] = added / bound
         lines.append(f"| {'1 thread' if n == 1 else f'all {n} threads'} | {rate / 1e9:.1f} | {read * 1e3:.2f} "
                      f"| {hook_s} | {bound * 1e3:.2f} | {added * 1e3:.2f} | {ratio} |")
     lines += _bound_caveats(on, hook)
@@ -743,6 +745,13 @@ def hook_only_support(tmp: Path, lib: str) -> str:
 SUMMARY: dict = {"groups": {}}
 
 
+# The step-time goals per workload and thread setting (1, or 0 for torch's
+# default); the rest have the general one, 1.5×.
+STEP_GOALS = {("tiny", 1): 1.25, ("tiny", 0): 1.5, ("tiny-v1000", 1): 1.5, ("large", 0): 1.25}
+# What opdump adds over the physical limit (one thread's bandwidth).
+ADDED_OVER_BOUND_GOAL = 3.0
+
+
 def goal_table() -> list[str]:
     rows = []
     groups = SUMMARY["groups"]
@@ -760,8 +769,13 @@ def goal_table() -> list[str]:
                         f"| {'met' if r <= 1.02 else 'not met'} |")
         if base and "on" in meds:
             r, ra, rc = meds["on"] / base, ams["on"] / base_am, cpus["on"] / base_cpu
-            rows.append(f"| dumping on (defaults), {wl}, {tname(t)} | ≤ 1.5× (aim 1.25×) | {r:.2f}× "
-                        f"(amortized {ra:.2f}×, CPU time {rc:.2f}×) | {'met' if max(r, ra) <= 1.5 else 'not met'} |")
+            goal = 1.5 if dev else STEP_GOALS.get((wl, t), 1.5)
+            rows.append(f"| dumping on (defaults), {wl}, {tname(t)} | ≤ {goal:g}× | {r:.2f}× "
+                        f"(amortized {ra:.2f}×, CPU time {rc:.2f}×) | {'met' if r <= goal else 'not met'} |")
+        over = SUMMARY.get("added_over_bound", {}).get((wl, t)) if not dev else None
+        if over is not None:
+            rows.append(f"| added time / physical limit (one thread's bandwidth), {wl}, {tname(t)} "
+                        f"| ≤ {ADDED_OVER_BOUND_GOAL:g}× | {over:.1f}× | {'met' if over <= ADDED_OVER_BOUND_GOAL else 'not met'} |")
         if "on" in meds and "peer" in meds:
             r = meds["peer"] / meds["on"]
             rows.append(f"| opdump faster than the Python peer, {wl}, {tname(t)} | ≥ 2× | {r:.2f}× "
