@@ -6,13 +6,15 @@
 // hashes of eight groups at once; a group of 16 values is four float64
 // vectors, signed by xors of the sign bit and added to one row of the
 // state. Float32 values are signed before they are widened, with the bits
-// of a_g shifted into the sign bit lane by lane.
+// of a_g shifted into the sign bit lane by lane. (The statistics' float32
+// kernel takes both in its own pass where it can: signature_avx2.h.)
 
 #include <immintrin.h>
 
 #include <algorithm>
 
 #include "signature.h"
+#include "signature_avx2.h"
 
 namespace opdump::sig::avx2 {
 
@@ -22,22 +24,6 @@ namespace generic {
 
 namespace {
 
-// Lane l of vector q of a group holds element 4q + l; its sign is bit 4q + l
-// of `bits`. The masks of each nibble (the sign bit set in the lanes to
-// flip) come from a table of 16.
-struct NibbleMasks {
-  alignas(32) uint64_t m[16][4];
-  NibbleMasks() {
-    for (int v = 0; v < 16; ++v)
-      for (int l = 0; l < 4; ++l) m[v][l] = (v >> l) & 1 ? 0x8000000000000000ull : 0;
-  }
-};
-const NibbleMasks kMasks;
-
-inline __m256d sign_mask(uint32_t bits, int q) {
-  return _mm256_load_pd(reinterpret_cast<const double*>(kMasks.m[(bits >> (4 * q)) & 15]));
-}
-
 // One group of 16 values as four vectors (lanes 4q..4q+3 in v[q]), signed by
 // the bits of a_g and added to row c_g of the state.
 inline void add_group16(const __m256d (&v)[4], uint32_t a, uint32_t c, SketchState& st) {
@@ -45,27 +31,6 @@ inline void add_group16(const __m256d (&v)[4], uint32_t a, uint32_t c, SketchSta
   for (int q = 0; q < 4; ++q)
     _mm256_storeu_pd(row + 4 * q,
                      _mm256_add_pd(_mm256_loadu_pd(row + 4 * q), _mm256_xor_pd(v[q], sign_mask(a, q))));
-}
-
-// The hashes a_g and c_g of the eight groups from that of element e (a
-// multiple of 16) on: fmix32 eight lanes wide.
-inline __m256i fmix32x8(__m256i h) {
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
-  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-}
-
-inline void hashes16x8(uint64_t e, uint32_t (&a)[8], uint32_t (&c)[8]) {
-  const __m256i g = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(e >> 4))),
-                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i x = _mm256_mullo_epi32(g, _mm256_set1_epi32(static_cast<int>(kGolden)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(a),
-                      fmix32x8(_mm256_add_epi32(x, _mm256_set1_epi32(static_cast<int>(kSignSeed)))));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
-                      _mm256_and_si256(fmix32x8(_mm256_add_epi32(x, _mm256_set1_epi32(static_cast<int>(kProjSeed)))),
-                                       _mm256_set1_epi32(15)));
 }
 
 // Whole groups of 16 values from x, the first being element `first` (a

@@ -182,6 +182,25 @@ struct Measured {
   }
 };
 
+// float32 with a sketch of 16, the default length, where the CPU has AVX2:
+// one kernel takes a block's statistics, fingerprint and sketch from the
+// same loads (about 30% less time than the three kernels in turn:
+// scripts/bench/signature_kernels.cpp).
+template <typename T>
+bool signed_block(const T* p, int64_t s, int64_t b, Acc& acc, SignatureRun& r) {
+#if STATS_HAVE_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (r.sig.k != 16 || s % 16 != 0 || !avx2::usable() || !sig::avx2::usable()) return false;
+    if (!avx2::add_block_signed(p + s, b, static_cast<uint64_t>(s), acc, r.sig, r.st)) return false;
+    const int64_t done = b - b % 16;
+    if (done < b) r.add(p, s + done, b - done);
+    return true;
+  }
+#endif
+  (void)p, (void)s, (void)b, (void)acc, (void)r;
+  return false;
+}
+
 template <typename T>
 Measured accumulate(const T* p, int64_t n, const SignatureSpec* spec) {
   Measured total;
@@ -192,6 +211,7 @@ Measured accumulate(const T* p, int64_t n, const SignatureSpec* spec) {
     if (spec != nullptr) r.emplace(spec->words, spec->per_element, spec->k);
     for (int64_t s = first; s < first + len; s += kBlock) {
       const int64_t b = std::min(kBlock, first + len - s);
+      if (r && signed_block(p, s, b, m.acc, *r)) continue;
       if (!fast_block(p + s, b, m.acc)) add_block(p + s, b, m.acc);
       if (r) r->add(p, s, b);
     }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "signature.h"
+
 namespace opdump {
 
 struct Acc {
@@ -49,6 +51,13 @@ bool usable();
 bool add_block(const float* p, int64_t m, Acc& acc);
 bool add_block(const double* p, int64_t m, Acc& acc);
 bool add_block_bf16(const uint16_t* p, int64_t m, Acc& acc);
+// add_block's statistics of float32 values and, in the same pass, the
+// fingerprint and the sketch (K = 16) of the first m - m % 16 of them: the
+// first value is element `first` (a multiple of 16) of the tensor, and the
+// caller adds the last m % 16. On false (a NaN or an infinity) nothing has
+// been added to any of the three.
+bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::Signature& sig,
+                      sig::SketchState& st);
 bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc);
 }  // namespace avx2
 

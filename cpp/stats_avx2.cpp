@@ -23,6 +23,7 @@
 
 #include <immintrin.h>
 
+#include "signature_avx2.h"
 #include "stats_acc.h"
 
 namespace opdump::avx2 {
@@ -93,8 +94,14 @@ void finish(int64_t m, int64_t zero, double mn, double mx, double pivot, double 
 
 // Blocks of 8 float32 lanes, read through `load` (8 values at offset i) and
 // `scalar` (one value), so float32, bfloat16 and float16 share the code.
-template <typename Load, typename Scalar>
-bool block8(int64_t m, Load load, Scalar scalar, Acc& acc) {
+// `each` sees every run of 16 values the vector loop takes, as loaded and
+// widened (add_block_signed gives them to the signature).
+struct NoSignature {
+  void operator()(__m256, __m256, const __m256d (&)[4]) const {}
+};
+
+template <typename Load, typename Scalar, typename Each = NoSignature>
+bool block8(int64_t m, Load load, Scalar scalar, Acc& acc, Each each = {}) {
   if (m <= 0) return true;
   const double pivot = scalar(0);
   const __m256 zero_ps = _mm256_setzero_ps();
@@ -111,10 +118,13 @@ bool block8(int64_t m, Load load, Scalar scalar, Acc& acc) {
     // A true comparison is all ones (-1): subtracting it counts one.
     z = _mm256_sub_epi32(z, _mm256_castps_si256(_mm256_cmp_ps(a, zero_ps, _CMP_EQ_OQ)));
     z = _mm256_sub_epi32(z, _mm256_castps_si256(_mm256_cmp_ps(b, zero_ps, _CMP_EQ_OQ)));
-    const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), pv);
-    const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), pv);
-    const __m256d d2 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(b)), pv);
-    const __m256d d3 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)), pv);
+    const __m256d v[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
+                          _mm256_cvtps_pd(_mm256_castps256_ps128(b)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))};
+    each(a, b, v);
+    const __m256d d0 = _mm256_sub_pd(v[0], pv);
+    const __m256d d1 = _mm256_sub_pd(v[1], pv);
+    const __m256d d2 = _mm256_sub_pd(v[2], pv);
+    const __m256d d3 = _mm256_sub_pd(v[3], pv);
     s0 = _mm256_add_pd(s0, d0);
     s1 = _mm256_add_pd(s1, d1);
     s2 = _mm256_add_pd(s2, d2);
@@ -161,6 +171,17 @@ bool usable() {
 bool add_block(const float* p, int64_t m, Acc& acc) {
   return block8(
       m, [p](int64_t i) { return _mm256_loadu_ps(p + i); }, [p](int64_t i) { return p[i]; }, acc);
+}
+
+bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::Signature& sig,
+                      sig::SketchState& st) {
+  alignas(32) double rows[16 * 16] = {};
+  sig::avx2::Floats16 signature(first, rows);
+  const bool finite = block8(
+      m, [p](int64_t i) { return _mm256_loadu_ps(p + i); }, [p](int64_t i) { return p[i]; }, acc,
+      [&](__m256 a, __m256 b, const __m256d (&v)[4]) { signature.add(a, b, v); });
+  if (finite) signature.add_to(sig, st);
+  return finite;
 }
 
 bool add_block_bf16(const uint16_t* p, int64_t m, Acc& acc) {

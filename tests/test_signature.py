@@ -29,6 +29,11 @@ xs = {
     "c128": torch.randn(5, dtype=torch.complex128),
     "big": torch.randn(1_100_003),
     "nonfinite": torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -0.0, -float("nan")]),
+    # Blocks of 1,024 with an infinity, a NaN, none: the one-pass float32
+    # kernel gives the first two back to the kernels of the other dtypes.
+    "f32nonfinite": torch.randn(3000).index_put_(
+        (torch.tensor([40, 1500]),), torch.tensor([float("inf"), -float("nan")])
+    ),
     "one": torch.tensor([3.5]),
 }
 """

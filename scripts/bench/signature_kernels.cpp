@@ -1,19 +1,29 @@
 // The fingerprint and sketch kernels alone: nanoseconds per element over
 // 1M float32 values, and a check of both against the README's definition
 // (the fingerprint word by word, the sketch as the O(n·K) sum), for runs
-// split at places that are not block boundaries. Build and run from the repository root:
+// split at places that are not block boundaries. Then the one-pass float32
+// kernel (statistics, fingerprint and sketch from the same loads,
+// cpp/stats_avx2.cpp's add_block_signed) against the three kernels run in
+// turn on the same blocks of 1,024, as cpp/stats.cpp runs them, over a
+// tensor of 16K values (64 KiB, about the TinyLM's mean measured tensor),
+// with its results checked against both. Build and run from the repository
+// root:
 //
-//   g++ -O3 -std=c++17 -mavx2 -mfma -c cpp/signature_avx2.cpp -Icpp -o /tmp/sig_avx2.o
+//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/signature_avx2.cpp -Icpp -o /tmp/sig_avx2.o
+//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/stats_avx2.cpp -Icpp -o /tmp/stats_avx2.o
 //   mkdir -p /tmp/siginc/opdump && ln -sfn "$PWD/cpp" /tmp/siginc/opdump/cpp
 //   g++ -O3 -std=c++20 -DSTATS_HAVE_AVX2=1 -I/tmp/siginc cpp/signature.cpp \
-//       scripts/bench/signature_kernels.cpp /tmp/sig_avx2.o -Icpp -o /tmp/sig_bench && /tmp/sig_bench
+//       scripts/bench/signature_kernels.cpp /tmp/sig_avx2.o /tmp/stats_avx2.o -Icpp -o /tmp/sig_bench && /tmp/sig_bench
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "signature.h"
+#include "stats_acc.h"
 
 using namespace opdump::sig;
 
@@ -58,6 +68,61 @@ static int check_fingerprint() {
     bad += b.fingerprint() != direct_fp(u32, 2000);
   }
   std::printf("fingerprint against the definition: %s\n", bad == 0 ? "equal" : "DIFFERENT");
+  return bad;
+}
+
+// The one-pass kernel against the three in turn: time per element (the
+// faster of 5 rounds), and its statistics (bitwise), fingerprint (exactly)
+// and sketch (to 1e-12 relative: its state is added up in another order)
+// against theirs and against the definition.
+static int one_pass() {
+  constexpr int64_t n = 16384, block = 1024;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f) * 3.0f + 0.5f;
+  struct Out {
+    opdump::Acc acc;
+    Signature sig;
+    double ns = 1e30;
+  } three, one;
+  auto run = [&](bool fused, Out& out) {
+    for (int round = 0; round < 5; ++round) {
+      const int reps = 2000;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) {
+        opdump::Acc acc;
+        Signature sig;
+        sig.k = 16;
+        SketchState st(16);
+        for (int64_t s = 0; s < n; s += block) {
+          if (fused) {
+            opdump::avx2::add_block_signed(x.data() + s, block, s, acc, sig, st);
+          } else {
+            opdump::avx2::add_block(x.data() + s, block, acc);
+            add_fingerprint(x.data() + s, block, s, Words::F32, sig);
+            add_sketch_f32(x.data() + s, block, s, st);
+          }
+        }
+        sketch_finish(st, sig);
+        out.acc = acc;
+        out.sig = sig;
+      }
+      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+      out.ns = std::min(out.ns, ns / (reps * static_cast<double>(n)));
+    }
+  };
+  run(false, three);
+  run(true, one);
+  std::printf("one pass over blocks of 1,024 float32: %.3f ns/element, the three kernels in turn %.3f (%.0f%% less)\n",
+              one.ns, three.ns, 100.0 * (1.0 - one.ns / three.ns));
+  std::vector<double> xd(x.begin(), x.end());
+  double want[32] = {};
+  direct(xd.data(), n, 16, want);
+  int bad = 0;
+  bad += std::memcmp(&one.acc, &three.acc, sizeof one.acc) != 0;
+  bad += one.sig.fingerprint() != three.sig.fingerprint();
+  bad += one.sig.fingerprint() != direct_fp(reinterpret_cast<const uint32_t*>(x.data()), n);
+  for (int j = 0; j < 16; ++j) bad += std::fabs(one.sig.sketch[j] - want[j]) > 1e-12 * (1.0 + std::fabs(want[j]));
+  std::printf("one pass against the three kernels and the definition: %s\n", bad == 0 ? "equal" : "DIFFERENT");
   return bad;
 }
 
@@ -112,5 +177,5 @@ int main() {
     for (int j = 0; j < 16; ++j) bad += std::fabs(s.sketch[j] - want[j]) > 1e-9;
   }
   std::printf("sketch against the definition: %s\n", bad == 0 ? "equal" : "DIFFERENT");
-  return bad + check_fingerprint() != 0;
+  return bad + check_fingerprint() + one_pass() != 0;
 }
