@@ -91,7 +91,7 @@ LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-n
 DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
 # --extra NAME=BASE,VAR=VALUE,...: NAME runs as BASE with VAR=VALUE added to
 # its environment (parent only; the child gets BASE and the variables in its spec).
-EXTRA_BASES = ("baseline", "off", "on", "on-noreuse", "on-nomodules", "on-source", "on-sketch")
+EXTRA_BASES = ("baseline", "off", "on", "on-noreuse", "on-nomodules", "on-source", "on-sketch", "on-before")
 EXTRA: dict = {}
 
 
@@ -998,6 +998,9 @@ def main() -> int:
     device_configs = [] if args.parts_only or args.no_testdev else [c for c in args.testdev_configs.split(",") if c]
     if not args.before_lib:
         device_configs = [c for c in device_configs if c != "on-before"]
+        if any(base == "on-before" for base, _ in EXTRA.values()):
+            print("bench: an --extra configuration based on on-before needs --before-lib", file=sys.stderr)
+            return 2
         if "on-before" in configs:
             print("bench: on-before needs --before-lib", file=sys.stderr)
             return 2
