@@ -24,15 +24,6 @@ namespace generic {
 
 namespace {
 
-// One group of 16 values as four vectors (lanes 4q..4q+3 in v[q]), signed by
-// the bits of a_g and added to row c_g of the state.
-inline void add_group16(const __m256d (&v)[4], uint32_t a, uint32_t c, SketchState& st) {
-  double* row = st.acc + c * 16;
-  for (int q = 0; q < 4; ++q)
-    _mm256_storeu_pd(row + 4 * q,
-                     _mm256_add_pd(_mm256_loadu_pd(row + 4 * q), _mm256_xor_pd(v[q], sign_mask(a, q))));
-}
-
 // Whole groups of 16 values from x, the first being element `first` (a
 // multiple of 16), the hashes taken eight groups at a time; returns how
 // many values were taken. `group` adds one group given a_g and c_g.
@@ -52,7 +43,7 @@ int64_t groups16_f64(const double* x, int64_t n, uint64_t first, SketchState& st
   return groups16(n, first, [&](int64_t i, uint32_t a, uint32_t c) {
     const __m256d v[4] = {_mm256_loadu_pd(x + i), _mm256_loadu_pd(x + i + 4), _mm256_loadu_pd(x + i + 8),
                           _mm256_loadu_pd(x + i + 12)};
-    add_group16(v, a, c, st);
+    add_group16(v, a, st.acc + c * 16);
   });
 }
 

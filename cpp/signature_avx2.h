@@ -29,6 +29,14 @@ inline __m256d sign_mask(uint32_t bits, int q) {
   return _mm256_load_pd(reinterpret_cast<const double*>(kMasks.m[(bits >> (4 * q)) & 15]));
 }
 
+// One group of 16 values as four vectors (lanes 4q..4q+3 in v[q]), signed by
+// the bits of a_g and added to `row`, row c_g of a sketch state.
+inline void add_group16(const __m256d (&v)[4], uint32_t a, double* row) {
+  for (int q = 0; q < 4; ++q)
+    _mm256_storeu_pd(row + 4 * q,
+                     _mm256_add_pd(_mm256_loadu_pd(row + 4 * q), _mm256_xor_pd(v[q], sign_mask(a, q))));
+}
+
 // fmix32 eight lanes wide.
 inline __m256i fmix32x8(__m256i h) {
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
@@ -89,11 +97,7 @@ class Floats16 {
       hashes16x8(e, a_, c_);
     }
     const int g = static_cast<int>((e - hashed_) / 16);
-    double* row = rows_ + c_[g] * 16;
-    for (int r = 0; r < 4; ++r) {
-      const __m256d signed_v = _mm256_xor_pd(v[r], sign_mask(a_[g], r));
-      _mm256_store_pd(row + 4 * r, _mm256_add_pd(_mm256_load_pd(row + 4 * r), signed_v));
-    }
+    add_group16(v, a_[g], rows_ + c_[g] * 16);
   }
 
   void add_to(Signature& sig, SketchState& st) const {
@@ -101,7 +105,7 @@ class Floats16 {
     _mm256_store_si256(reinterpret_cast<__m256i*>(f), f_);
     sig.f += f[0] + f[1] + f[2] + f[3];
     for (int i = 0; i < 16 * 16; i += 4)
-      _mm256_storeu_pd(st.acc + i, _mm256_add_pd(_mm256_loadu_pd(st.acc + i), _mm256_load_pd(rows_ + i)));
+      _mm256_storeu_pd(st.acc + i, _mm256_add_pd(_mm256_loadu_pd(st.acc + i), _mm256_loadu_pd(rows_ + i)));
   }
 
  private:
@@ -115,7 +119,7 @@ class Floats16 {
   uint32_t a_[8], c_[8];
   __m256i block_;    // the key of the block of 64 words of the next group
   __m256i f_ = _mm256_setzero_si256();
-  double* rows_;  // the sketch's state, rows c_g, 32-byte aligned
+  double* rows_;  // the sketch's state, rows c_g
 };
 
 }  // namespace opdump::sig::avx2

@@ -186,11 +186,15 @@ struct Measured {
 // one kernel takes a block's statistics, fingerprint and sketch from the
 // same loads (about 30% less time than the three kernels in turn:
 // scripts/bench/signature_kernels.cpp).
+// Blocks start at multiples of 16, as the one pass needs: chunks and blocks
+// are multiples of it. (avx2::usable() implies the signature's AVX2 too.)
+static_assert(kChunk % kBlock == 0 && kBlock % 16 == 0);
+
 template <typename T>
 bool signed_block(const T* p, int64_t s, int64_t b, Acc& acc, SignatureRun& r) {
 #if STATS_HAVE_AVX2
   if constexpr (std::is_same_v<T, float>) {
-    if (r.sig.k != 16 || s % 16 != 0 || !avx2::usable() || !sig::avx2::usable()) return false;
+    if (r.sig.k != 16 || !avx2::usable()) return false;
     if (!avx2::add_block_signed(p + s, b, static_cast<uint64_t>(s), acc, r.sig, r.st)) return false;
     const int64_t done = b - b % 16;
     if (done < b) r.add(p, s + done, b - done);

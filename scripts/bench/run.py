@@ -99,6 +99,11 @@ def base_of(config: str) -> str:
     return EXTRA[config][0] if config in EXTRA else config
 
 
+def extra_vars(config: str) -> str:
+    """The VAR=VALUE text of an --extra configuration."""
+    return " ".join(f"{k}={v}" for k, v in EXTRA[config][1].items())
+
+
 DESCRIBE = {
     "baseline": "opdump not loaded",
     "off": "libopdump.so loaded, dumping off",
@@ -581,10 +586,10 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
     if "on" in meds and "on-before" in meds:
         notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× (the --before-lib build against this one)")
     for c in configs:
-        if c in EXTRA and c in meds and EXTRA[c][0] in meds:
-            b = EXTRA[c][0]
-            notes.append(f"{c} / {b} = {meds[c] / meds[b]:.2f}× (what {' '.join(f'{k}={v}' for k, v in EXTRA[c][1].items())} "
-                         f"changes); {c} − {b} = {(meds[c] - meds[b]) * 1e3:+.1f} ms a step")
+        b = base_of(c)
+        if c in EXTRA and c in meds and b in meds:
+            notes.append(f"{c} / {b} = {meds[c] / meds[b]:.2f}× (what {extra_vars(c)} changes); "
+                         f"{c} − {b} = {(meds[c] - meds[b]) * 1e3:+.1f} ms a step")
     if device:
         waits = {c: statistics.median(r["job_waits_per_step"] for r in results[c] if "job_waits_per_step" in r)
                  for c in configs if any("job_waits_per_step" in r for r in results[c])}
@@ -992,17 +997,14 @@ def main() -> int:
                   f"{', '.join(EXTRA_BASES)} and at least one VAR=VALUE", file=sys.stderr)
             return 2
         EXTRA[name] = (base, env)
-        DESCRIBE[name] = DESCRIBE[base] + ", " + " ".join(f"{k}={v}" for k, v in env.items())
+        DESCRIBE[name] = DESCRIBE[base] + ", " + extra_vars(name)
     configs = [] if args.parts_only else [c for c in args.configs.split(",") if c]
     configs += [c for c in EXTRA if c not in configs and not args.parts_only]
     device_configs = [] if args.parts_only or args.no_testdev else [c for c in args.testdev_configs.split(",") if c]
     if not args.before_lib:
         device_configs = [c for c in device_configs if c != "on-before"]
-        if any(base == "on-before" for base, _ in EXTRA.values()):
-            print("bench: an --extra configuration based on on-before needs --before-lib", file=sys.stderr)
-            return 2
-        if "on-before" in configs:
-            print("bench: on-before needs --before-lib", file=sys.stderr)
+        if any(base_of(c) == "on-before" for c in configs):
+            print("bench: on-before (or an --extra configuration based on it) needs --before-lib", file=sys.stderr)
             return 2
     py_for = {c: str(VENV_PY) for c in configs + device_configs}
     header_notes = []
