@@ -1,8 +1,15 @@
 """The wheel (scripts/wheel.sh), installed where there is no compiler: a
-fresh venv that gets torch from pip's cache, with cargo, g++ and cc off PATH.
+fresh venv with cargo, g++ and cc off PATH, into which pip installs the wheel
+and its [analysis] extra.
 
-The wheel is built from the release build the set-up made (about 15 s); the
-venv takes about 2 minutes (unpacking torch)."""
+That venv sees the test run's own torch, as a user's environment already has
+one, through a .pth file and links rather than a second copy: torch from PyPI
+with its CUDA libraries is about 6 GB unpacked, and a copy for every run
+filled CI's disk. pip counts it as installed, so the wheel's torch
+requirement is checked against it.
+
+The wheel is built from the release build the set-up made (about 15 s), the
+venv in about 30 s; the venv is removed when the module's tests end."""
 
 import json
 import os
@@ -10,10 +17,12 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from packaging.requirements import Requirement
 
 from conftest import ROOT, TARGET
 
@@ -35,6 +44,34 @@ def build_wheel(out: Path, *args: str) -> Path:
     return Path(p.stdout.strip().splitlines()[-1])
 
 
+def link_torch(into: Path) -> list:
+    """Links the running torch and everything it requires (with the extras
+    asked for, under this platform's markers) into `into`, one link per
+    top-level file or folder of each distribution; returns the names."""
+    into.mkdir()
+    seen, todo, names = set(), [("torch", "")], []
+    while todo:
+        name, extra = todo.pop()
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue  # not here: pip installs it into the venv
+        key = (dist.metadata["Name"].lower().replace("_", "-"), extra)
+        if key in seen:
+            continue
+        seen.add(key)
+        names.append(dist.metadata["Name"])
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
+        for top in {f.parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
+            src, dst = Path(dist.locate_file(top)), into / top
+            if src.exists() and not dst.exists():
+                dst.symlink_to(src)
+    return names
+
+
 class Venv:
     """A fresh venv with the wheel installed, and a PATH with no compiler."""
 
@@ -43,12 +80,21 @@ class Venv:
         self.bin = root / "venv" / "bin"
         self.python = self.bin / "python"
         subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
-        # torch the same version as the build's, from pip's cache; the
-        # [analysis] extra brings duckdb, pandas and pyarrow.
+        # The running torch, linked from outside the venv's prefix: pip does
+        # not uninstall what lies outside it, so nothing it resolves can
+        # reach the test run's own environment.
+        linked = link_torch(root / "host-torch")
+        assert "torch" in linked, linked
+        site = subprocess.run([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        (Path(site) / "host-torch.pth").write_text(f"{root / 'host-torch'}\n")
+        # The wheel and its [analysis] extra (duckdb, pandas, pyarrow); torch
+        # must already count as installed, at the build's version.
         p = subprocess.run([str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                             f"{wheel}[analysis]", f"torch=={TORCH_VERSION}"],
                            capture_output=True, text=True, timeout=1200)
         assert p.returncode == 0, p.stderr[-4000:]
+        assert not list(Path(site).glob("torch-*.dist-info")), "pip installed a second torch"
         # A few plain tools, and nothing that compiles.
         tools = root / "tools"
         tools.mkdir()
@@ -77,7 +123,11 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, wheel) -> Venv:
-    return Venv(tmp_path_factory.mktemp("wheel-venv"), wheel)
+    root = tmp_path_factory.mktemp("wheel-venv")
+    try:  # removed even when the set-up fails, so that no run leaves it behind
+        yield Venv(root, wheel)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def rows_in(dump: Path) -> int:
