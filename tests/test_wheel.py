@@ -17,12 +17,14 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from conftest import ROOT, TARGET
 
@@ -44,23 +46,22 @@ def build_wheel(out: Path, *args: str) -> Path:
     return Path(p.stdout.strip().splitlines()[-1])
 
 
-def link_torch(into: Path) -> list:
+def link_torch(into: Path) -> set:
     """Links the running torch and everything it requires (with the extras
     asked for, under this platform's markers) into `into`, one link per
-    top-level file or folder of each distribution; returns the names."""
+    top-level file or folder of each distribution; returns their names."""
     into.mkdir()
-    seen, todo, names = set(), [("torch", "")], []
+    seen, todo = set(), [("torch", "")]
     while todo:
         name, extra = todo.pop()
         try:
             dist = distribution(name)
         except PackageNotFoundError:
             continue  # not here: pip installs it into the venv
-        key = (dist.metadata["Name"].lower().replace("_", "-"), extra)
+        key = (canonicalize_name(dist.metadata["Name"]), extra)
         if key in seen:
             continue
         seen.add(key)
-        names.append(dist.metadata["Name"])
         for text in dist.requires or []:
             req = Requirement(text)
             if req.marker is None or req.marker.evaluate({"extra": extra}):
@@ -69,7 +70,7 @@ def link_torch(into: Path) -> list:
             src, dst = Path(dist.locate_file(top)), into / top
             if src.exists() and not dst.exists():
                 dst.symlink_to(src)
-    return names
+    return {name for name, _ in seen}
 
 
 class Venv:
@@ -122,7 +123,7 @@ def wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory, wheel) -> Venv:
+def venv(tmp_path_factory, wheel) -> Iterator[Venv]:
     root = tmp_path_factory.mktemp("wheel-venv")
     try:  # removed even when the set-up fails, so that no run leaves it behind
         yield Venv(root, wheel)
