@@ -106,6 +106,11 @@ def _device_module() -> types.ModuleType:
     mod.initial_seed = lambda: torch.initial_seed()
     mod.get_rng_state = get_rng_state
     mod.set_rng_state = set_rng_state
+    # torch.autocast(device_type="testdev") asks the device module which
+    # dtypes it may autocast to; the casts themselves are registered in C++
+    # (autocast.cpp). The CPU kernels compute both.
+    mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    mod.is_bf16_supported = lambda including_emulation=True: True
     return mod
 
 

@@ -31,8 +31,8 @@ BUILD_DIR = Path(os.environ.get("TESTDEV_BUILD_DIR", HERE / "build"))
 LIBRARY = BUILD_DIR / "libtestdev.so"
 STAMP = BUILD_DIR / "libtestdev.stamp.json"
 SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE / "counters.cpp",
-           HERE / "fused_stats.cpp"]
-HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h"]
+           HERE / "fused_stats.cpp", HERE / "autocast.cpp"]
+HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h", HERE / "autocast.h"]
 
 
 class BuildError(RuntimeError):

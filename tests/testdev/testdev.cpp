@@ -13,7 +13,9 @@
 //   - direct kernels for the ops an observer's statistics use (direct.cpp);
 //   - a boxed fallback that runs every other op on the CPU (faults.cpp);
 //   - what the device counts (counters.cpp): memory, host waits, launches,
-//     graph capture, and simulated costs.
+//     graph capture, and simulated costs;
+//   - an autocast policy, for torch.autocast(device_type="testdev")
+//     (autocast.cpp).
 // Nothing here is part of libopdump.so.
 //
 // Everything is registered from one static initialiser that first checks
@@ -21,6 +23,7 @@
 // another path) then leaves that copy inert instead of aborting the process
 // inside dlopen ("multiple backend fallbacks for the same dispatch key").
 
+#include "autocast.h"
 #include "counters.h"
 #include "device.h"
 #include "direct.h"
@@ -629,6 +632,14 @@ void register_all() {
       torch::Library::IMPL, "opdump", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   libs.back()->impl("stream_capturing", TORCH_FN(stream_capturing));
   register_fused_stats(*libs.back());
+  // torch.autocast(device_type="testdev"): PyTorch registers nothing on the
+  // autocast key of PrivateUse1 (autocast.cpp).
+  libs.push_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__));
+  register_autocast_fallthrough(*libs.back());
+  libs.push_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__));
+  register_autocast_kernels(*libs.back());
 
   init_faults_from_env();
   init_costs_from_env();
