@@ -89,3 +89,65 @@ def test_fault_after_a_cancelled_bias_gradient_is_the_headline(cpu_dumps, tmp_pa
     head = report["headline"]
     assert head["op"] == "aten::embedding_dense_backward", battery.describe(head)
     assert int(sums.seq.min()) < head["seq_a"]
+
+
+# Mixed precision: fp32 on the CPU (the reference) against bf16 autocast on
+# testdev. A planted fault must stand out from what bf16 rounding explains,
+# an allowance of a few bf16 ulps (2**-8 relative each) on an op that runs
+# in bf16: 10% does, and is named at the op's first faulted call. 1% is not
+# yet (measured; compare's mixed-precision tolerance is being reworked):
+JUDGE_MISSES_1PCT = {
+    "silu": "silu runs in bf16: rel err 0.01 under its tolerance 0.0156; the headline is then RMSNorm's "
+            "fp32 mul in step 1 (output rel err 1.7e-3, tolerance 9.5e-7, inputs bounded at 5e-5 only)",
+    "embedding_dense_backward": "missed: exit 0, no divergence",
+}
+AUTOCAST_FAMILY = "llama"
+AUTOCAST_FAULTS = [
+    pytest.param(op, phase, scale, marks=[pytest.mark.xfail(strict=True, reason=JUDGE_MISSES_1PCT[op])]
+                 if scale == "1.01" else [])
+    for op, phase in [("silu", "forward"), ("embedding_dense_backward", "backward")]
+    for scale in ("1.1", "1.01")
+]
+
+
+def matmul_dtypes(dump):
+    """{(phase, dtype)} of the outputs of the matmuls (mm, bmm, addmm) in a dump."""
+    df = read_dump(dump)
+    rows = df[df.op.isin(["aten::mm", "aten::bmm", "aten::addmm"]) & (df.role == "output")]
+    return set(zip(rows.phase, rows.dtype))
+
+
+@pytest.fixture(scope="module")
+def autocast_reference(cpu_dumps):
+    """The fp32 reference, checked to have run no bf16 matmul."""
+    a = cpu_dumps(AUTOCAST_FAMILY)
+    assert {dtype for _, dtype in matmul_dtypes(a)} == {"float32"}
+    return a
+
+
+def autocast_dump(tmp_path, fault=None):
+    b, res = battery.dump(AUTOCAST_FAMILY, "testdev", tmp_path, fault=fault, autocast="bfloat16")
+    # Autocast ran: the linear layers' matmuls are bf16, forward and backward.
+    assert {("forward", "bfloat16"), ("backward", "bfloat16")} <= matmul_dtypes(b), matmul_dtypes(b)
+    return b, res
+
+
+def test_autocast_bf16_against_fp32_agrees(autocast_reference, tmp_path):
+    b, _ = autocast_dump(tmp_path)
+    code, report = battery.compare(autocast_reference, b)
+    assert report["headline"] is None, battery.describe(report["headline"])
+    assert report["first_divergence"] is None, battery.describe(report["first_divergence"])
+    assert code == 0
+
+
+@pytest.mark.parametrize("op,phase,scale", AUTOCAST_FAULTS)
+def test_autocast_planted_fault_is_the_headline(autocast_reference, tmp_path, op, phase, scale):
+    b, res = autocast_dump(tmp_path, fault=f"aten::{op}=scale:{scale}")
+    assert res["fault_counts"].get(f"aten::{op}", 0) > 0, res
+    code, report = battery.compare(autocast_reference, b)
+    assert code == 1, battery.describe(report["first_divergence"])
+    head = report["headline"]
+    assert head is not None and head["op"] == f"aten::{op}", battery.describe(head)
+    assert head["phase_a"] == phase
+    assert head["seq_a"] == first_call(autocast_reference, op, phase), battery.describe(head)
+    assert head["seq_b"] == first_call(b, op, phase), battery.describe(head)

@@ -18,8 +18,10 @@ correct devices look different in the past:
 
 Parameters and inputs are made on the CPU from a seed and then moved, so both
 devices start from the same numbers. `train(family, device, steps)` runs
-AdamW steps and returns the losses."""
+AdamW steps and returns the losses; `autocast="bfloat16"` runs them in mixed
+precision."""
 
+import contextlib
 import math
 
 import torch
@@ -410,9 +412,15 @@ def hf_init(model, std=0.02):
     return model
 
 
-def train(family, device, steps=2, seed=0):
-    """`steps` AdamW steps of `family` on `device`; returns the losses."""
+def train(family, device, steps=2, seed=0, autocast=None):
+    """`steps` AdamW steps of `family` on `device`; returns the losses.
+
+    autocast: a dtype name ("bfloat16"): the forward pass and the loss run
+    under `torch.autocast` on the device (mixed precision: fp32 parameters
+    and optimizer, matmuls in that dtype); None: in float32."""
     make, data, loss_fn = FAMILIES[family]
+    mixed = (torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, autocast))
+             if autocast else contextlib.nullcontext())
     torch.manual_seed(seed)
     model = make()
     if family in ("bert", "t5", "llama"):
@@ -424,7 +432,8 @@ def train(family, device, steps=2, seed=0):
     losses = []
     for inputs, labels in batches:
         inputs = tuple(t.to(device) for t in inputs)
-        loss = loss_fn(model, inputs, labels.to(device))
+        with mixed:
+            loss = loss_fn(model, inputs, labels.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -4,6 +4,7 @@ with opdump preloaded (the training code does not know opdump), then
 
     .venv/bin/python tests/battery/run.py                  # every family, cpu vs testdev, no fault
     .venv/bin/python tests/battery/run.py bert llama --fault "aten::gelu=scale:1.01"
+    .venv/bin/python tests/battery/run.py llama --autocast bfloat16   # fp32 cpu vs bf16 autocast testdev
 
 It prints one line per family: the exit status of compare, the first
 divergence and the first introduced divergence. tests/test_battery.py uses
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 
 
-def worker(family, device, steps, models_module):
+def worker(family, device, steps, models_module, autocast=None):
     sys.path.insert(0, str(ROOT))
     import importlib
 
@@ -33,15 +34,16 @@ def worker(family, device, steps, models_module):
         testdev.load()
     models = importlib.import_module(models_module)
 
-    losses = models.train(family, device, steps=steps)
+    losses = models.train(family, device, steps=steps, **({"autocast": autocast} if autocast else {}))
     counts = testdev.fault_counts() if device.startswith("testdev") else {}
     print(json.dumps({"losses": losses, "fault_counts": counts}))
 
 
-def dump(family, device, out, steps=2, fault=None, models="tests.battery.models"):
+def dump(family, device, out, steps=2, fault=None, models="tests.battery.models", autocast=None):
     """Trains `family` on `device` in a subprocess with opdump preloaded;
-    returns (dump directory, {"losses", "fault_counts"})."""
-    d = Path(out) / f"{family}-{device.replace(':', '_')}"
+    returns (dump directory, {"losses", "fault_counts"}). autocast: a dtype
+    name ("bfloat16") to train in mixed precision with torch.autocast."""
+    d = Path(out) / f"{family}-{device.replace(':', '_')}{'-' + autocast if autocast else ''}"
     shutil.rmtree(d, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPDUMP") and k != "TESTDEV_FAULT"}
     env.update(OPDUMP="1", OPDUMP_DIR=str(d), LD_PRELOAD=str(TARGET / "libopdump.so"),
@@ -49,7 +51,7 @@ def dump(family, device, out, steps=2, fault=None, models="tests.battery.models"
     if fault:
         env["TESTDEV_FAULT"] = fault
     p = subprocess.run([sys.executable, __file__, "--worker", family, device, "--steps", str(steps),
-                        "--models", models],
+                        "--models", models, *(["--autocast", autocast] if autocast else [])],
                        env=env, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"battery: {family} on {device} failed:\n{p.stderr[-4000:]}")
@@ -81,10 +83,12 @@ def main():
     ap.add_argument("--out", default="/tmp/opdump-battery")
     ap.add_argument("--models", default="tests.battery.models",
                     help="module with FAMILIES and train(family, device, steps)")
+    ap.add_argument("--autocast", metavar="DTYPE",
+                    help="train the second device in mixed precision (torch.autocast, e.g. bfloat16)")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(*args.worker, args.steps, args.models)
+        return worker(*args.worker, args.steps, args.models, args.autocast)
     sys.path.insert(0, str(ROOT))
     import importlib
 
@@ -93,7 +97,7 @@ def main():
     a_dev, b_dev = args.devices.split(",")
     for fam in args.families or families:
         a, _ = dump(fam, a_dev, args.out, args.steps, models=args.models)
-        b, res = dump(fam, b_dev, args.out, args.steps, args.fault, models=args.models)
+        b, res = dump(fam, b_dev, args.out, args.steps, args.fault, models=args.models, autocast=args.autocast)
         code, rep = compare(a, b)
         fired = f" fired {res['fault_counts']}" if args.fault else ""
         print(f"{fam:9} exit {code}{fired}\n  first divergence: {describe(rep['first_divergence'])}"
