@@ -18,6 +18,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -844,6 +845,32 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   record_outputs(rec, op, *stack, ticket, written);
 }
 
+// A FakeTensor: a tensor subclass (Python key) over memory on the meta
+// device.
+bool is_fake(const at::Tensor& t) {
+  const auto* impl = t.unsafeGetTensorImpl();
+  return impl->key_set().has(c10::DispatchKey::Python) && impl->unsafe_storage() &&
+         impl->unsafe_storage().device_type() == c10::DeviceType::Meta;
+}
+
+// Calls that torch.compile (Dynamo, AOTAutograd), torch.export or make_fx
+// make while tracing: on fake tensors, under a fake or proxy mode. They
+// compute nothing of the job's, and their number depends on the compiler,
+// so they are not the job's op calls: not recorded, not counted by
+// selectors. (The compiled code's own calls, at run time, are.)
+bool tracing_call(const torch::jit::Stack& stack, size_t num_args) {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  if (TorchDispatchModeTLS::any_modes_set() &&
+      (TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE) ||
+       TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY)))
+    return true;
+  bool fake = false;
+  for (size_t i = stack.size() - num_args; i < stack.size() && !fake; ++i)
+    for_each_tensor(stack[i], [&](const at::Tensor& t) { fake = fake || is_fake(t); });
+  return fake;
+}
+
 }  // namespace
 
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -854,6 +881,10 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
   const auto& name = op.operator_name().name;
   if (name.starts_with("opdump::")) {  // our own control ops
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tracing_call(*stack, op.schema().arguments().size())) {
     op.redispatchBoxed(next, stack);
     return;
   }

@@ -43,6 +43,7 @@ constexpr const char* kHooksSource = R"PY(
 import os
 import sys
 import threading
+import warnings
 import weakref
 
 _handles = []
@@ -90,6 +91,15 @@ def _path_of(mod, parent, name_tensors):
     return path
 
 
+def _is_compiled(mod):
+    # OptimizedModule, the wrapper torch.compile(module) returns; looked up
+    # by name first so that a job that never compiles imports nothing.
+    if type(mod).__name__ != "OptimizedModule":
+        return False
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(mod, eval_frame.OptimizedModule)
+
+
 def apply(want):
     if not want:
         for h in _handles:
@@ -107,22 +117,47 @@ def apply(want):
     _torch_dir = os.path.dirname(torch.__file__) + os.sep
     ops = torch.ops.opdump
     enter, leave, name_tensors = ops.module_enter, ops.module_exit, ops.name_tensors
+    # While Dynamo traces a module call it inlines these hooks: returning at
+    # once leaves nothing in the graph and mutates nothing it tracks. The
+    # compiled code then runs without them, so its op calls carry the module
+    # of the eager call around it (the compiled model's root), never a
+    # module of another call.
+    compiling = torch.compiler.is_compiling
 
     def pre(mod, args):
+        if compiling():
+            return
         stack = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
         parent = stack[-1] if stack else None
-        path = _path_of(mod, parent, name_tensors)
+        if parent is not None and parent[1] == "":
+            path = ""  # inside compiled code, or the compiled module itself
+        elif _is_compiled(mod):
+            # torch.compile's wrapper: its module and the tensors are named
+            # as in an eager run, but the calls of its compiled code carry
+            # no module ("").
+            _path_of(mod._orig_mod, parent, name_tensors)
+            path = ""
+        else:
+            path = _path_of(mod, parent, name_tensors)
         stack.append((mod, path, parent is None))
         enter(path)
 
     def post(mod, args, out):
+        if compiling():
+            return
         stack = getattr(_local, "stack", None)
         if stack and stack[-1][0] is mod:
             stack.pop()
             leave()
 
+    # torch.compile(module) warns on every compiled model that global hooks
+    # fire an extra time for its wrapper: these hooks expect that (pre), and
+    # the job's output must not change because opdump is on.
+    warnings.filterwarnings(
+        "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks", category=UserWarning
+    )
     _handles.append(nn_module.register_module_forward_pre_hook(pre))
     _handles.append(nn_module.register_module_forward_hook(post, always_call=True))
     return True

@@ -70,12 +70,15 @@ def batches(steps, batch=16, seq=32, vocab=512, seed=1):
     return out
 
 
-def train(device, steps=2, seed=0, dtype=None, autocast=None, **kw):
-    """Trains for `steps` AdamW steps on `device`; returns the losses."""
+def train(device, steps=2, seed=0, dtype=None, autocast=None, compile=None, **kw):
+    """Trains for `steps` AdamW steps on `device`; returns the losses.
+    compile: a torch.compile backend ("inductor", "aot_eager") for the model."""
     model = make(seed, **kw)
     data = batches(steps, vocab=kw.get("vocab", 512), seq=kw.get("seq", 32))
     model = model.to(device=device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if compile:
+        model = torch.compile(model, backend=compile)
     losses = []
     for x, y in data:
         x, y = x.to(device), y.to(device)

@@ -412,12 +412,13 @@ def hf_init(model, std=0.02):
     return model
 
 
-def train(family, device, steps=2, seed=0, autocast=None):
+def train(family, device, steps=2, seed=0, autocast=None, compile=None):
     """`steps` AdamW steps of `family` on `device`; returns the losses.
 
     autocast: a dtype name ("bfloat16"): the forward pass and the loss run
     under `torch.autocast` on the device (mixed precision: fp32 parameters
-    and optimizer, matmuls in that dtype); None: in float32."""
+    and optimizer, matmuls in that dtype); None: in float32. compile: a
+    torch.compile backend ("aot_eager", "inductor") for the model."""
     make, data, loss_fn = FAMILIES[family]
     mixed = (torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, autocast))
              if autocast else contextlib.nullcontext())
@@ -429,11 +430,12 @@ def train(family, device, steps=2, seed=0, autocast=None):
     batches = [data(g) for _ in range(steps)]
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run = torch.compile(model, backend=compile) if compile else model
     losses = []
     for inputs, labels in batches:
         inputs = tuple(t.to(device) for t in inputs)
         with mixed:
-            loss = loss_fn(model, inputs, labels.to(device))
+            loss = loss_fn(run, inputs, labels.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -35,9 +35,15 @@ thread_local! {
     static STACK: RefCell<Vec<ModuleId>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A module's forward begins on this thread.
+/// Pushed for a module whose calls must carry no path: code compiled by
+/// torch.compile runs its submodules without their hooks, so the innermost
+/// module of its calls is unknown (cpp/python_hooks.cpp enters "").
+const UNKNOWN: ModuleId = ModuleId::MAX;
+
+/// A module's forward begins on this thread; "" for one whose calls carry no
+/// module.
 pub fn enter(path: &str) {
-    let id = intern(path);
+    let id = if path.is_empty() { UNKNOWN } else { intern(path) };
     let depth = STACK.with(|s| {
         let mut s = s.borrow_mut();
         s.push(id);
@@ -63,7 +69,7 @@ pub fn exit() {
 
 /// The innermost module this thread is inside.
 pub fn current() -> Option<ModuleId> {
-    STACK.with(|s| s.borrow().last().copied())
+    STACK.with(|s| s.borrow().last().copied().filter(|&id| id != UNKNOWN))
 }
 
 /// What a backward call learns of the forward call that made its node.
