@@ -453,6 +453,18 @@ pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefuse
     Ok(dir)
 }
 
+/// Opens the directory `path` (following links in it, as the user's) without
+/// judging it: the parent to [`enter_dir`] from when it is not opdump's to
+/// judge, as the ancestors of `OPDUMP_DIR` are not (a working directory).
+pub fn open_parent_dir(path: &Path) -> io::Result<GuardedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a valid C string.
+    let fd = cvt(unsafe { libc::open(c.as_ptr(), flags) })?;
+    GuardedFd::adopt(fd)
+}
+
 /// Opens (creating it with `dir_mode` if missing) the directory `name`
 /// inside `parent`, never through a symbolic link, and judges it.
 pub fn enter_dir(
