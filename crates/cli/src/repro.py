@@ -26,17 +26,41 @@ the one whose error is beyond what rounding explains (call.json's
 
 Exit status: 0 when neither device is off, 1 when one or both are, 2 when
 the call cannot be made.
+
+What it trusts: torch, the modules --setup names, and call.json, which
+`opdump repro` wrote. The capture files are data: their op must be a real
+operator (a torch._ops.OpOverload named by identifiers), the same op as
+call.json's; dtypes, layouts and memory formats must be torch's own; and
+anything else malformed ends the script with one line and exit status 2.
 """
 
-import argparse
-import importlib
-import json
-import math
+# First of all: `python repro.py` puts this folder first on sys.path, so a
+# torch.py or json.py planted beside the script would be imported in place
+# of the real module. sys is built in and os is loaded at start-up (frozen),
+# so importing these two searches no folder.
 import os
-import struct
 import sys
 
-import torch
+
+def _is_own_folder(entry, here):
+    """Whether the sys.path entry `entry` ('' is the working directory) is
+    the folder `here`."""
+    try:
+        return os.path.realpath(entry or os.curdir) == here
+    except (OSError, ValueError):
+        return False
+
+
+sys.path[:] = [p for p in sys.path if not _is_own_folder(p, os.path.realpath(os.path.dirname(__file__)))]
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import struct  # noqa: E402
+
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,19 +81,152 @@ class CallError(Exception):
     """The call cannot be rebuilt or made here."""
 
 
-def load_safetensors(path):
-    """The tensors of a safetensors file (on the CPU) and its metadata."""
-    with open(path, "rb") as f:
-        data = f.read()
+def torch_values(kind):
+    """torch's own values of type `kind` (torch.dtype, ...) by name: the only
+    values a dtype, layout or memory format argument may name. Read from
+    torch's namespace, not with getattr, which imports a submodule of torch
+    for a name torch does not hold yet."""
+    return {name: v for name, v in vars(torch).items() if isinstance(v, kind)}
+
+
+ARG_DTYPES = torch_values(torch.dtype)
+LAYOUTS = torch_values(torch.layout)
+MEMORY_FORMATS = torch_values(torch.memory_format)
+# A namespace, op or overload name: an identifier. A leading `__` would
+# reach Python's own attributes (__class__, __globals__) instead of an op.
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEVICE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?")
+# A tensor's key in a capture file: input.self, input.tensors.2, output.0.
+TENSOR_KEY = re.compile(r"(input|output)\.[A-Za-z0-9_]+(\.[0-9]+)?")
+
+
+def is_name(text):
+    return isinstance(text, str) and IDENTIFIER.fullmatch(text) is not None and not text.startswith("__")
+
+
+def resolve_op(qualified, overload):
+    """The operator `ns::op` `overload` of torch.ops: only ever an OpOverload.
+    Other attributes on the way (torch.ops.load_library, import_module) run
+    code when called, so each step is checked before the next."""
+    ns, _, name = qualified.partition("::") if isinstance(qualified, str) else ("", "", "")
+    if not (is_name(ns) and is_name(name) and is_name(overload)):
+        raise CallError(f"the capture names the op {qualified!r}, overload {overload!r}: not an operator name")
+    where = f"torch.ops.{ns}.{name}.{overload}"
+    try:
+        namespace = getattr(torch.ops, ns)
+        if not isinstance(namespace, torch._ops._OpNamespace):
+            raise CallError(f"{where} is not an operator (torch.ops.{ns} is no op namespace)")
+        packet = getattr(namespace, name)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            raise CallError(f"{where} is not an operator")
+        op = getattr(packet, overload)
+    except (AttributeError, RuntimeError) as e:
+        raise CallError(f"{where} is not known to this torch: {e}") from e
+    if not isinstance(op, torch._ops.OpOverload):
+        raise CallError(f"{where} is not an operator")
+    return op
+
+
+def parse_json(text, what):
+    """`text` parsed; malformed or too deeply nested JSON is a CallError."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise CallError(f"{what} is not JSON text")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise CallError(f"{what} is not valid JSON ({type(e).__name__})") from None
+
+
+def is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_float(x):
+    """A float as capture files write one: a number, or "nan", "inf", "-inf"."""
+    return is_int(x) or isinstance(x, float) or x in ("nan", "inf", "-inf")
+
+
+def is_list_of(x, test):
+    return isinstance(x, list) and all(test(e) for e in x)
+
+
+# What each kind of argument value holds (cpp/saved_call.cpp).
+VALUE_CHECKS = {
+    "tensor": lambda x: isinstance(x, str),
+    "tensors": lambda x: is_list_of(x, lambda k: k is None or isinstance(k, str)),
+    "int": is_int,
+    "bool": lambda x: isinstance(x, bool),
+    "float": is_float,
+    "str": lambda x: isinstance(x, str),
+    "ints": lambda x: is_list_of(x, is_int),
+    "bools": lambda x: is_list_of(x, lambda b: isinstance(b, bool)),
+    "floats": lambda x: is_list_of(x, is_float),
+    "complex": lambda x: is_list_of(x, is_float) and len(x) == 2,
+    "dtype": lambda x: isinstance(x, str) and x in ARG_DTYPES,
+    "layout": lambda x: isinstance(x, str) and x in LAYOUTS,
+    "memory_format": lambda x: isinstance(x, str) and x in MEMORY_FORMATS,
+    "device": lambda x: isinstance(x, str) and DEVICE.fullmatch(x) is not None,
+    "generator": lambda x: x is None,
+    # Elements of a list (SymInt[], int?[]) are plain values, never lists.
+    "list": lambda x: is_list_of(x, lambda e: check_value(e, ("int", "float", "bool"))),
+}
+
+
+def check_value(v, kinds):
+    """Whether `v` is None or a value of one of `kinds` that holds what that
+    kind holds."""
+    if v is None:
+        return True
+    if not isinstance(v, dict) or len(v) != 1:
+        return False
+    ((kind, x),) = v.items()
+    return kind in kinds and VALUE_CHECKS[kind](x)
+
+
+def checked_args(text, path):
+    """The arguments in a capture's metadata, checked to be what opdump
+    writes: a list of {name, kwarg_only, value}."""
+    args = parse_json(text, f"{path}: opdump.args")
+    if not isinstance(args, list):
+        raise CallError(f"{path}: opdump.args is not a list of arguments")
+    for a in args:
+        ok = isinstance(a, dict) and isinstance(a.get("name"), str) and isinstance(a.get("kwarg_only"), bool)
+        if not ok or "value" not in a:
+            raise CallError(f"{path}: opdump.args holds {str(a)[:80]!r}, not an argument")
+        if not check_value(a["value"], VALUE_CHECKS):
+            raise CallError(f"{path}: argument {a['name'][:80]!r} holds {str(a['value'])[:80]!r}, "
+                            f"which cannot be rebuilt")
+    return args
+
+
+def checked_layout(text, path):
+    """Where each tensor lived (opdump.tensors): {key: {device, stride}}."""
+    layout = parse_json(text, f"{path}: opdump.tensors")
+
+    def ok(lay):
+        return isinstance(lay, dict) and VALUE_CHECKS["device"](lay.get("device", "cpu")) and \
+            is_list_of(lay.get("stride", []), is_int)
+
+    if not isinstance(layout, dict) or not all(ok(lay) for lay in layout.values()):
+        raise CallError(f"{path}: opdump.tensors is not a layout of tensors")
+    return layout
+
+
+def read_safetensors(data):
+    """The tensors (on the CPU) and the metadata of a safetensors file's bytes."""
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {}) or {}
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("its metadata is not a map of strings")
     base = 8 + n
     tensors = {}
     for key, info in header.items():
+        if TENSOR_KEY.fullmatch(key) is None:
+            raise ValueError(f"{key[:80]!r} is not a tensor key of a capture")
         dtype = DTYPES.get(info["dtype"])
         if dtype is None:
-            raise CallError(f"{path}: {key} has dtype {info['dtype']}, which this torch lacks")
+            raise CallError(f"{key} has dtype {info['dtype']}, which this torch lacks")
         start, end = info["data_offsets"]
         shape = info["shape"]
         if end > start:
@@ -78,6 +235,20 @@ def load_safetensors(path):
             t = torch.empty(0, dtype=dtype)
         tensors[key] = t.reshape(shape)
     return tensors, meta
+
+
+def load_safetensors(path):
+    """The tensors of a safetensors file (on the CPU) and its metadata; a
+    file that is not one is a CallError."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        return read_safetensors(data)
+    except CallError as e:
+        raise CallError(f"{path}: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error, RecursionError,
+            RuntimeError) as e:
+        raise CallError(f"{path}: not a readable capture file ({type(e).__name__}: {e})") from None
 
 
 def is_dense(shape, stride):
@@ -95,23 +266,22 @@ def is_dense(shape, stride):
 class Call:
     """One op call, rebuilt from a capture file."""
 
-    def __init__(self, path, call_device):
+    def __init__(self, path, call_device, op_name, overload):
+        """The call in the capture file `path`, which must be of the op
+        `op_name` `overload` (call.json's)."""
         self.tensors, meta = load_safetensors(path)
-        self.args = json.loads(meta["opdump.args"])
-        self.layout = json.loads(meta.get("opdump.tensors", "{}"))
+        for key in ("opdump.op", "opdump.overload", "opdump.args"):
+            if key not in meta:
+                raise CallError(f"{path}: its metadata lacks {key}: not a capture file of opdump's")
+        if (meta["opdump.op"], meta["opdump.overload"]) != (op_name, overload):
+            raise CallError(f"{path} holds a call of {meta['opdump.op'][:80]!r} {meta['opdump.overload'][:80]!r}, "
+                            f"not of {op_name} {overload} (call.json)")
+        self.op = resolve_op(op_name, overload)
+        self.args = checked_args(meta["opdump.args"], path)
+        self.layout = checked_layout(meta.get("opdump.tensors", "{}"), path)
         self.unsaved = [k for k in meta.get("opdump.unsaved", "").split(",") if k]
         self.outputs_skipped = meta.get("opdump.outputs_skipped") == "1"
         self.device = call_device  # where the call ran in its job
-        self.op_name = meta["opdump.op"]
-        self.overload = meta["opdump.overload"]
-
-    def op(self):
-        ns, name = self.op_name.split("::", 1)
-        try:
-            packet = getattr(getattr(torch.ops, ns), name)
-            return getattr(packet, self.overload)
-        except (AttributeError, RuntimeError) as e:
-            raise CallError(f"torch.ops.{ns}.{name}.{self.overload} is not known to this torch: {e}") from e
 
     def tensor(self, key, device, float64):
         if key not in self.tensors:
@@ -152,11 +322,11 @@ class Call:
             return complex(float(x[0]), float(x[1]))
         if kind == "dtype":
             # As recorded, for the reference too: a cast rounds on purpose.
-            return getattr(torch, x)
+            return ARG_DTYPES[x]
         if kind == "layout":
-            return getattr(torch, x)
+            return LAYOUTS[x]
         if kind == "memory_format":
-            return getattr(torch, x)
+            return MEMORY_FORMATS[x]
         if kind == "device":
             return torch.device(device) if x == self.device else torch.device(x)
         if kind == "list":
@@ -175,7 +345,7 @@ class Call:
                 keywords[a["name"]] = v
             else:
                 positional.append(v)
-        op = self.op()
+        op = self.op
         result = op(*positional, **keywords)
         # One return (a Tensor, or a Tensor[]) is output.0; several come as
         # a tuple; none (an in-place op on a list) leaves the written args.
@@ -236,6 +406,29 @@ def bitwise_equal(x, y):
     return x.equal(y)
 
 
+# The fields of call.json this script reads, and what each must hold.
+CALL_FIELDS = {
+    "op": lambda x: isinstance(x, str), "overload": lambda x: isinstance(x, str),
+    "device_a": VALUE_CHECKS["device"], "device_b": VALUE_CHECKS["device"],
+    "dump_a": lambda x: isinstance(x, str), "dump_b": lambda x: isinstance(x, str),
+    "seq_a": is_int, "seq_b": is_int, "tolerance": lambda x: is_int(x) or isinstance(x, float),
+}
+
+
+def load_call(folder):
+    """call.json in `folder`, with the fields this script reads checked."""
+    path = os.path.join(folder, "call.json")
+    try:
+        with open(path) as f:
+            call = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise CallError(f"{path}: {type(e).__name__}: {e}") from None
+    bad = [k for k, ok in CALL_FIELDS.items() if not (isinstance(call, dict) and ok(call.get(k)))]
+    if bad:
+        raise CallError(f"{path}: {', '.join(bad)} missing or malformed")
+    return call
+
+
 def device_kind(d):
     return str(d).split(":")[0]
 
@@ -258,10 +451,9 @@ def main(argv=None):
         m = importlib.import_module(module)
         if function:
             getattr(m, function)()
-    with open(os.path.join(args.dir, "call.json")) as f:
-        call = json.load(f)
-    a = Call(os.path.join(args.dir, "a.safetensors"), call["device_a"])
-    b = Call(os.path.join(args.dir, "b.safetensors"), call["device_b"])
+    call = load_call(args.dir)
+    a = Call(os.path.join(args.dir, "a.safetensors"), call["device_a"], call["op"], call["overload"])
+    b = Call(os.path.join(args.dir, "b.safetensors"), call["device_b"], call["op"], call["overload"])
     dev_a = args.device_a or call["device_a"]
     dev_b = args.device_b or call["device_b"]
     name = f"{call['op']}.{call['overload']}"

@@ -5,9 +5,12 @@
 //! CPU, and names the device that is off.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
+use opdump_format::capture::{meta, CaptureFile};
+use opdump_format::fsguard::{self, DirProblem, DirRefused};
 use opdump_format::selector;
 
 use crate::call_selector;
@@ -57,17 +60,13 @@ pub struct ReproOptions {
 }
 
 /// The device a captured call ran on, from its capture file: its first
-/// output's, else its first input's.
-fn device_of(d: &Dump, file: &str) -> String {
-    let layout: std::collections::BTreeMap<String, serde_json::Value> = d
-        .captures
-        .get(file)
-        .and_then(|f| {
-            f.metadata
-                .get(opdump_format::capture::meta::TENSORS)
-                .cloned()
-        })
-        .and_then(|t| serde_json::from_str(&t).ok())
+/// output's, else its first input's. A device that is no device name
+/// (`cuda:0`) is refused: it goes into call.json and onto the terminal.
+fn device_of(file: &CaptureFile, path: &str) -> Result<String> {
+    let layout: std::collections::BTreeMap<String, serde_json::Value> = file
+        .metadata
+        .get(meta::TENSORS)
+        .and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or_default();
     let device = |prefix: &str| {
         layout
@@ -75,9 +74,76 @@ fn device_of(d: &Dump, file: &str) -> String {
             .filter(|(k, _)| k.starts_with(prefix))
             .find_map(|(_, v)| v.get("device")?.as_str().map(str::to_string))
     };
-    device("output.")
+    let found = device("output.")
         .or_else(|| device("input."))
-        .unwrap_or_else(|| "cpu".into())
+        .unwrap_or_else(|| "cpu".into());
+    let name = regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?$").expect("a valid pattern");
+    if !name.is_match(&found) {
+        return Err(CliError::new(format!(
+            "{path}: its tensors' device {:?} is not a device name; not a capture file opdump wrote",
+            found.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(found)
+}
+
+/// The capture file `path` of call `i` of `d`, which must be of the op and
+/// overload the dump's row names: repro.py calls the op the file names, so
+/// a file of another op (planted or copied in) is refused here.
+fn capture_of_call(d: &Dump, i: u32, path: &str) -> Result<Arc<CaptureFile>> {
+    let file = d
+        .captures
+        .get(path)
+        .ok_or_else(|| CliError::new(format!("{path}: not a readable capture file")))?;
+    let named = |key: &str| file.metadata.get(key).map_or("", String::as_str);
+    let (op, overload) = (named(meta::OP), named(meta::OVERLOAD));
+    if op != d.op_name(i) || overload != d.overload_name(i) {
+        return Err(CliError::new(format!(
+            "{path}: the capture holds a call of {:?} (overload {:?}), but the dump's call seq {} is {} \
+             (overload {:?}); refusing a capture file that is not of its call",
+            op.chars().take(80).collect::<String>(),
+            overload.chars().take(80).collect::<String>(),
+            d.seq(i),
+            d.op_name(i),
+            d.overload_name(i)
+        )));
+    }
+    Ok(file)
+}
+
+/// Why a folder is not trusted with repro.py, which the user will run from
+/// it: one line that names the fix.
+fn refusal(e: &DirRefused) -> String {
+    let why = match &e.problem {
+        DirProblem::Link => "is a symbolic link, which opdump repro does not follow".to_string(),
+        DirProblem::NotDirectory => "exists and is not a directory".to_string(),
+        DirProblem::OwnedByOther { uid, euid } => format!(
+            "is owned by another user (uid {uid}, opdump runs as uid {euid}), who could replace \
+             repro.py or the files it reads"
+        ),
+        DirProblem::WritableByOthers { mode } => format!(
+            "is writable by other users (mode {mode:04o}), who could replace repro.py or the files it reads"
+        ),
+        DirProblem::NotWritable => "is not writable".to_string(),
+        DirProblem::CannotCreate(io) => format!("cannot be created ({io})"),
+        DirProblem::CannotOpen(io) => format!("cannot be opened ({io})"),
+    };
+    format!(
+        "{} {why}; remove it, or name another folder with --out DIR",
+        e.path.display()
+    )
+}
+
+/// The default folder `name` in the working directory: created new, or an
+/// existing one that passes `OPDUMP_DIR`'s trust test (a directory, not a
+/// link, owned by this user, writable by no one else; fsguard::enter_dir).
+/// A folder `--out` names is the user's choice and is not judged.
+fn default_folder(name: &str) -> Result<PathBuf> {
+    let mut cwd = fsguard::open_parent_dir(Path::new("."))
+        .map_err(|e| CliError::new(format!("the working directory cannot be opened ({e})")))?;
+    fsguard::enter_dir(&mut cwd, Path::new(""), name, output::DIR_MODE)
+        .map_err(|e| CliError::new(refusal(&e)))?;
+    Ok(PathBuf::from(name))
 }
 
 /// Writes the folder; returns it and B's device.
@@ -124,20 +190,26 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
     let fb =
         c.b.capture_file_of(p.b)
             .ok_or_else(|| missing("B", &c.b, p.b, &sb))?;
-    let op = c.a.full_name(p.a);
-    let out = opts.out.unwrap_or_else(|| {
-        let safe: String = op
-            .chars()
-            .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
-            .collect();
-        PathBuf::from(format!("repro-{safe}-{}", c.a.seq(p.a)))
-    });
-    output::create_dir(&out)?;
-    for (d, from, name) in [(&c.a, fa, "a.safetensors"), (&c.b, fb, "b.safetensors")] {
-        let file = d
-            .captures
-            .get(from)
-            .ok_or_else(|| CliError::new(format!("{from}: not a readable capture file")))?;
+    let (file_a, file_b) = (
+        capture_of_call(&c.a, p.a, fa)?,
+        capture_of_call(&c.b, p.b, fb)?,
+    );
+    let (device_a, device_b) = (device_of(&file_a, fa)?, device_of(&file_b, fb)?);
+    let out = match opts.out {
+        Some(dir) => {
+            output::create_dir(&dir)?;
+            dir
+        }
+        None => {
+            let safe: String =
+                c.a.full_name(p.a)
+                    .chars()
+                    .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
+                    .collect();
+            default_folder(&format!("repro-{safe}-{}", c.a.seq(p.a)))?
+        }
+    };
+    for (file, name) in [(&file_a, "a.safetensors"), (&file_b, "b.safetensors")] {
         output::write_bytes(&out.join(name), file.bytes())?;
     }
     let detail = c.detail(k);
@@ -145,8 +217,8 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         format: "opdump-repro",
         op: c.a.op_name(p.a).to_string(),
         overload: c.a.overload_name(p.a).to_string(),
-        device_a: device_of(&c.a, fa),
-        device_b: device_of(&c.b, fb),
+        device_a,
+        device_b,
         seq_a: c.a.seq(p.a),
         seq_b: c.b.seq(p.b),
         step_a: c.a.step(p.a),
