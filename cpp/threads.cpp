@@ -11,11 +11,20 @@
 //
 // A node's own scope does not cover all that the engine runs for it:
 // validate_outputs reduces a gradient to its input's shape (`sum_to` of a
-// bias gradient), the input buffers add up the gradients of a tensor used
-// twice, and final callbacks (queue_callback, DDP's) run after the last node.
-// All of it runs while the thread executes a graph task, which the engine
-// marks in a thread-local of its own: on the calling thread, on the device
-// threads and in reentrant backward alike, user hooks included.
+// bias gradient) or casts it to its input's dtype, the input buffers add up
+// the gradients of a tensor used twice, and final callbacks (queue_callback,
+// DDP's) run after the last node. All of it runs while the thread executes a
+// graph task, which the engine marks in a thread-local of its own: on the
+// calling thread, on the device threads and in reentrant backward alike,
+// user hooks included.
+//
+// Which node that work serves: the engine names the node it evaluates
+// (torch::autograd::get_current_node, set around the node's scope, its
+// validate_outputs and the accumulation of its outputs into the next
+// nodes' input buffers), so that work belongs to the node it just ran. An
+// AccumulateGrad node (a leaf's gradient accumulation: `detach`, `add_`)
+// was made by no forward call: its work belongs to the module whose
+// parameter the leaf is.
 
 #include <mutex>
 #include <optional>
@@ -24,7 +33,9 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/node.h>
 
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"
@@ -116,7 +127,62 @@ Phase current_phase() {
   return Phase::Forward;
 }
 
+namespace {
+
+// The thread that stands for "accumulation into a parameter" in
+// current_backward_node: no forward thread has a negative id. Must equal
+// ACCUMULATE_GRAD_THREAD in crates/engine/src/modules.rs.
+constexpr int64_t kAccumulateGradThread = -2;
+
+// The module whose parameter `leaf` is, by the parameter's name
+// ("h.0.c_attn.bias" → "h.0.c_attn"), as an interned id; -1 for a leaf that
+// is no named parameter, or one of the root module itself (the root's path
+// is its class, which the name does not tell).
+int64_t owner_module_id(const at::Tensor& leaf) {
+  const rust::String name = tensor_name(leaf);
+  const std::string_view path(name.data(), name.size());
+  const size_t dot = path.rfind('.');
+  if (dot == std::string_view::npos) return -1;
+  const uint32_t id = name_id(path.substr(0, dot));
+  return id == UINT32_MAX ? -1 : static_cast<int64_t>(id);
+}
+
+// The owner module of the parameter the AccumulateGrad node `node` serves,
+// for the calls it makes (a `detach` or an `add_` each, and their parts): the
+// last answer is kept per thread, keyed by the node and its parameter, since
+// a new node may take a freed one's address.
+int64_t accumulation_owner(torch::autograd::AccumulateGrad& node) {
+  thread_local const void* tl_node = nullptr;
+  thread_local const void* tl_leaf = nullptr;
+  thread_local int64_t tl_owner = -1;
+  const void* leaf = node.variable.unsafeGetTensorImpl();
+  if (tl_node != &node || tl_leaf != leaf) {
+    tl_owner = node.variable.defined() ? owner_module_id(node.variable) : -1;
+    tl_node = &node;
+    tl_leaf = leaf;
+  }
+  return tl_owner;
+}
+
+}  // namespace
+
 bool current_backward_node(int64_t& thread, int64_t& seq_nr) {
+  // The node the engine evaluates covers its own scope and the work the
+  // engine does for it after it; a reentrant backward's inner nodes replace
+  // it until they are done.
+  if (const auto node = torch::autograd::get_current_node()) {
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
+      const int64_t owner = accumulation_owner(*acc);
+      if (owner < 0) return false;
+      thread = kAccumulateGradThread;
+      seq_nr = owner;
+      return true;
+    }
+    thread = static_cast<int64_t>(node->thread_id());
+    seq_nr = static_cast<int64_t>(node->sequence_nr());
+    return true;
+  }
+  // A node applied outside the engine: its BACKWARD_FUNCTION scope.
   if (tl_nodes.empty()) return false;
   thread = tl_nodes.back().thread;
   seq_nr = tl_nodes.back().seq_nr;

@@ -251,3 +251,119 @@ def test_bad_module_settings_are_one_line(run, bad):
     job = run("print(json.dumps(1))", OPDUMP="1", OPDUMP_MODULES=bad)
     assert job.returncode == 0
     assert any("OPDUMP_MODULES" in l for l in job.opdump_lines()), job.stderr
+
+
+# A GPT-2-style model: GPT-2's Conv1D (addmm of a bias broadcast over the
+# tokens), learned positions, and the token embedding used twice (the
+# input and the tied head), so that its gradient is accumulated.
+GPT = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Conv1D(nn.Module):
+    def __init__(self, nin, nout):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nin, nout) * 0.02)
+        self.bias = nn.Parameter(torch.randn(nout) * 0.02)
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = Conv1D(d, 3 * d)
+        self.attn_proj = Conv1D(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = Conv1D(d, 4 * d)
+        self.c_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        w = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+        w = w.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        x = x + self.attn_proj((w @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=50, d=32, heads=4, layers=2, seq=8):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.h = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+import math
+torch.manual_seed(0)
+model = GPT()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+torch.ops.opdump.enable()
+for step in range(2):
+    idx = torch.randint(0, 50, (2, 8))
+    opt.zero_grad()
+    F.cross_entropy(model(idx).flatten(0, 1), idx.roll(-1, 1).flatten()).backward()
+    opt.step()
+torch.ops.opdump.flush()
+print(json.dumps({"params": {n: list(p.shape) for n, p in model.named_parameters()}}))
+"""
+
+
+def test_engine_work_in_backward_is_linked_to_its_node_or_parameter(run):
+    """What the autograd engine runs outside a node's own scope, or in
+    AccumulateGrad: the `sum` that reduces a broadcast bias's gradient
+    belongs to the forward call of the node it follows (its Conv1D), the
+    accumulation of a gradient to the module of its parameter."""
+    job = run(GPT)
+    assert job.returncode == 0, job.stderr
+    assert not job.opdump_lines(), job.opdump_lines()
+    params = job.result()["params"]
+    t = job.table()
+    c = calls(t)
+    bwd = c[c.phase == "backward"]
+    linked = bwd.fwd_seq.notna() | bwd.module.notna()
+    assert linked.mean() >= 0.95, bwd[~linked].op.value_counts().to_dict()
+
+    # The bias-gradient reductions: backward sums whose output has a bias's
+    # shape (sum_to keeps the reduced dimension: [1, n]); each is linked to
+    # the forward addmm that took that very bias, and has its module.
+    def squeezed(shape):
+        return [n for n in shape if n != 1]
+
+    out = t[(t.role == "output") & (t.phase == "backward") & (t.op == "aten::sum")].drop_duplicates("seq")
+    bias_sums = out[out["shape"].apply(lambda shape: squeezed(shape) in ([3 * 32], [32], [4 * 32]))]
+    assert len(bias_sums) >= 2 * 2 * 3  # 3 Conv1D biases per block, 2 blocks, 2 steps
+    inputs = t[(t.role == "input") & (t.phase == "forward")]
+    for seq, s in bias_sums.set_index("seq").iterrows():
+        fwd_seq = c.loc[seq, "fwd_seq"]
+        assert not pd_isnull(fwd_seq), (seq, c.loc[seq].to_dict())
+        fwd = c.loc[int(fwd_seq)]
+        assert fwd.op in ("aten::addmm", "aten::linear"), fwd.op
+        bias = inputs[(inputs.seq == int(fwd_seq)) & (inputs.arg.isin(["self", "bias"]))]
+        assert len(bias) == 1 and list(bias["shape"].iloc[0]) == squeezed(s["shape"])
+        assert c.loc[seq, "module"] == fwd.module and bias.name.iloc[0] == fwd.module + ".bias"
+
+    # Accumulation into a parameter (AccumulateGrad): the module whose
+    # parameter it is, with a parameter of the gradient's shape.
+    acc = t[(t.phase == "backward") & (t.depth == 0) & (t.op == "aten::detach") & (t.role == "output")]
+    assert len(acc) >= len(params), acc.op.value_counts()
+    for _, row in acc.iterrows():
+        owner = row.module
+        assert not pd_isnull(owner), row.to_dict()
+        shapes = [shape for name, shape in params.items() if name.rsplit(".", 1)[0] == owner]
+        assert list(row["shape"]) in shapes, (owner, list(row["shape"]), shapes)

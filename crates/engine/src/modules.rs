@@ -10,7 +10,12 @@
 //!   the engine the nodes' sequence numbers (they are per thread, so the key
 //!   is the forward thread and the number). The innermost recorded call that
 //!   made a node claims it: it exits first. A backward call then finds the
-//!   forward call of the node being run, with that call's module.
+//!   forward call of the node being run, with that call's module; the
+//!   engine's work for a node (a bias gradient's `sum_to`, accumulating its
+//!   outputs) counts as the node's (cpp/threads.cpp).
+//! - **Accumulation into a parameter.** An AccumulateGrad node was made by
+//!   no forward call: its calls (`detach`, `add_`) take the module whose
+//!   parameter it accumulates into, and no `fwd_seq`.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -141,6 +146,25 @@ pub fn forward_of(thread: i64, nr: i64) -> Option<Forward> {
     nodes().lock().ok()?.get(thread, nr)
 }
 
+/// The node `thread` of an AccumulateGrad node (cpp/threads.cpp,
+/// kAccumulateGradThread): its number is then the id of the module whose
+/// parameter it accumulates into. Forward threads are never negative.
+pub const ACCUMULATE_GRAD_THREAD: i64 = -2;
+
+/// What a backward call in the node (`thread`, `nr`) belongs to: the
+/// `seq` of the forward call that made the node and that call's module;
+/// for accumulation into a parameter, no forward call and the parameter's
+/// module.
+pub fn link_of(thread: i64, nr: i64) -> (Option<i64>, Option<ModuleId>) {
+    if thread == ACCUMULATE_GRAD_THREAD {
+        return (None, ModuleId::try_from(nr).ok());
+    }
+    match forward_of(thread, nr) {
+        Some(f) => (Some(f.seq), f.module),
+        None => (None, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +186,22 @@ mod tests {
         assert_eq!(m.get(1, 9), Some(linear));
         assert_eq!(m.get(1, 11), Some(linear));
         assert_eq!(m.get(2, 10), None, "sequence numbers are per thread");
+    }
+
+    #[test]
+    fn accumulation_links_to_the_parameters_module_and_no_forward_call() {
+        let fc1 = intern("h.0.c_fc");
+        assert_eq!(
+            link_of(ACCUMULATE_GRAD_THREAD, i64::from(fc1)),
+            (None, Some(fc1))
+        );
+        let f = Forward {
+            seq: 7,
+            module: Some(fc1),
+        };
+        claim_nodes(1 << 40, 3, 4, f);
+        assert_eq!(link_of(1 << 40, 3), (Some(7), Some(fc1)));
+        assert_eq!(link_of(1 << 40, 4), (None, None));
     }
 
     #[test]

@@ -233,7 +233,8 @@ fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64
 }
 
 /// The autograd node a backward call runs: its forward thread and sequence
-/// number.
+/// number; for an AccumulateGrad node, `modules::ACCUMULATE_GRAD_THREAD` and
+/// the id of its parameter's module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Node {
     pub thread: i64,
@@ -248,15 +249,16 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
         let record = RECORDING.load(Ordering::Relaxed)
             && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
         let seq = record.then(|| SEQUENCER.take_seq());
-        // A backward call belongs to the module of its forward call; work
-        // outside a node (and forward recomputed in backward) to the module
-        // the thread is in.
-        let forward = match (record, phase, node) {
-            (true, Phase::Backward, Some(n)) => modules::forward_of(n.thread, n.seq_nr),
-            _ => None,
+        // A backward call belongs to the module of its node's forward call
+        // (or of the parameter it accumulates into); work outside a node
+        // (and forward recomputed in backward) to the module the thread is
+        // in.
+        let (fwd_seq, node_module) = match (record, phase, node) {
+            (true, Phase::Backward, Some(n)) => modules::link_of(n.thread, n.seq_nr),
+            _ => (None, None),
         };
         let module = if record {
-            forward.and_then(|f| f.module).or_else(modules::current)
+            node_module.or_else(modules::current)
         } else {
             None
         };
@@ -271,7 +273,7 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
             step,
             phase,
             module,
-            fwd_seq: forward.map(|f| f.seq),
+            fwd_seq,
             capture: chosen,
         });
         Ticket {
