@@ -138,13 +138,17 @@ constexpr int64_t kAccumulateGradThread = -2;
 // ("h.0.c_attn.bias" → "h.0.c_attn"), as an interned id; -1 for a leaf that
 // is no named parameter, or one of the root module itself (the root's path
 // is its class, which the name does not tell).
-int64_t owner_module_id(const at::Tensor& leaf) {
-  const rust::String name = tensor_name(leaf);
-  const std::string_view path(name.data(), name.size());
-  const size_t dot = path.rfind('.');
-  if (dot == std::string_view::npos) return -1;
-  const uint32_t id = name_id(path.substr(0, dot));
-  return id == UINT32_MAX ? -1 : static_cast<int64_t>(id);
+int64_t owner_module_id(const at::Tensor& leaf) noexcept {
+  try {
+    const rust::String name = tensor_name(leaf);
+    const std::string_view path(name.data(), name.size());
+    const size_t dot = path.rfind('.');
+    if (dot == std::string_view::npos) return -1;
+    const uint32_t id = name_id(path.substr(0, dot));
+    return id == UINT32_MAX ? -1 : static_cast<int64_t>(id);
+  } catch (...) {  // out of memory for the name: the calls carry no module
+    return -1;
+  }
 }
 
 // The owner module of the parameter the AccumulateGrad node `node` serves,
@@ -171,7 +175,12 @@ bool current_backward_node(int64_t& thread, int64_t& seq_nr) {
   // engine does for it after it; a reentrant backward's inner nodes replace
   // it until they are done.
   if (const auto node = torch::autograd::get_current_node()) {
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
+    // AccumulateGrad nodes take the largest sequence number (the engine
+    // runs them first), so the other nodes skip the cast.
+    auto* acc = node->sequence_nr() == UINT64_MAX
+                    ? dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())
+                    : nullptr;
+    if (acc != nullptr) {
       const int64_t owner = accumulation_owner(*acc);
       if (owner < 0) return false;
       thread = kAccumulateGradThread;
