@@ -47,7 +47,7 @@ def _is_own_folder(entry, here):
     the folder `here`."""
     try:
         return os.path.realpath(entry or os.curdir) == here
-    except (OSError, ValueError):
+    except (OSError, TypeError, ValueError):  # an entry that is no path
         return False
 
 
