@@ -22,6 +22,7 @@ namespace {
 void op_enable() { control_enable(); }
 void op_disable() { control_disable(); }
 void op_flush() { control_flush(); }
+void op_finish() { control_finish(); }
 int64_t op_step() { return control_step(); }
 std::vector<int64_t> op_stats() {
   auto v = control_stats();
@@ -72,6 +73,7 @@ bool install() {
     ops->def("enable() -> ()", &op_enable);
     ops->def("disable() -> ()", &op_disable);
     ops->def("flush() -> ()", &op_flush);
+    ops->def("finish() -> ()", &op_finish);
     ops->def("step() -> int", &op_step);
     ops->def("stats() -> int[]", &op_stats);
     ops->def("device_stats() -> int[]", &op_device_stats);

@@ -6,7 +6,7 @@
 // functions of the Python C API it uses are looked up at run time among the
 // symbols the process has. When dumping is switched on (and OPDUMP_MODULES
 // is not 0), opdump asks the interpreter, with Py_AddPendingCall, to run
-// `apply(True)` of a small module of its own (kHooksSource, compiled into
+// `apply(want)` of a small module of its own (kHooksSource, compiled into
 // `_opdump_module_hooks`) on the main thread at its next safe point: with
 // the GIL held, never inside a dispatcher call, never at dlopen time. That
 // registers two global module hooks, `register_module_forward_pre_hook` and
@@ -40,6 +40,7 @@ namespace {
 // returns whether that is done; `source()` returns the caller's user-code
 // line, or "".
 constexpr const char* kHooksSource = R"PY(
+import functools
 import os
 import sys
 import threading
@@ -100,8 +101,44 @@ def _is_compiled(mod):
     return eval_frame is not None and isinstance(mod, eval_frame.OptimizedModule)
 
 
+_FORK_EXIT_FLAG = "__opdump_finishes__"
+_fork_exit_watched = False
+
+
+def _finish_before_exit():
+    # In a forked child: its records reach files only when the writer
+    # completes them at exit, and multiprocessing's workers (DataLoader)
+    # end with os._exit after their loop, which runs no exit handler.
+    real_exit = os._exit
+    if getattr(real_exit, _FORK_EXIT_FLAG, False):
+        return  # a child of a child: already wrapped
+
+    def _exit(status):
+        try:
+            sys.modules["torch"].ops.opdump.finish()
+        except BaseException:
+            pass
+        real_exit(status)
+
+    functools.update_wrapper(_exit, real_exit)
+    setattr(_exit, _FORK_EXIT_FLAG, True)
+    os._exit = _exit
+
+
+def _watch_fork_exit():
+    global _fork_exit_watched
+    if not _fork_exit_watched:
+        os.register_at_fork(after_in_child=_finish_before_exit)
+        _fork_exit_watched = True
+
+
+# want: 1, the module hooks; 2, forked children complete their files at
+# os._exit (OPDUMP_FORK=record). A fork hook cannot be removed; in a child
+# it only completes what was recorded.
 def apply(want):
-    if not want:
+    if want & 2:
+        _watch_fork_exit()
+    if not want & 1:
         for h in _handles:
             h.remove()
         _handles.clear()
@@ -194,13 +231,13 @@ struct PyApi {
   void* (*call_no_args)(void*) = nullptr;
   int (*is_true)(void*) = nullptr;
   const char* (*as_utf8)(void*) = nullptr;
-  void* (*bool_from_long)(long) = nullptr;
+  void* (*long_from_long)(long) = nullptr;
   void (*dec_ref)(void*) = nullptr;
   void (*err_clear)() = nullptr;
 
   bool complete() const {
     return is_initialized && gil_ensure && gil_release && this_thread_state && add_pending_call && compile_string &&
-           exec_code_module && get_attr && call_one_arg && call_no_args && is_true && as_utf8 && bool_from_long && dec_ref && err_clear;
+           exec_code_module && get_attr && call_one_arg && call_no_args && is_true && as_utf8 && long_from_long && dec_ref && err_clear;
   }
 };
 
@@ -224,7 +261,7 @@ const PyApi* python() {
     find(a.call_no_args, "PyObject_CallNoArgs");
     find(a.is_true, "PyObject_IsTrue");
     find(a.as_utf8, "PyUnicode_AsUTF8");
-    find(a.bool_from_long, "PyBool_FromLong");
+    find(a.long_from_long, "PyLong_FromLong");
     find(a.dec_ref, "Py_DecRef");
     find(a.err_clear, "PyErr_Clear");
     return a.complete() ? &a : nullptr;  // not a Python process (or < 3.9)
@@ -236,7 +273,12 @@ constexpr int kPyFileInput = 257;  // Py_file_input
 // The module's file name in tracebacks and frames (source() skips it).
 constexpr const char* kHooksFile = "<opdump module hooks>";
 
-std::atomic<bool> g_want{false};     // dumping is on and OPDUMP_MODULES is 1
+// What apply() is to install (its `want`): 1, the module hooks (dumping is
+// on and OPDUMP_MODULES is 1); 2, forked children complete their files at
+// os._exit (dumping is on and OPDUMP_FORK=record).
+constexpr int kWantModules = 1;
+constexpr int kWantForkExit = 2;
+std::atomic<int> g_want{0};
 std::atomic<bool> g_applied{false};  // the hooks are as g_want says
 std::atomic<bool> g_scheduled{false};
 std::atomic<bool> g_broken{false};  // apply failed: no more tries
@@ -258,10 +300,10 @@ void* hooks_module(const PyApi& py) {
 int apply_pending(void*) {
   const PyApi* py = python();
   g_scheduled.store(false);
-  const bool want = g_want.load();
+  const int want = g_want.load();
   void* mod = hooks_module(*py);
   void* fn = mod != nullptr ? py->get_attr(mod, "apply") : nullptr;
-  void* arg = fn != nullptr ? py->bool_from_long(want ? 1 : 0) : nullptr;
+  void* arg = fn != nullptr ? py->long_from_long(want) : nullptr;
   void* done = arg != nullptr ? py->call_one_arg(fn, arg) : nullptr;
   const int ok = done != nullptr ? py->is_true(done) : -1;
   for (void* o : {done, arg, fn})
@@ -287,7 +329,7 @@ void schedule() {
 }  // namespace
 
 void python_hooks_want(bool on) {
-  const bool want = on && modules_enabled();
+  const int want = on ? (modules_enabled() ? kWantModules : 0) | (fork_record_enabled() ? kWantForkExit : 0) : 0;
   if (want == g_want.load() && g_applied.load()) return;
   g_want.store(want);
   g_applied.store(false);

@@ -231,6 +231,9 @@ pub mod ffi {
         fn control_enable() -> bool;
         fn control_disable();
         fn control_flush() -> bool;
+        /// Completes this process's files as at its exit, for a forked
+        /// child that leaves through `os._exit` (no exit handler runs).
+        fn control_finish();
         fn control_step() -> i64;
         fn control_stats() -> Vec<i64>;
         fn control_device_stats() -> Vec<i64>;
@@ -239,6 +242,8 @@ pub mod ffi {
         fn control_module_exit();
         /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
         fn modules_enabled() -> bool;
+        /// Whether forked children record (OPDUMP_FORK=record).
+        fn fork_record_enabled() -> bool;
         /// Takes `bytes` of captured tensors from the process's budget
         /// (OPDUMP_CAPTURE_MAX_BYTES); false, and counted, when they do not
         /// fit. `outputs`: the call's inputs were taken already.
@@ -548,6 +553,10 @@ fn control_flush() -> bool {
     runtime::control_flush()
 }
 
+fn control_finish() {
+    runtime::control_finish();
+}
+
 fn control_step() -> i64 {
     runtime::control_step()
 }
@@ -570,6 +579,10 @@ fn control_module_exit() {
 
 fn modules_enabled() -> bool {
     runtime::modules_enabled()
+}
+
+fn fork_record_enabled() -> bool {
+    runtime::fork_record_enabled()
 }
 
 fn capture_reserve(bytes: u64, outputs: bool) -> bool {

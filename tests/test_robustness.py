@@ -101,6 +101,41 @@ def test_fork_record_opt_in(run):
     assert "aten::sub" in set(pq.read_table(child_files[0]).column("op").to_pylist())
 
 
+@pytest.mark.parametrize("modules", ["1", "0"])
+def test_fork_record_dataloader_workers_publish_their_files(run, modules):
+    """DataLoader workers end with os._exit after their loop, which runs no
+    exit handler: under OPDUMP_FORK=record each still publishes its records,
+    leaves no hidden file behind, and its capture files have their rows."""
+    job = run("""
+    from torch.utils.data import DataLoader, Dataset
+    class Items(Dataset):
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            return torch.full((3,), float(i)).mul(2)
+    torch.ops.opdump.enable()
+    loader = DataLoader(Items(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    total = sum(float(b.sum()) for b in loader)
+    torch.ops.opdump.flush()
+    print(json.dumps({"pid": os.getpid(), "total": total}))
+    """, OPDUMP_FORK="record", OPDUMP_MODULES=modules, OPDUMP_CAPTURE="aten::mul#0", timeout=120)
+    assert job.returncode == 0, job.stderr
+    r = job.result()
+    assert r["total"] == 2 * 3 * sum(range(8))
+    hidden = [f for f in job.dump_dir.rglob("*") if f.name.startswith(".")]
+    assert not hidden, hidden
+    t = job.table()
+    workers = t[t.pid != r["pid"]]
+    assert workers.pid.nunique() == 2
+    muls = workers[(workers.op == "aten::mul") & (workers.role == "output")]
+    assert sorted(muls["max"]) == [2.0 * i for i in range(8)]
+    # Each worker captured its first mul: every capture file has its row.
+    captures = list(job.dump_dir.rglob("capture-*.safetensors"))
+    assert len(captures) == 2
+    named = set(t.capture_file.dropna().map(lambda p: os.path.basename(p)))
+    assert {c.name for c in captures} <= named, (captures, named)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_completes_files(tmp_path, sig):
     # Each add_ writes the iteration number into x: the dump itself tells

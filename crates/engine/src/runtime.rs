@@ -327,6 +327,11 @@ pub fn modules_enabled() -> bool {
     get().is_some_and(|rt| rt.config.modules)
 }
 
+/// Whether forked children write files of their own (OPDUMP_FORK=record).
+pub fn fork_record_enabled() -> bool {
+    get().is_some_and(|rt| rt.config.fork_record)
+}
+
 /// One line on stderr; opdump stays on.
 pub fn warn(what: &str) {
     guarded((), || say(what))
@@ -451,6 +456,12 @@ pub fn control_disable() {
 
 pub fn control_flush() -> bool {
     guarded(false, flush)
+}
+
+/// What the exit handlers do, now: a forked child ending through
+/// `os._exit` (multiprocessing's workers) runs none of them.
+pub fn control_finish() {
+    at_exit();
 }
 
 pub fn control_step() -> i64 {
