@@ -17,8 +17,12 @@ CLI_NAME = "opdump"
 
 
 class OpdumpError(RuntimeError):
-    """The ``opdump`` tool failed (exit status 2): bad input or usage. The
-    message is its ``opdump:`` line."""
+    """The ``opdump`` tool failed: it is missing or cannot run, it exited with
+    a status that is no verdict (2: bad input or usage), or it printed no JSON
+    report. The message is its ``opdump:`` line where it printed one."""
+
+# The exit statuses that carry a report, per command (crates/cli/src/cli.rs).
+_VERDICTS = {"compare": (0, 1, 3), "summary": (0,)}
 
 
 def cli_path() -> Optional[Path]:
@@ -42,7 +46,8 @@ def cli_path() -> Optional[Path]:
 
 def _arguments(opts: dict[str, Any]) -> list[str]:
     """``steps="0-2", force=True, rtol=["bfloat16=0.05"]`` ->
-    ``--steps 0-2 --force --rtol bfloat16=0.05``."""
+    ``--steps=0-2 --force --rtol=bfloat16=0.05``. A value is joined to its
+    flag so that one starting with ``-`` is never read as an option."""
     out: list[str] = []
     for key, value in opts.items():
         flag = "--" + key.replace("_", "-")
@@ -51,22 +56,37 @@ def _arguments(opts: dict[str, Any]) -> list[str]:
         if value is True:
             out.append(flag)
         elif isinstance(value, (list, tuple)):
-            for v in value:
-                out += [flag, str(v)]
+            out += [f"{flag}={_text(v)}" for v in value]
         else:
-            out += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+            out.append(f"{flag}={_text(value)}")
     return out
 
 
+def _text(value: Any) -> str:
+    return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+
+
 def _run_json(command: str, paths: list[str], opts: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``opdump COMMAND --json OPTIONS -- PATHS`` and returns its report;
+    any failure of the tool is an :class:`OpdumpError`."""
     cli = cli_path()
     if cli is None:
         raise OpdumpError(f"the {CLI_NAME} command is not installed: reinstall the opdump wheel")
-    p = subprocess.run([str(cli), command, *paths, "--json", *_arguments(opts)],
-                       capture_output=True, text=True)
-    if p.returncode == 2 or not p.stdout.strip():
+    # `--` ends the options: a path such as `--help` stays a path.
+    argv = [str(cli), command, "--json", *_arguments(opts), "--", *paths]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise OpdumpError(f"cannot run {cli}: {e}") from e
+    if p.returncode not in _VERDICTS[command]:
         raise OpdumpError(p.stderr.strip() or f"{CLI_NAME} {command} exited with status {p.returncode}")
-    return json.loads(p.stdout)
+    try:
+        report = json.loads(p.stdout)
+    except json.JSONDecodeError as e:
+        raise OpdumpError(f"{CLI_NAME} {command} printed no JSON report ({e}): {p.stderr.strip()}") from e
+    if not isinstance(report, dict):
+        raise OpdumpError(f"{CLI_NAME} {command} printed JSON that is no report: {p.stdout[:80]!r}")
+    return report
 
 
 def compare(a: os.PathLike | str, b: os.PathLike | str, **opts: Any) -> dict[str, Any]:
@@ -87,7 +107,8 @@ def compare(a: os.PathLike | str, b: os.PathLike | str, **opts: Any) -> dict[str
         ``op``, ``module``, ``seq_a``, ``seq_b``, the metrics and the tensors.
 
     Raises:
-        OpdumpError: the dumps could not be read or compared (exit status 2).
+        OpdumpError: the dumps could not be read or compared (exit status 2),
+            or the tool is missing, cannot run or printed no report.
     """
     return _run_json("compare", [os.fspath(a), os.fspath(b)], opts)
 
@@ -95,5 +116,5 @@ def compare(a: os.PathLike | str, b: os.PathLike | str, **opts: Any) -> dict[str
 def summary(path: os.PathLike | str, **opts: Any) -> dict[str, Any]:
     """Runs ``opdump summary PATH --json``: op calls per op, phase, step and
     module, and where NaN or Inf first appeared. ``rank=R`` limits it to one
-    rank."""
+    rank. Raises :class:`OpdumpError` as :func:`compare` does."""
     return _run_json("summary", [os.fspath(path)], opts)

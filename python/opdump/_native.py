@@ -21,22 +21,60 @@ CORE_PREFIX = "torch-"
 
 def library_path() -> Optional[Path]:
     """The ``libopdump.so`` to load: the wheel's, else the release build of
-    the repository this package sits in; None when there is neither."""
-    for d in (_BUNDLED, _CLONE_BUILD):
-        p = d / LIBRARY_NAME
-        if p.is_file():
-            return p
-    return None
+    the repository this package sits in; None when there is neither.
+
+    A wheel's library that carries no core for the torch this process runs
+    (or will import) gives way to the build: a ``_lib`` that
+    ``scripts/wheel.sh`` left in a clone must not keep the clone's own build
+    from loading. With neither fit, the wheel's is returned, so that loading
+    it prints the one line that names the versions it has."""
+    found = [d for d in (_BUNDLED, _CLONE_BUILD) if (d / LIBRARY_NAME).is_file()]
+    running = _torch_version()
+    for d in found:
+        if _serves(d, running):
+            return d / LIBRARY_NAME
+    return found[0] / LIBRARY_NAME if found else None
+
+
+def _serves(lib_dir: Path, running: Optional[str]) -> bool:
+    """Whether the library in ``lib_dir`` has a core for torch ``running``.
+    A build's directory (no ``torch-*`` cores) serves the torch it was built
+    for, which the library itself checks; an unknown version cannot rule out
+    a wheel."""
+    carried = _versions_in(lib_dir)
+    return not carried or running is None or running.split("+")[0].strip() in carried
+
+
+def _torch_version() -> Optional[str]:
+    """The version of the torch imported in this process, else of the one
+    installed for this interpreter (read without importing it); None when
+    neither is known."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        version = getattr(torch, "__version__", None)
+        return str(version) if version else None
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:  # not installed as a distribution, or unreadable metadata
+        return None
+
+
+def _versions_in(lib_dir: Path) -> list[str]:
+    """The torch versions ``lib_dir`` carries a core for, oldest first
+    (crates/preload/src/cores.rs reads the same layout)."""
+    if not lib_dir.is_dir():
+        return []
+    found = [p.name[len(CORE_PREFIX):] for p in lib_dir.glob(CORE_PREFIX + "*")
+             if (p / "libopdump_core.so").is_file()]
+    return sorted(found, key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
 
 
 def supported_torch_versions() -> list[str]:
     """The torch versions the wheel carries a core for (empty outside a
     wheel: a build serves the torch it was built against)."""
-    if not _BUNDLED.is_dir():
-        return []
-    found = [p.name[len(CORE_PREFIX):] for p in _BUNDLED.glob(CORE_PREFIX + "*")
-             if (p / "libopdump_core.so").is_file()]
-    return sorted(found, key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return _versions_in(_BUNDLED)
 
 
 def _say(msg: str) -> None:
