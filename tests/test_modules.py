@@ -287,7 +287,7 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
         w = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
-        w = w.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        w = w.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(-1)
         x = x + self.attn_proj((w @ v).transpose(1, 2).reshape(b, t, d))
         return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -303,7 +303,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
@@ -311,11 +311,11 @@ class GPT(nn.Module):
 
 import math
 torch.manual_seed(0)
-model = GPT()
+model = GPT().to(DEVICE)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 torch.ops.opdump.enable()
 for step in range(2):
-    idx = torch.randint(0, 50, (2, 8))
+    idx = torch.randint(0, 50, (2, 8)).to(DEVICE)
     opt.zero_grad()
     F.cross_entropy(model(idx).flatten(0, 1), idx.roll(-1, 1).flatten()).backward()
     opt.step()
@@ -324,18 +324,22 @@ print(json.dumps({"params": {n: list(p.shape) for n, p in model.named_parameters
 """
 
 
-def test_engine_work_in_backward_is_linked_to_its_node_or_parameter(run):
+@pytest.mark.parametrize("dev", ["cpu", "testdev"])
+def test_engine_work_in_backward_is_linked_to_its_node_or_parameter(run, dev):
     """What the autograd engine runs outside a node's own scope, or in
     AccumulateGrad: the `sum` that reduces a broadcast bias's gradient
     belongs to the forward call of the node it follows (its Conv1D), the
-    accumulation of a gradient to the module of its parameter."""
-    job = run(GPT)
+    accumulation of a gradient to the module of its parameter. On testdev
+    backward runs on the autograd engine's device thread."""
+    job = run(GPT.replace("DEVICE", repr(dev)), testdev=dev == "testdev")
     assert job.returncode == 0, job.stderr
     assert not job.opdump_lines(), job.opdump_lines()
     params = job.result()["params"]
     t = job.table()
     c = calls(t)
     bwd = c[c.phase == "backward"]
+    if dev == "testdev":  # the device thread ran backward, not the job's
+        assert not set(bwd.thread) & set(c[c.phase == "forward"].thread)
     linked = bwd.fwd_seq.notna() | bwd.module.notna()
     assert linked.mean() >= 0.95, bwd[~linked].op.value_counts().to_dict()
 
