@@ -48,7 +48,11 @@ const UNKNOWN: ModuleId = ModuleId::MAX;
 /// A module's forward begins on this thread; "" for one whose calls carry no
 /// module.
 pub fn enter(path: &str) {
-    let id = if path.is_empty() { UNKNOWN } else { intern(path) };
+    let id = if path.is_empty() {
+        UNKNOWN
+    } else {
+        intern(path)
+    };
     let depth = STACK.with(|s| {
         let mut s = s.borrow_mut();
         s.push(id);
