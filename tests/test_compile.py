@@ -113,3 +113,57 @@ def test_compiled_cpu_against_compiled_testdev_agrees(compiled_cpu):
     b, _ = battery.dump("llama", "testdev", out, compile="aot_eager")
     code, rep = battery.compare(a, b)
     assert code == 0, rep["first_introduced"]
+
+
+# Dumps two TinyLM steps on a device, eager or compiled.
+TINYLM = """
+import sys
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+if sys.argv[1] == "testdev":
+    import tests.testdev as testdev
+    testdev.load()
+from scripts import tinylm
+tinylm.train(sys.argv[1], steps=2, compile=sys.argv[2] if sys.argv[2] != "eager" else None)
+"""
+
+
+def tinylm_dump(out, device, backend, fault=None):
+    script = out / "tinylm_job.py"
+    script.write_text(TINYLM.format(root=str(ROOT)))
+    d = out / f"tinylm-{device}-{backend}{'-fault' if fault else ''}"
+    env = clean_env(OPDUMP="1", OPDUMP_DIR=str(d), LD_PRELOAD=str(LIB), **({"TESTDEV_FAULT": fault} if fault else {}))
+    p = subprocess.run([sys.executable, str(script), device, backend], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def eager_cpu(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eager")
+    return out, tinylm_dump(out, "cpu", "eager")
+
+
+def test_eager_against_compiled_compares_without_force(eager_cpu):
+    """A compiled run is the eager run's decomposed ops in a flat list: the
+    comparison aligns them across levels, is not refused as another
+    program, and finds nothing introduced."""
+    out, a = eager_cpu
+    b = tinylm_dump(out, "cpu", "aot_eager")
+    code, rep = battery.compare(a, b)
+    assert code == 0, (rep["first_divergence"], rep["first_introduced"])
+    assert rep["first_introduced"] is None
+    p = subprocess.run([str(battery.TARGET / "opdump"), "compare", str(a), str(b)], capture_output=True, text=True)
+    aligned = int(p.stdout.split("aligned: ")[1].split(" op calls")[0].replace(",", ""))
+    b_calls = len(read_dump(b).drop_duplicates("seq"))
+    assert aligned > 0.85 * b_calls, p.stdout[:2000]
+
+
+def test_eager_cpu_against_compiled_testdev_names_the_fault(eager_cpu):
+    out, a = eager_cpu
+    b = tinylm_dump(out, "testdev", "aot_eager", fault="aten::gelu=scale:1.01")
+    code, rep = battery.compare(a, b)
+    assert code == 1, rep["first_introduced"]
+    assert rep["first_introduced"]["op"] == "aten::gelu"

@@ -13,6 +13,14 @@
 //!    its parent's op (autocast: `linear` > casts + `linear` > `addmm`) is
 //!    looked through.
 //!
+//! 5. Where too few roots match for the dumps to pass as one program, the
+//!    roots are aligned again across levels: in each gap the diff leaves,
+//!    the calls of one side are replaced by their children ("dissolved")
+//!    where that matches more, down to [`MAX_DISSOLVE`] levels. A compiled
+//!    run (torch.compile) is a flat list of the decomposed ops that an
+//!    eager run nests under `linear`, `matmul`, `reshape`: both then pair
+//!    op for op, and the dissolved wrappers are neither paired nor unmatched.
+//!
 //! Whatever is not matched is "only in A" / "only in B", reported as the
 //! roots of unmatched subtrees.
 
@@ -252,11 +260,9 @@ fn ignored_calls(d: &Dump, p: &Prepared) -> u64 {
     n
 }
 
-/// Both dumps' signatures, computed on two threads. Module paths take part
-/// when both dumps have them (a dump of schema 1, or one written with
-/// `OPDUMP_MODULES=0`, has none).
-fn prepare_both(a: &Dump, b: &Dump, filter: &Filter) -> (Prepared, Prepared) {
-    let by_module = a.has_modules && b.has_modules;
+/// Both dumps' signatures, computed on two threads, with the module paths
+/// as part of them or not.
+fn prepare_both(a: &Dump, b: &Dump, filter: &Filter, by_module: bool) -> (Prepared, Prepared) {
     let (pa, pb) = std::thread::scope(|s| {
         let ha = s.spawn(|| prepare(a, filter, by_module));
         let pb = prepare(b, filter, by_module);
@@ -300,7 +306,93 @@ struct Matching {
     pairs: Vec<Pair>,
     only_a: Vec<u32>,
     only_b: Vec<u32>,
+    /// Calls replaced by their children when aligning across levels.
+    dissolved_a: Vec<u32>,
+    dissolved_b: Vec<u32>,
     stats: DiffStats,
+}
+
+/// How many levels of calls a gap may dissolve (`matmul` > `reshape` >
+/// `view` is two).
+const MAX_DISSOLVE: u32 = 4;
+
+/// The calls of `xs`, each replaced by its children where it has any; and
+/// the calls so replaced.
+fn dissolve(d: &Dump, p: &Prepared, xs: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    let (mut out, mut dissolved) = (Vec::with_capacity(xs.len()), Vec::new());
+    for &x in xs {
+        let start = out.len();
+        children(d, p, x, &mut out, 0);
+        if out.len() == start {
+            out.push(x);
+        } else {
+            dissolved.push(x);
+        }
+    }
+    (out, dissolved)
+}
+
+/// Exact matches between two lists, counted only.
+fn matches_between(pa: &Prepared, xa: &[u32], pb: &Prepared, xb: &[u32]) -> usize {
+    let sa: Vec<u64> = xa.iter().map(|&i| pa.sig[i as usize]).collect();
+    let sb: Vec<u64> = xb.iter().map(|&i| pb.sig[i as usize]).collect();
+    diff(&sa, &sb, &mut DiffStats::default()).len()
+}
+
+/// Aligns `xa` with `xb` as [`align_lists`] does, then each gap between
+/// its pairs again with one side's calls dissolved into their children,
+/// whichever side matches more. Calls no level matches go to `m.only_*`.
+fn align_across_levels(s: &Sides<'_>, xa: &[u32], xb: &[u32], m: &mut Matching, level: u32) {
+    let start = m.pairs.len();
+    align_lists(s, xa, xb, &mut m.stats, &mut m.pairs);
+    let found: Vec<(usize, usize)> = {
+        let pos = |xs: &[u32], id: u32| xs.iter().position(|&x| x == id).unwrap_or(0);
+        let (mut ia, mut ib) = (0, 0);
+        m.pairs[start..]
+            .iter()
+            .map(|p| {
+                // Pairs come in list order: search on from the last one.
+                ia += pos(&xa[ia..], p.a);
+                ib += pos(&xb[ib..], p.b);
+                let here = (ia, ib);
+                (ia, ib) = (ia + 1, ib + 1);
+                here
+            })
+            .collect()
+    };
+    let mut prev = (0, 0);
+    for (i, j) in found.into_iter().chain([(xa.len(), xb.len())]) {
+        align_gap(s, &xa[prev.0..i], &xb[prev.1..j], m, level);
+        prev = (i + 1, j + 1);
+    }
+}
+
+fn align_gap(s: &Sides<'_>, ga: &[u32], gb: &[u32], m: &mut Matching, level: u32) {
+    if !ga.is_empty() && !gb.is_empty() && level < MAX_DISSOLVE {
+        let ((ea, da), (eb, db)) = (dissolve(s.a, s.pa, ga), dissolve(s.b, s.pb, gb));
+        let by_a = if da.is_empty() {
+            0
+        } else {
+            matches_between(s.pa, &ea, s.pb, gb)
+        };
+        let by_b = if db.is_empty() {
+            0
+        } else {
+            matches_between(s.pa, ga, s.pb, &eb)
+        };
+        if by_a.max(by_b) > 0 {
+            let (xa, xb) = if by_a >= by_b {
+                m.dissolved_a.extend(da);
+                (ea, gb.to_vec())
+            } else {
+                m.dissolved_b.extend(db);
+                (ga.to_vec(), eb)
+            };
+            return align_across_levels(s, &xa, &xb, m, level + 1);
+        }
+    }
+    m.only_a.extend_from_slice(ga);
+    m.only_b.extend_from_slice(gb);
 }
 
 /// Per phase (forward, backward, optimizer): roots in groups present on
@@ -312,14 +404,53 @@ struct RootCounts {
     exact: [u64; 3],
 }
 
+impl RootCounts {
+    /// Roots matched, and the larger side's roots: of the model's phases
+    /// (forward, backward) where both sides have them, else of all.
+    fn matched_of_larger(&self) -> (u64, u64) {
+        roots_matched_of_larger(self.common_a, self.common_b, self.exact)
+    }
+}
+
+/// See [`RootCounts::matched_of_larger`].
+fn roots_matched_of_larger(ca: [u64; 3], cb: [u64; 3], exact: [u64; 3]) -> (u64, u64) {
+    let model = |x: [u64; 3]| x[0] + x[1];
+    if model(ca) > 0 && model(cb) > 0 {
+        (model(exact), model(ca).max(model(cb)))
+    } else {
+        (
+            exact.iter().sum(),
+            ca.iter().sum::<u64>().max(cb.iter().sum()),
+        )
+    }
+}
+
+impl Alignment {
+    /// Top-level calls matched, and how many the larger side has, in the
+    /// groups both sides have: what tells two runs of one program from two
+    /// programs. Judged on the model's calls (forward and backward) when
+    /// there are some: optimizers legitimately differ by device (a
+    /// per-parameter loop on one, `_foreach_` calls on the other).
+    pub fn roots_matched_of_larger(&self) -> (u64, u64) {
+        roots_matched_of_larger(
+            self.common_roots_a,
+            self.common_roots_b,
+            self.roots_matched_exact,
+        )
+    }
+}
+
 /// Aligns the roots of each group present on both sides. A group present
-/// on one side only is unmatched as a whole.
+/// on one side only is unmatched as a whole. `across_levels`: see
+/// [`align_across_levels`]; the roots counted as matched are then those
+/// paired themselves or through a paired descendant.
 fn align_roots(
     s: &Sides<'_>,
     ga: &Groups,
     gb: &Groups,
     m: &mut Matching,
     progress: &Progress,
+    across_levels: bool,
 ) -> RootCounts {
     let mut counts = RootCounts::default();
     for (key, ra) in ga {
@@ -331,7 +462,16 @@ fn align_roots(
         let ph = key.1 as usize;
         counts.common_a[ph] += ra.len() as u64;
         counts.common_b[ph] += rb.len() as u64;
-        counts.exact[ph] += align_lists(s, ra, rb, &mut m.stats, &mut m.pairs);
+        if across_levels {
+            let start = m.pairs.len();
+            align_across_levels(s, ra, rb, m, 0);
+            let paired = &m.pairs[start..];
+            let roots_a = roots_reached(s.a, paired.iter().map(|p| p.a));
+            let roots_b = roots_reached(s.b, paired.iter().map(|p| p.b));
+            counts.exact[ph] += roots_a.min(roots_b);
+        } else {
+            counts.exact[ph] += align_lists(s, ra, rb, &mut m.stats, &mut m.pairs);
+        }
     }
     for (key, rb) in gb {
         if !ga.contains_key(key) {
@@ -339,6 +479,18 @@ fn align_roots(
         }
     }
     counts
+}
+
+/// The number of distinct roots above (or at) `calls`.
+fn roots_reached(d: &Dump, calls: impl Iterator<Item = u32>) -> u64 {
+    let mut roots = BTreeSet::new();
+    for mut c in calls {
+        while d.parent[c as usize] != NONE {
+            c = d.parent[c as usize];
+        }
+        roots.insert(c);
+    }
+    roots.len() as u64
 }
 
 /// Aligns the children of every matched pair, breadth-first: the pairs
@@ -399,8 +551,14 @@ fn partners(pairs: &[Pair], len_a: usize, len_b: usize) -> (Vec<u32>, Vec<u32>) 
 }
 
 /// Appends the roots of the groups of `g` that `other` also has and that
-/// found no partner.
-fn push_unmatched_roots(g: &Groups, other: &Groups, partner: &[u32], out: &mut Vec<u32>) {
+/// found no partner, unless they were dissolved (sorted).
+fn push_unmatched_roots(
+    g: &Groups,
+    other: &Groups,
+    partner: &[u32],
+    dissolved: &[u32],
+    out: &mut Vec<u32>,
+) {
     for roots in g
         .iter()
         .filter(|(k, _)| other.contains_key(k))
@@ -410,7 +568,7 @@ fn push_unmatched_roots(g: &Groups, other: &Groups, partner: &[u32], out: &mut V
             roots
                 .iter()
                 .copied()
-                .filter(|&r| partner[r as usize] == NONE),
+                .filter(|&r| partner[r as usize] == NONE && dissolved.binary_search(&r).is_err()),
         );
     }
 }
@@ -423,7 +581,10 @@ fn sorted_unique(mut v: Vec<u32>) -> Vec<u32> {
 
 pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignment {
     progress.phase("aligning: signatures");
-    let (pa, pb) = prepare_both(a, b, filter);
+    // Module paths take part when both dumps have them (a dump of schema 1,
+    // or one written with `OPDUMP_MODULES=0`, has none).
+    let by_module = a.has_modules && b.has_modules;
+    let (pa, pb) = prepare_both(a, b, filter, by_module);
     let sides = Sides {
         a,
         b,
@@ -437,13 +598,42 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &Progress) -> Alignm
         steps_on_one_side(&ga, &gb)
     };
     let mut m = Matching::default();
-    let counts = align_roots(&sides, &ga, &gb, &mut m, progress);
+    let mut counts = align_roots(&sides, &ga, &gb, &mut m, progress, false);
+    // Too few roots match for one program: align again across levels, and
+    // by ops alone, since compiled code's calls carry no module. Kept when
+    // it matches more.
+    let (matched, larger) = counts.matched_of_larger();
+    let retry = matched * 2 < larger;
+    let by_ops = (retry && by_module).then(|| prepare_both(a, b, filter, false));
+    let across_sides = match &by_ops {
+        Some((qa, qb)) => Sides {
+            a,
+            b,
+            pa: qa,
+            pb: qb,
+        },
+        None => Sides {
+            a,
+            b,
+            pa: &pa,
+            pb: &pb,
+        },
+    };
+    let mut nested_sides = &sides;
+    if retry {
+        let mut again = Matching::default();
+        let across = align_roots(&across_sides, &ga, &gb, &mut again, progress, true);
+        if across.matched_of_larger().0 > matched {
+            (m, counts, nested_sides) = (again, across, &across_sides);
+        }
+    }
     progress.phase("aligning: nested calls");
-    align_nested(&sides, &mut m, progress);
+    align_nested(nested_sides, &mut m, progress);
 
     let (a_match, b_match) = partners(&m.pairs, a.len(), b.len());
-    push_unmatched_roots(&ga, &gb, &a_match, &mut m.only_a);
-    push_unmatched_roots(&gb, &ga, &b_match, &mut m.only_b);
+    let (dissolved_a, dissolved_b) = (sorted_unique(m.dissolved_a), sorted_unique(m.dissolved_b));
+    push_unmatched_roots(&ga, &gb, &a_match, &dissolved_a, &mut m.only_a);
+    push_unmatched_roots(&gb, &ga, &b_match, &dissolved_b, &mut m.only_b);
     let only_a = sorted_unique(m.only_a);
     let only_b = sorted_unique(m.only_b);
     let mut pairs = m.pairs;

@@ -438,7 +438,7 @@ fn check_alignment(
             step_range(b)
         ));
     }
-    let (matched, larger) = roots_matched_of_larger(alignment);
+    let (matched, larger) = alignment.roots_matched_of_larger();
     if matched * 2 < larger {
         let msg = format!(
             "the dumps look like different programs: only {matched} of {larger} top-level op calls align (use --force to compare anyway)"
@@ -455,24 +455,6 @@ fn check_alignment(
         ));
     }
     Ok(())
-}
-
-/// Top-level calls matched exactly, and how many the larger side has, in
-/// the groups both sides have. Judged on the model's calls (forward and
-/// backward) when there are some: optimizers legitimately differ by device
-/// (a per-parameter loop on one, `_foreach_` calls on the other).
-fn roots_matched_of_larger(alignment: &Alignment) -> (u64, u64) {
-    let (ca, cb, ex) = (
-        alignment.common_roots_a,
-        alignment.common_roots_b,
-        alignment.roots_matched_exact,
-    );
-    let model = |x: [u64; 3]| x[0] + x[1];
-    if model(ca) > 0 && model(cb) > 0 {
-        (model(ex), model(ca).max(model(cb)))
-    } else {
-        (ex.iter().sum(), ca.iter().sum::<u64>().max(cb.iter().sum()))
-    }
 }
 
 /// What judging every pair yields, per pair (index into the pairs) unless

@@ -322,3 +322,68 @@ fn module_paths_decide_which_calls_pair() {
     assert!(!dc.has_modules);
     assert_eq!(seq_pairs(&da, &dc, &al), vec![(0, 0), (1, 1)]);
 }
+
+/// An eager run nests decomposed ops under composite ones (`linear`,
+/// `matmul` > `reshape`); compiled code runs the same ops as a flat list.
+/// Too few roots match for one program, so the wrappers are dissolved,
+/// down two levels, and every op pairs with its own.
+#[test]
+fn a_flat_compiled_run_aligns_with_the_nested_eager_one() {
+    let t = tmp();
+    let linear = || {
+        tree(
+            "aten::linear",
+            8,
+            vec![op("aten::t", 8), op("aten::addmm", 8)],
+        )
+    };
+    let eager = vec![
+        linear(),
+        tree(
+            "aten::matmul",
+            8,
+            vec![
+                tree("aten::reshape", 8, vec![op("aten::view", 8)]),
+                op("aten::bmm", 8),
+            ],
+        ),
+        op("aten::gelu", 8),
+        linear(),
+    ];
+    let flat = [
+        "aten::t",
+        "aten::addmm",
+        "aten::view",
+        "aten::bmm",
+        "aten::gelu",
+        "aten::t",
+        "aten::addmm",
+    ];
+    let a = write(&t.path().join("a"), &[eager], "float32");
+    let b = write(
+        &t.path().join("b"),
+        &[flat.iter().map(|&n| op(n, 8)).collect()],
+        "float32",
+    );
+    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    assert!(al.only_a.is_empty(), "{:?}", seqs(&da, &al.only_a));
+    assert!(al.only_b.is_empty(), "{:?}", seqs(&db, &al.only_b));
+    let pairs = seq_pairs(&da, &db, &al);
+    for (name, k) in [
+        ("aten::t", 0),
+        ("aten::addmm", 0),
+        ("aten::view", 0),
+        ("aten::bmm", 0),
+        ("aten::gelu", 0),
+        ("aten::t", 1),
+        ("aten::addmm", 1),
+    ] {
+        assert!(
+            pairs.contains(&(seq_of(&a, name, k), seq_of(&b, name, k))),
+            "{name} #{k} not paired"
+        );
+    }
+    assert_eq!(pairs.len(), 7);
+    // Every root of A is reached through its ops, each of B's is paired.
+    assert_eq!(al.roots_matched_of_larger(), (4, 7));
+}
