@@ -17,8 +17,22 @@ const SECS: u64 = 20;
 
 // --- Report files: symlinks and modes -----------------------------------
 
+/// Gives the link itself to `nobody`, as if that user had planted it: a
+/// link of the user's own is followed (README, "Guarantees").
+fn plant_as_another_user(link: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(link.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; -1 leaves the group alone.
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, u32::MAX) }, 0);
+}
+
 #[test]
 fn reports_replace_planted_symlinks() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: planting a link as another user needs root");
+        return;
+    }
     let t = tmp();
     let dump = t.path().join("d");
     small_dump(&dump);
@@ -28,9 +42,11 @@ fn reports_replace_planted_symlinks() {
     std::fs::write(&precious, b"the victim's file").unwrap();
     for name in ["compare.json", "compare.parquet"] {
         std::os::unix::fs::symlink(&precious, rep.join(name)).unwrap();
+        plant_as_another_user(&rep.join(name));
     }
     let page = t.path().join("page.html");
     std::os::unix::fs::symlink(&precious, &page).unwrap();
+    plant_as_another_user(&page);
     let d = path_str(&dump);
     let r = run_timeout(
         &[
