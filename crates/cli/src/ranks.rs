@@ -476,6 +476,8 @@ fn open(
 struct Seen {
     named: u64,
     with_fp: u64,
+    /// Ranks with at least one fingerprint.
+    ranks_with_fp: std::collections::BTreeSet<u32>,
 }
 
 /// Appends the kept rows of one file with steps in `win`.
@@ -561,6 +563,9 @@ fn read_batch(
         seen.named += 1;
         let v = fp.as_ref().and_then(|f| f.get(i));
         seen.with_fp += u64::from(v.is_some());
+        if v.is_some() {
+            seen.ranks_with_fp.insert(rank);
+        }
         let k = Key {
             phase: ph,
             op: keys.strings.intern(op.get(i).unwrap_or("")),
@@ -830,6 +835,19 @@ pub fn run_with_budget(dir: &Path, progress: &Progress, budget: u64) -> Result<R
             seen.named
         )));
     }
+    let unmeasured: Vec<u32> = ranks
+        .iter()
+        .map(|r| r.rank)
+        .filter(|r| !seen.ranks_with_fp.contains(r))
+        .collect();
+    check_compared(dir, &unmeasured, &tally)?;
+    if !unmeasured.is_empty() {
+        notes.push(format!(
+            "rank{} {} not compared: no fingerprints",
+            plural(unmeasured.len()),
+            list(&unmeasured)
+        ));
+    }
     if seen.with_fp < seen.named {
         notes.push(format!(
             "{} of {} parameter and gradient rows have no fingerprint (not measured): left out",
@@ -873,6 +891,28 @@ pub fn run_with_budget(dir: &Path, progress: &Progress, budget: u64) -> Result<R
         exit_status,
         notes,
     })
+}
+
+/// The verdict "ranks agree" needs every rank compared: a rank without
+/// fingerprints, or no tensor measured on two ranks, is an error unless a
+/// finding among the others already stands (`unmeasured` is then a note).
+fn check_compared(dir: &Path, unmeasured: &[u32], tally: &Tally) -> Result<()> {
+    let shown = dir.display();
+    if tally.counts.compared == 0 && unmeasured.is_empty() {
+        return Err(CliError::new(format!(
+            "{shown}: nothing compared: no parameter or gradient was measured on two ranks at the same step and call"
+        )));
+    }
+    if tally.total_findings == 0 && !unmeasured.is_empty() {
+        let n = unmeasured.len();
+        return Err(CliError::new(format!(
+            "{shown}: rank{} {} cannot be compared: {} no fingerprints (written with OPDUMP_SKETCH=0, or recorded no optimizer step or forward); no verdict on the ranks",
+            plural(n),
+            list(unmeasured),
+            if n == 1 { "it has" } else { "they have" }
+        )));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------- text

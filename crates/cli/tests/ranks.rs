@@ -404,6 +404,71 @@ fn missing_fingerprints_are_a_clear_error() {
     );
 }
 
+/// Ranks `0..ranks` with fingerprints, then `blind` more without.
+fn write_job_with_blind_ranks(root: &Path, job: &Job, blind: u32) {
+    write_job(root, job);
+    let without = Job {
+        no_fingerprints: true,
+        ..*job
+    };
+    for r in job.ranks..job.ranks + blind {
+        write_rank(root, r, &without);
+    }
+}
+
+#[test]
+fn a_rank_without_fingerprints_is_no_agreement() {
+    // Two ranks, one without fingerprints: nothing was compared.
+    let t = tmp();
+    let one = Job {
+        ranks: 1,
+        ..Job::default()
+    };
+    write_job_with_blind_ranks(t.path(), &one, 1);
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("opdump: ") && r.stderr.contains("rank 1 cannot be compared"),
+        "{}",
+        r.stderr
+    );
+
+    // Three ranks that agree and two without: still no verdict.
+    let t = tmp();
+    let three = Job {
+        ranks: 3,
+        ..Job::default()
+    };
+    write_job_with_blind_ranks(t.path(), &three, 2);
+    let r = run(&["ranks", path_str(t.path())]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("ranks 3 and 4 cannot be compared"),
+        "{}",
+        r.stderr
+    );
+
+    // A finding among the others stands; the blind rank is a note.
+    let t = tmp();
+    let flipped = Job {
+        ranks: 3,
+        flip: Some(Flip {
+            rank: 2,
+            step: 1,
+            layer: 0,
+        }),
+        ..Job::default()
+    };
+    write_job_with_blind_ranks(t.path(), &flipped, 1);
+    let (code, v, _) = ranks_json(t.path());
+    assert_eq!(code, 1);
+    assert_eq!(v["first"]["odd_ranks"], serde_json::json!([2]));
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("rank 3 not compared"), "{notes}");
+}
+
 #[test]
 fn one_rank_or_no_dump_is_a_usage_error() {
     let t = tmp();
