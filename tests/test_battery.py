@@ -151,3 +151,44 @@ def test_autocast_planted_fault_is_the_headline(autocast_reference, tmp_path, op
     assert head["phase_a"] == phase
     assert head["seq_a"] == first_call(autocast_reference, op, phase), battery.describe(head)
     assert head["seq_b"] == first_call(b, op, phase), battery.describe(head)
+
+
+BF16 = "tests.battery.bf16_models"
+# bf16's rounding is zero-mean noise, which the statistics barely see: the
+# sketch measures the drift a bf16 op's inputs bring (crates/cli/README.md,
+# "Tolerance model").
+SKETCH = {"OPDUMP_SKETCH": "16"}
+
+
+@pytest.fixture(scope="module")
+def fp32_llama(tmp_path_factory):
+    """The Llama in float32 on the CPU: the reference of the bf16 runs."""
+    return battery.dump("llama", "cpu", tmp_path_factory.mktemp("llama-fp32"), models=BF16, env_extra=SKETCH)[0]
+
+
+def test_bf16_against_fp32_introduces_nothing(fp32_llama, tmp_path):
+    """bf16 on testdev against fp32 on the CPU, no fault: rounding of bf16
+    everywhere, drift at most (exit 0 or 3), no op to blame."""
+    b, _ = battery.dump("llama", "testdev", tmp_path, models=BF16, env_extra=SKETCH)
+    code, report = battery.compare(fp32_llama, b)
+    assert report["headline"] is None, battery.describe(report["headline"])
+    assert report["first_introduced_unmatched"] is None, report["first_introduced_unmatched"]
+    assert report["op_verdicts"]["introduced"] == 0, report["op_verdicts"]
+    assert code in (0, 3)
+
+
+def test_bf16_fault_of_5_percent_in_silu_is_named(fp32_llama, tmp_path):
+    """A 5% fault in bf16's silu, whose input already carries bf16's
+    rounding (0.2-0.4%): with the sketch measuring that input error, the
+    allowance for it is 8 times it (silu's condition number, twice), not
+    32 times (about 10%, which hid the fault)."""
+    b, res = battery.dump("llama", "testdev", tmp_path, fault="aten::silu=scale:1.05", models=BF16,
+                          env_extra=SKETCH)
+    assert res["fault_counts"].get("aten::silu", 0) > 0, res
+    code, report = battery.compare(fp32_llama, b)
+    assert code == 1, battery.describe(report["first_divergence"])
+    assert report["first_introduced_unmatched"] is None, report["first_introduced_unmatched"]
+    head = report["headline"]
+    assert head is not None and head["op"] == "aten::silu", battery.describe(head)
+    assert head["seq_a"] == first_call(fp32_llama, "silu", "forward"), battery.describe(head)
+    assert head["seq_b"] == first_call(b, "silu", "forward"), battery.describe(head)

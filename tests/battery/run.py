@@ -42,11 +42,12 @@ def worker(family, device, steps, models_module, autocast=None, compile=None):
 
 
 def dump(family, device, out, steps=2, fault=None, models="tests.battery.models", autocast=None, compile=None,
-         opdump=True):
+         opdump=True, env_extra=None):
     """Trains `family` on `device` in a subprocess with opdump preloaded;
     returns (dump directory, {"losses", "fault_counts"}). autocast: a dtype
     name ("bfloat16") to train in mixed precision with torch.autocast;
-    compile: a torch.compile backend; opdump=False: the same job without it."""
+    compile: a torch.compile backend; opdump=False: the same job without it;
+    env_extra: more variables for the job (`OPDUMP_SKETCH`, for one)."""
     tags = "".join("-" + t for t in (autocast, compile, None if opdump else "off") if t)
     d = Path(out) / f"{family}-{device.replace(':', '_')}{tags}"
     shutil.rmtree(d, ignore_errors=True)
@@ -56,6 +57,7 @@ def dump(family, device, out, steps=2, fault=None, models="tests.battery.models"
         env.update(OPDUMP="1", OPDUMP_DIR=str(d), LD_PRELOAD=str(TARGET / "libopdump.so"))
     if fault:
         env["TESTDEV_FAULT"] = fault
+    env.update(env_extra or {})
     p = subprocess.run([sys.executable, __file__, "--worker", family, device, "--steps", str(steps),
                         "--models", models, *(["--autocast", autocast] if autocast else []),
                         *(["--compile", compile] if compile else [])],

@@ -1,7 +1,7 @@
 //! `opdump compare`: read both dumps, align, measure every aligned pair, and
 //! find the first divergence and the first introduced divergence.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 
 use opdump_format::Role;
@@ -344,6 +344,7 @@ pub fn compare_dumps(
         tensor_counts,
         dtype_differs,
         unmatched_change,
+        consumed_tainted,
     } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment, progress);
     let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
     let tree = PairTree {
@@ -351,7 +352,7 @@ pub fn compare_dumps(
         pairs: &alignment.pairs,
         pair_of_a: &pair_of_a,
     };
-    mark_absorbed(&tree, &verified, &mut verdict);
+    mark_absorbed(&tree, &verified, &consumed_tainted, &mut verdict);
     let mut op_counts = [0u64; OpVerdict::ALL.len()];
     for &v in &verdict {
         op_counts[v as usize] += 1;
@@ -368,6 +369,10 @@ pub fn compare_dumps(
         .map(|ch| UnmatchedChange {
             b_op: changer_only_in_b(&b, &alignment, ch.after, b.seq(alignment.pairs[ch.pair].b)),
             ..ch
+        })
+        .filter(|ch| {
+            ch.b_op
+                .is_none_or(|op| !in_place_with_counterpart_in_a(&a, &b, &alignment, op))
         });
 
     progress.finish();
@@ -475,6 +480,9 @@ struct Judged {
     /// The first input that calls only in B changed (its maker not yet
     /// looked for).
     unmatched_change: Option<UnmatchedChange>,
+    /// (consumer, producer): pair `consumer` read a tainted output of pair
+    /// `producer`. The paths along which a divergence travels.
+    consumed_tainted: Vec<(u32, u32)>,
 }
 
 /// Pairs measured per batch handed from the measuring thread.
@@ -497,6 +505,7 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
         tensor_counts: [0u64; TensorVerdict::ALL.len()],
         dtype_differs: 0,
         unmatched_change: None,
+        consumed_tainted: Vec::new(),
     };
     let mut prov = Provenance::with_capacity(ctx.a.tensors.len() / 2);
     let mut one_sided = OneSided::new(ctx.a, ctx.b, alignment);
@@ -520,10 +529,15 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
         let mut k = 0usize;
         // Set from inside `judge`'s callback, which may not mutate.
         let first_change = Cell::new(None);
+        let consumed_tainted = RefCell::new(Vec::new());
         for mut batch in rx {
             for cmp in batch.iter_mut() {
                 ctx.judge(cmp, |tc| {
-                    input_taint_from(ctx, &prov, &one_sided, tc, k, &first_change)
+                    let found = find_producer(&prov, tc);
+                    if let Some(f) = found.filter(|f| f.taint > 0.0) {
+                        consumed_tainted.borrow_mut().push((k as u32, f.producer));
+                    }
+                    input_taint_from(ctx, found, &one_sided, tc, k, &first_change)
                 });
                 j.record(k, cmp, &mut prov);
                 for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
@@ -547,8 +561,18 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
             let _ = back_tx.send(batch);
         }
         j.unmatched_change = first_change.get();
+        j.consumed_tainted = consumed_tainted.into_inner();
     });
     j
+}
+
+/// The aligned producer of input `tc`, when its statistics name one.
+fn find_producer(prov: &Provenance, tc: &TensorCmp) -> Option<Found> {
+    if tc.key != (0, 0) {
+        prov.find(tc.key)
+    } else {
+        None
+    }
 }
 
 /// The taint of an input of pair `pair`: its producer's, when provenance
@@ -561,17 +585,12 @@ fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &Progress) -> Jud
 /// they recompute the very same verdicts.
 fn input_taint_from(
     ctx: &Ctx<'_>,
-    prov: &Provenance,
+    found: Option<Found>,
     one_sided: &OneSided,
     tc: &TensorCmp,
     pair: usize,
     first_change: &Cell<Option<UnmatchedChange>>,
 ) -> Taint {
-    let found = if tc.key != (0, 0) {
-        prov.find(tc.key)
-    } else {
-        None
-    };
     let mut own = found.is_none();
     let mut t = found.map_or(
         if tc.verdict == TensorVerdict::Diverged {
@@ -638,7 +657,7 @@ impl Judged {
             let Some(x) = tc.ta else { continue };
             if tc.role == Role::Output {
                 if tc.key != (0, 0) {
-                    prov.register(tc.key, tc.taint, tc.tb);
+                    prov.register(tc.key, tc.taint, tc.tb, k as u32);
                 }
             } else {
                 self.input_taint[x as usize] = tc.taint as f32;
@@ -729,13 +748,59 @@ impl PairTree<'_> {
 }
 
 /// A divergence below an op whose outputs agree (and whose inputs are
-/// clean) stays inside that op: absorbed.
-fn mark_absorbed(tree: &PairTree<'_>, verified: &[bool], verdict: &mut [OpVerdict]) {
+/// clean) stays inside that op: absorbed, unless it travels on. Its
+/// enclosing op's outputs are one consumer; a later op may read the inner
+/// op's outputs too (a backward kernel reads the forward's `_log_softmax`
+/// output that the loss around it averaged away). When a tainted output of
+/// it reaches, through any chain of consumers (`consumed_tainted`), an op
+/// that diverged and is not itself absorbed, the difference did not
+/// vanish: the verdict stays (`introduced` where its inputs agreed), for
+/// otherwise the divergence downstream has no op to blame.
+fn mark_absorbed(
+    tree: &PairTree<'_>,
+    verified: &[bool],
+    consumed_tainted: &[(u32, u32)],
+    verdict: &mut [OpVerdict],
+) {
+    let inside_verified: Vec<bool> = (0..verdict.len())
+        .map(|k| verdict[k].diverged() && tree.ancestor_pairs(k).any(|pk| verified[pk]))
+        .collect();
+    let travels = divergence_travels(verdict, &inside_verified, consumed_tainted);
     for (k, v) in verdict.iter_mut().enumerate() {
-        if v.diverged() && tree.ancestor_pairs(k).any(|pk| verified[pk]) {
+        if inside_verified[k] && !travels[k] {
             *v = OpVerdict::Absorbed;
         }
     }
+}
+
+/// Per pair: whether a tainted output of it reaches a divergence that is
+/// not inside a verified op, through consumers (each consumer comes after
+/// its producer in A's call order, so one backward pass decides).
+fn divergence_travels(
+    verdict: &[OpVerdict],
+    inside_verified: &[bool],
+    consumed_tainted: &[(u32, u32)],
+) -> Vec<bool> {
+    let n = verdict.len();
+    // Consumers of each producer, producers in decreasing order.
+    let mut edges: Vec<(u32, u32)> = consumed_tainted
+        .iter()
+        .filter(|&&(c, p)| c > p && (c as usize) < n)
+        .map(|&(c, p)| (p, c))
+        .collect();
+    edges.sort_unstable_by(|x, y| y.cmp(x));
+    // reaches[k]: k's own divergence counts, or a consumer's reaches.
+    let mut reaches: Vec<bool> = (0..n)
+        .map(|k| verdict[k].diverged() && !inside_verified[k])
+        .collect();
+    let mut travels = vec![false; n];
+    for &(p, c) in &edges {
+        if reaches[c as usize] {
+            travels[p as usize] = true;
+            reaches[p as usize] = true;
+        }
+    }
+    travels
 }
 
 /// Introduced ops without an introduced descendant, the largest
@@ -834,6 +899,33 @@ fn changer_only_in_b(b: &Dump, al: &Alignment, t: u32, before_seq: i64) -> Optio
         }
     }
     best
+}
+
+/// Whether call `op` of B (a call only in B) updates a tensor in place
+/// (`add_`: gradient accumulation, an optimizer's update) and A makes an
+/// unaligned call of the same op in the same step and phase. In-place
+/// calls exist to change their tensor; when A makes its own, B's is not a
+/// call A lacks but one the alignment left unpaired (a backward pass
+/// accumulates gradients in an order that differs by device), and blaming
+/// it would name a correct op "introduced, only in B".
+fn in_place_with_counterpart_in_a(a: &Dump, b: &Dump, al: &Alignment, op: u32) -> bool {
+    let name = b.op_name(op);
+    if !is_in_place(name) {
+        return false;
+    }
+    let (step, phase) = (b.step(op), b.phase(op));
+    (0..a.len() as u32).any(|i| {
+        al.a_match[i as usize] == NONE
+            && a.step(i) == step
+            && a.phase(i) == phase
+            && a.op_name(i) == name
+    })
+}
+
+/// `aten::add_`: an in-place op (a dunder name such as `__iand__` is not).
+fn is_in_place(op: &str) -> bool {
+    let name = op.rsplit("::").next().unwrap_or(op);
+    name.ends_with('_') && !name.ends_with("__")
 }
 
 fn step_range(d: &Dump) -> String {

@@ -10,7 +10,10 @@ use opdump_format::Role;
 use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure, Row};
-use crate::opclass::{args_make_discontinuous, classify, is_factor, is_product, OpClass};
+use crate::opclass::{
+    args_make_discontinuous, classify, has_gradient_terms, is_factor, is_gradient_arg, is_product,
+    OpClass,
+};
 use crate::tensor_row::TensorRow;
 use crate::tolerance::Tolerances;
 use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
@@ -47,6 +50,36 @@ pub fn output_floor(class: OpClass, in_rms: f64, reduced_rms: f64, k: f64) -> f6
         OpClass::Sum => base.max(k.sqrt() * reduced_rms),
         OpClass::Mean => base.max(reduced_rms / k.sqrt()),
         _ => base,
+    }
+}
+
+/// The scale (RMS, largest absolute value) of the terms an op's output is
+/// made of, per element, which [`output_floor`] takes a tenth of: where
+/// the output cancels (`x − y` of close tensors), its rounding and the
+/// drift of its inputs are relative to these terms, not to the result.
+/// - Element-wise ops that do not add ([`OpClass::Elementwise`]: products,
+///   activations, and backward kernels that multiply the gradient by a
+///   local derivative) cannot cancel: each output element is one rounding
+///   of a product of factors, relative to itself. No floor (0): the output
+///   is judged by its own norm. Taking the inputs' scale instead judged a
+///   `gelu_backward`, whose gradient is 10⁻⁴ of the activation it also
+///   reads, against the activation: a 0.1% fault read as 3e-7.
+/// - Sums of products of two inputs (matrix products, convolutions): 0,
+///   their partial sums' scale is [`product_floor`]'s √K·r₁·r₂. A tenth of
+///   the larger input's RMS judged the product of a gradient (10⁻⁴) and a
+///   weight (0.05) against the weight: 50 times its own scale.
+/// - The backward kernels of softmax, log-softmax and the norms add terms
+///   of the gradient's size: the gradient arguments' scale (`grad`; their
+///   weight and bias gradients, sums over rows, get the floor of a sum on
+///   top, see [`output_floor`]).
+/// - Any other op: the largest float input's (`inputs`).
+pub fn term_scale(class: OpClass, op: &str, inputs: (f64, f64), grad: (f64, f64)) -> (f64, f64) {
+    if class == OpClass::Elementwise || is_product(op) {
+        (0.0, 0.0)
+    } else if has_gradient_terms(op) && grad.0 > 0.0 {
+        grad
+    } else {
+        inputs
     }
 }
 
@@ -319,6 +352,8 @@ impl<'a> Ctx<'a> {
         let mut any_float_input = false;
         let mut in_rms: f64 = 0.0;
         let mut in_absmax: f64 = 0.0;
+        // The same over the gradient arguments of a backward kernel.
+        let (mut grad_rms, mut grad_absmax) = (0.0f64, 0.0f64);
         // The input being reduced: the largest float input; and the two
         // largest, the factors of a product.
         let (mut reduced_numel, mut reduced_rms) = (0i64, 0.0f64);
@@ -354,6 +389,14 @@ impl<'a> Ctx<'a> {
                         if r.absmax.is_finite() {
                             in_absmax = in_absmax.max(r.absmax);
                         }
+                        if is_gradient_arg(a.names.get(r.arg)) {
+                            if rms.is_finite() {
+                                grad_rms = grad_rms.max(rms);
+                            }
+                            if r.absmax.is_finite() {
+                                grad_absmax = grad_absmax.max(r.absmax);
+                            }
+                        }
                     }
                 }
             }
@@ -367,6 +410,10 @@ impl<'a> Ctx<'a> {
         }
         let k = reduction_length_of(a, ia, &rows_a, class);
         let tolerance = self.tol.rtol(compute, k);
+        // The scale of the terms an output is made of, which its rounding
+        // is relative to when it cancels (see `term_scale`).
+        let (term_rms, term_absmax) =
+            term_scale(class, op, (in_rms, in_absmax), (grad_rms, grad_absmax));
         let products = if is_product(op) {
             product_floor(k, factors[0].1, factors[1].1)
         } else {
@@ -384,8 +431,15 @@ impl<'a> Ctx<'a> {
                     // Each output element reduces this many of the input's.
                     let k_out =
                         reduced_numel as f64 / a.tensors.shapes.numel(row_a(t).shape).max(1) as f64;
-                    let rms = output_floor(class, in_rms, reduced_rms, k_out).max(products);
-                    (rms, (CANCELLATION_FLOOR * in_absmax).max(rms))
+                    // A norm's weight and bias gradients sum the
+                    // gradient's terms over the rows.
+                    let (sum_class, sum_rms) = if has_gradient_terms(op) && grad_rms > 0.0 {
+                        (OpClass::Sum, grad_rms)
+                    } else {
+                        (class, reduced_rms)
+                    };
+                    let rms = output_floor(sum_class, term_rms, sum_rms, k_out).max(products);
+                    (rms, (CANCELLATION_FLOOR * term_absmax).max(rms))
                 }
                 _ => (0.0, 0.0),
             };
@@ -442,9 +496,11 @@ impl<'a> Ctx<'a> {
     /// the error from below, and an error upstream can hide in them and
     /// show again after a reduction. So:
     /// - untainted inputs set the *explained* error `e_in`: an output is
-    ///   close while its error is within `tolerance + min_amplification *
-    ///   e_in` (its own rounding plus what its inputs' drift can become),
-    ///   else diverged;
+    ///   close while its error is within `tolerance + drift * e_in` (its
+    ///   own rounding plus what its inputs' drift can become; `drift` is
+    ///   `min_amplification`, a quarter of it for smooth element-wise ops
+    ///   whose inputs' errors a sketch or the values measured, see
+    ///   [`Tolerances::drift_amplification`]), else diverged;
     /// - tainted inputs set `d_in`, the larger of their measured error and
     ///   their taint: an op with a diverged output *introduced* the error
     ///   when its output error exceeds `min_amplification * d_in`, else it
@@ -456,6 +512,9 @@ impl<'a> Ctx<'a> {
         let kappa = self.tol.min_amplification;
         // d_known: the part of d_in from known producers.
         let (mut e_in, mut d_in, mut d_known) = (0.0f64, 0.0f64, 0.0f64);
+        // Every drifting input's error measured by more than its statistics
+        // (which can miss most of a zero-mean error, bf16 rounding for one).
+        let mut drift_measured_well = true;
         for tc in cmp.tensors.iter_mut().filter(|t| t.role != Role::Output) {
             tc.taint = 0.0;
             tc.taint_own = false;
@@ -481,8 +540,12 @@ impl<'a> Ctx<'a> {
                     tc.verdict = TensorVerdict::Close;
                 }
                 e_in = e_in.max(tc.rel_err);
+                drift_measured_well &= tc.rel_err == 0.0 || tc.evidence != "stats";
             }
         }
+        let drift = self
+            .tol
+            .drift_amplification(cmp.class.unwrap_or(OpClass::Plain), drift_measured_well);
         cmp.excess = 0.0;
         let mut errors = OpErrors {
             out_err: 0.0,
@@ -497,7 +560,7 @@ impl<'a> Ctx<'a> {
             // An op that only moves elements may concentrate the drift of
             // its inputs (a row of a matrix can hold more of it than the
             // whole), by at most `concentration`.
-            tc.allowed = tc.tolerance + kappa * e_in * cmp.concentration;
+            tc.allowed = tc.tolerance + drift * e_in * cmp.concentration;
             if matches!(tc.verdict, TensorVerdict::Close | TensorVerdict::Diverged) {
                 tc.verdict = if tc.rel_err <= tc.allowed {
                     TensorVerdict::Close

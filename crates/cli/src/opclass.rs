@@ -18,6 +18,13 @@
 //!   indexing, concatenation, copies). They do no arithmetic, so they cannot
 //!   make an error, only concentrate one that their input already holds (a
 //!   selected row can hold more of the error than the whole tensor).
+//! - `Elementwise`: each output element a smooth function of the same
+//!   elements of the inputs that neither adds nor subtracts them (products,
+//!   quotients, activations, and the backward kernels that multiply the
+//!   gradient by a local derivative). Their rounding is relative to the
+//!   output itself, and a relative input error grows through them by about
+//!   the function's condition number, a small constant. Sums and
+//!   differences (`add`, `sub`) are not among them: they can cancel.
 //!
 //! Names are matched without namespace and without a trailing `_` (in-place)
 //! so `aten::normal_` and `aten::normal` are both random.
@@ -32,6 +39,7 @@ pub enum OpClass {
     Sum,
     Mean,
     Movement,
+    Elementwise,
 }
 
 impl OpClass {
@@ -45,6 +53,7 @@ impl OpClass {
             OpClass::Sum => "sum",
             OpClass::Mean => "mean",
             OpClass::Movement => "movement",
+            OpClass::Elementwise => "elementwise",
         }
     }
 }
@@ -191,7 +200,6 @@ const NORMALIZATION: &[&str] = &[
     "cross_entropy_loss",
     "nll_loss",
     "nll_loss_forward",
-    "nll_loss_backward",
     "nll_loss2d",
     "normalize",
     "norm",
@@ -285,6 +293,83 @@ const MOVEMENT: &[&str] = &[
     "view_as",
 ];
 
+/// Element-wise ops that do not cancel (see the module comment): judged
+/// relative to their own output, with an allowance for their inputs' drift
+/// of about their condition number. `exp`, `log`, `sin`, `cos` are left
+/// out: their condition number (|x|, 1/|log x|, |x cot x|) is unbounded.
+const ELEMENTWISE: &[&str] = &[
+    "mul",
+    "div",
+    "neg",
+    "abs",
+    "relu",
+    "relu6",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "mish",
+    "threshold",
+    "erf",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "square",
+    "where",
+    "masked_fill",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "gelu_backward",
+    "silu_backward",
+    "threshold_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "softplus_backward",
+    "elu_backward",
+    "leaky_relu_backward",
+    "hardtanh_backward",
+    "hardswish_backward",
+    "hardsigmoid_backward",
+    "mish_backward",
+    "nll_loss_backward",
+];
+
+/// Backward kernels of normalizations whose outputs are combinations of
+/// terms of the gradient's size (`y·(g − Σ g·y)`, `g − exp(y)·Σ g`, a
+/// norm's `(g·w − mean(g·w) − x̂·mean(g·w·x̂))/σ`, and its weight and bias
+/// gradients `Σ g·x̂`, `Σ g` over the rows): their rounding is relative to
+/// the gradient, not to the forward tensors they also read, which are often
+/// 10⁴ times larger.
+const GRADIENT_TERMS: &[&str] = &[
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "native_layer_norm_backward",
+    "native_group_norm_backward",
+    "native_batch_norm_backward",
+    "_fused_rms_norm_backward",
+];
+
+/// The arguments that carry the gradient into a backward kernel.
+pub fn is_gradient_arg(arg: &str) -> bool {
+    matches!(arg, "grad_output" | "grad_out" | "grad")
+}
+
+/// Whether `op`'s output is made of terms of its gradient's size (see
+/// [`GRADIENT_TERMS`]).
+pub fn has_gradient_terms(op: &str) -> bool {
+    let base = base_name(op);
+    GRADIENT_TERMS.contains(&base)
+}
+
 /// Contractions whose every output element is a sum of K products of one
 /// element of each of two inputs (matrix products, convolutions): their
 /// partial sums have the scale √K·r₁·r₂ (`metrics::product_floor`).
@@ -358,6 +443,8 @@ pub fn classify(op: &str) -> OpClass {
         OpClass::Mean
     } else if is(MOVEMENT) {
         OpClass::Movement
+    } else if is(ELEMENTWISE) {
+        OpClass::Elementwise
     } else {
         OpClass::Plain
     }
@@ -385,6 +472,13 @@ mod tests {
         assert_eq!(classify("aten::addmm"), OpClass::Contraction);
         assert_eq!(classify("aten::_softmax"), OpClass::Normalization);
         assert_eq!(classify("aten::add_"), OpClass::Plain);
+        assert_eq!(classify("aten::sub"), OpClass::Plain);
+        assert_eq!(classify("aten::gelu_backward"), OpClass::Elementwise);
+        assert_eq!(classify("aten::mul_"), OpClass::Elementwise);
+        assert_eq!(classify("aten::nll_loss_backward"), OpClass::Elementwise);
+        assert!(has_gradient_terms("aten::_softmax_backward_data"));
+        assert!(has_gradient_terms("aten::native_layer_norm_backward"));
+        assert!(!has_gradient_terms("aten::gelu_backward"));
         assert_eq!(classify("aten::sum"), OpClass::Sum);
         assert_eq!(classify("aten::mean"), OpClass::Mean);
         assert_eq!(classify("aten::as_strided"), OpClass::Movement);

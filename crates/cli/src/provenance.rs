@@ -61,15 +61,16 @@ pub fn key_of_rows(
 
 #[derive(Default)]
 pub struct Provenance {
-    /// Pair identity -> its taint when produced: 0 when nothing upstream
-    /// diverged, else the size of the error upstream.
-    produced: FxMap<u64, f32>,
+    /// Pair identity -> its taint when produced (0 when nothing upstream
+    /// diverged, else the size of the error upstream), and the aligned pair
+    /// that produced it.
+    produced: FxMap<u64, (f32, u32)>,
     /// The same by A's side alone, with B's tensor as produced (`NONE` when
     /// unknown). B may feed an op a tensor that went through calls A does
     /// not make (copies to and from a device, another decomposition); A's
     /// tensor still names the producer, and B's tensor as produced tells
-    /// whether those calls changed its values.
-    produced_a: FxMap<u64, (f32, u32)>,
+    /// whether those calls changed its values. Then the producing pair.
+    produced_a: FxMap<u64, (f32, u32, u32)>,
 }
 
 /// Where an input came from, as far as the statistics tell.
@@ -82,6 +83,8 @@ pub struct Found {
     /// aligned producer made (`NONE` when unknown).
     pub by_pair: bool,
     pub b_produced: u32,
+    /// The aligned pair (index into the alignment's pairs) that produced it.
+    pub producer: u32,
 }
 
 impl Provenance {
@@ -92,34 +95,42 @@ impl Provenance {
         }
     }
 
-    /// Records an output, `b_tensor` its B side; a later producer of the
-    /// same tensor wins.
-    pub fn register(&mut self, (pair, side_a): (u64, u64), taint: f64, b_tensor: Option<u32>) {
+    /// Records an output of aligned pair `producer`, `b_tensor` its B side;
+    /// a later producer of the same tensor wins.
+    pub fn register(
+        &mut self,
+        (pair, side_a): (u64, u64),
+        taint: f64,
+        b_tensor: Option<u32>,
+        producer: u32,
+    ) {
         // A nonzero taint never rounds to 0 in f32.
         let t = if taint > 0.0 {
             (taint as f32).max(f32::MIN_POSITIVE)
         } else {
             0.0
         };
-        self.produced.insert(pair, t);
+        self.produced.insert(pair, (t, producer));
         self.produced_a
-            .insert(side_a, (t, b_tensor.unwrap_or(NONE)));
+            .insert(side_a, (t, b_tensor.unwrap_or(NONE), producer));
     }
 
     /// Where this input came from, if its producer is known: by the pair,
     /// else by A's side.
     pub fn find(&self, (pair, side_a): (u64, u64)) -> Option<Found> {
-        if let Some(&t) = self.produced.get(&pair) {
+        if let Some(&(t, producer)) = self.produced.get(&pair) {
             return Some(Found {
                 taint: t as f64,
                 by_pair: true,
                 b_produced: NONE,
+                producer,
             });
         }
-        self.produced_a.get(&side_a).map(|&(t, b)| Found {
+        self.produced_a.get(&side_a).map(|&(t, b, producer)| Found {
             taint: t as f64,
             by_pair: false,
             b_produced: b,
+            producer,
         })
     }
 }

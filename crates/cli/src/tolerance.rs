@@ -29,12 +29,17 @@
 
 use crate::dtype::{canonical, DType};
 use crate::error::{CliError, Result};
+use crate::opclass::OpClass;
 
 /// How much one op may amplify an error. Well-conditioned ops amplify
 /// relative errors by a small factor (softmax by about the logits'
 /// magnitude); a fault of 1e-3 on inputs that differ by rounding (1e-7)
 /// amplifies 10^4 times.
 pub const DEFAULT_MIN_AMPLIFICATION: f64 = 32.0;
+
+/// What part of `min_amplification` a smooth element-wise op may amplify
+/// its inputs' drift by (see [`Tolerances::drift_amplification`]).
+const ELEMENTWISE_SHARE: f64 = 4.0;
 
 /// Unit roundoff of float32, for statistics accumulated in float32.
 const U32: f64 = (f32::EPSILON / 2.0) as f64;
@@ -122,6 +127,25 @@ impl Tolerances {
         }
         let (c, cap) = defaults(u);
         (c * u * k.max(1.0).sqrt()).min(cap).max(c * u)
+    }
+
+    /// How many times an op of `class` may amplify the relative drift of
+    /// its inputs before its output counts as diverged. A smooth
+    /// element-wise op amplifies a relative input error by its condition
+    /// number |x·f'(x)/f(x)| (1 for a product, about 1 to 4 for the
+    /// activations over the inputs they see). The inputs' error is measured
+    /// from below: by a sketch (`measured_well`), to within about half; by
+    /// the statistics alone, zero-mean rounding may show a tenth of itself.
+    /// So a quarter of `min_amplification` (8 by default) where the inputs'
+    /// error was measured well, all of it otherwise, and all of it for ops
+    /// that can cancel or that reduce. Derivation: `crates/cli/README.md`,
+    /// "Tolerance model".
+    pub fn drift_amplification(&self, class: OpClass, measured_well: bool) -> f64 {
+        if class == OpClass::Elementwise && measured_well {
+            self.min_amplification / ELEMENTWISE_SHARE
+        } else {
+            self.min_amplification
+        }
     }
 
     fn override_for(&self, dtype: &str) -> Option<f64> {

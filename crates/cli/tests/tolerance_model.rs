@@ -568,3 +568,184 @@ fn a_list_op_explains_each_element_by_its_own_inputs() {
     assert_eq!(j["first_divergence"]["op"], "aten::mm", "{j}");
     assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
 }
+
+/// A backward step in miniature: `gelu_backward` reads a gradient of scale
+/// 3e-5 and the forward activation of scale 0.5, and makes a gradient of
+/// the gradient's size, off by `fault` on B while both inputs agree.
+fn gelu_backward_run(root: &Path, side_b: bool, fault: f64) -> PathBuf {
+    use opdump_format::Phase;
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    w.phase = Phase::Backward;
+    let act = [512, 512];
+    w.leaf(
+        "aten::gelu_backward",
+        "default",
+        "approximate=none",
+        vec![
+            input("grad_output", "float32", &act, 3e-5),
+            input("self", "float32", &act, 0.5),
+        ],
+        vec![output(
+            0,
+            "float32",
+            &act,
+            2e-5 * if side_b { 1.0 + fault } else { 1.0 },
+        )],
+    )
+    .unwrap();
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn an_element_wise_backward_kernel_is_judged_by_its_own_output() {
+    // 1e-3 of the gradient: judged against the activation (0.1 x its RMS,
+    // 2,500 times the output's), it read as 4e-7, under the tolerance.
+    let Sides { code, j, .. } = compare_sides(|r, side_b| gelu_backward_run(r, side_b, 1e-3));
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(
+        op_of(&j, "headline").as_deref(),
+        Some("aten::gelu_backward"),
+        "{j}"
+    );
+    assert_eq!(j["headline"]["op_class"], "elementwise", "{j}");
+    let err = j["headline"]["rel_err"].as_f64().unwrap();
+    assert!((err - 1e-3).abs() < 1e-4, "{err}");
+    // One rounding of float32 is still no divergence.
+    let Sides { code, j, .. } = compare_sides(|r, side_b| gelu_backward_run(r, side_b, 1.2e-7));
+    assert_eq!(code, 0, "{j}");
+}
+
+/// `cross_entropy` around `_log_softmax` (its output off by `fault` on B,
+/// from logits that agree) and `nll_loss_forward` (the loss, which agrees:
+/// the difference averages out); then, with `backward_reads_it`, the
+/// backward's `_log_softmax_backward_data` reads that same `_log_softmax`
+/// output and diverges with it.
+fn absorbed_loss_run(root: &Path, side_b: bool, fault: f64, backward_reads_it: bool) -> PathBuf {
+    use opdump_format::Phase;
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let logits = [512, 300];
+    let ce = w.begin(
+        "aten::cross_entropy_loss",
+        "default",
+        "",
+        vec![input("self", "float32", &logits, 1.0)],
+    );
+    w.leaf(
+        "aten::_log_softmax",
+        "default",
+        "dim=1, half_to_float=False",
+        vec![input("self", "float32", &logits, 1.0)],
+        vec![output(0, "float32", &logits, 5.7 * f(fault))],
+    )
+    .unwrap();
+    w.leaf(
+        "aten::nll_loss_forward",
+        "default",
+        "reduction=1, ignore_index=-100",
+        vec![input("self", "float32", &logits, 5.7 * f(fault))],
+        vec![output(0, "float32", &[], 5.7)],
+    )
+    .unwrap();
+    w.end(ce, vec![output(0, "float32", &[], 5.7)]).unwrap();
+    if backward_reads_it {
+        w.phase = Phase::Backward;
+        w.leaf(
+            "aten::_log_softmax_backward_data",
+            "default",
+            "dim=1, input_dtype=torch.float32",
+            vec![
+                input("grad_output", "float32", &logits, 1e-3),
+                input("output", "float32", &logits, 5.7 * f(fault)),
+            ],
+            vec![output(0, "float32", &logits, 1e-3 * f(fault))],
+        )
+        .unwrap();
+    }
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn absorbed_never_hides_the_op_that_made_a_later_divergence() {
+    let Sides { code, j, .. } = compare_sides(|r, side_b| absorbed_loss_run(r, side_b, 8e-4, true));
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(
+        op_of(&j, "headline").as_deref(),
+        Some("aten::_log_softmax"),
+        "{j}"
+    );
+    assert_eq!(j["op_verdicts"]["absorbed"], 0, "{j}");
+    // Nothing downstream reads it and the loss agrees: the difference
+    // vanished inside the loss, absorbed.
+    let Sides { code, j, .. } =
+        compare_sides(|r, side_b| absorbed_loss_run(r, side_b, 8e-4, false));
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["op_verdicts"]["absorbed"], 1, "{j}");
+}
+
+/// `t` (of scale `x`, as `synth::tensor` makes it) with a fingerprint and a
+/// sketch of 16 projections that puts it `rel` (relative) away from the
+/// same tensor with `rel` 0.
+fn with_sketch(mut t: TensorRecord, x: f64, rel: f64) -> TensorRecord {
+    let l2 = t.stats.l2 / x;
+    t.fingerprint = Some((rel * 1e9) as u64 + 1);
+    t.sketch = Some(vec![l2 * x * (1.0 + rel); 16]);
+    t
+}
+
+/// A bfloat16 `silu` (B) against a float32 one (A): its input carries
+/// bf16's rounding (0.3%), its output that plus `fault`; with `sketched`,
+/// both with a sketch that measures those errors.
+fn mixed_precision_silu(root: &Path, side_b: bool, fault: f64, sketched: bool) -> PathBuf {
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let (dt, e_in, e_out) = if side_b {
+        ("bfloat16", 0.003, (1.0 + fault) * 1.004 - 1.0)
+    } else {
+        ("float32", 0.0, 0.0)
+    };
+    let sketch = |t: TensorRecord, x: f64, e: f64| {
+        if sketched {
+            with_sketch(t, x, e)
+        } else {
+            t
+        }
+    };
+    let act = [128, 172];
+    let x = input("self", dt, &act, 0.5 * (1.0 + e_in));
+    let y = output(0, dt, &act, 0.3 * (1.0 + e_out));
+    w.leaf(
+        "aten::silu",
+        "default",
+        "",
+        vec![sketch(x, 0.5, e_in)],
+        vec![sketch(y, 0.3, e_out)],
+    )
+    .unwrap();
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn a_smooth_element_wise_op_may_amplify_its_input_drift_by_its_condition_number() {
+    // 32 x 0.3% on top of bf16's tolerance (1.6%) allowed 11%; 8 x allows
+    // about 4%, where a sketch measured the input's error.
+    let silu = |fault: f64, sketched: bool| {
+        compare_sides(move |r, side_b| mixed_precision_silu(r, side_b, fault, sketched))
+    };
+    let Sides { code, j, .. } = silu(0.05, true);
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::silu"), "{j}");
+    assert_eq!(j["headline"]["tensors"][0]["evidence"], "sketch", "{j}");
+    // bf16's rounding of the input and the output alone: close.
+    let Sides { code, j, .. } = silu(0.0, true);
+    assert_eq!(code, 0, "{j}");
+    // Statistics alone may see a tenth of a zero-mean input error: the
+    // allowance stays 32 times what they show.
+    let Sides { code, j, .. } = silu(0.05, false);
+    assert_eq!(code, 0, "{j}");
+}
