@@ -156,9 +156,8 @@ def apply(want):
     enter, leave, name_tensors = ops.module_enter, ops.module_exit, ops.name_tensors
     # While Dynamo traces a module call it inlines these hooks: returning at
     # once leaves nothing in the graph and mutates nothing it tracks. The
-    # compiled code then runs without them, so its op calls carry the module
-    # of the eager call around it (the compiled model's root), never a
-    # module of another call.
+    # compiled code then runs without them, so the calls it makes cannot be
+    # told apart by module: they carry none (see pre), never a wrong one.
     compiling = torch.compiler.is_compiling
 
     def pre(mod, args):
