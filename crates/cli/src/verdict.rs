@@ -94,9 +94,10 @@ pub enum OpVerdict {
     /// A discontinuous op whose outputs differ, as a tiny input change may do.
     Discontinuous,
     /// Outputs differ, but an enclosing op's outputs were compared and
-    /// agree: a difference inside a kernel (a scratch buffer sized by the
-    /// thread count, another internal algorithm) that does not reach its
-    /// result. Not a divergence.
+    /// agree, and no later divergence reads them: a difference inside a
+    /// kernel (a scratch buffer sized by the thread count, another
+    /// internal algorithm) that does not reach its result. Not a
+    /// divergence.
     Absorbed,
 }
 
