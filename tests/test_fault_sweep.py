@@ -165,7 +165,15 @@ def sweep(models=MODELS, out=None, log=print, only=None):
         for sketch in set(SKETCH.values()):
             refs[sketch] = out / f"{model}-cpu-{sketch}"
             job(model, "cpu", refs[sketch], sketch=sketch)
-        plan = [(bare(k), f) for k in kernels for f in FAULTS if not only or bare(k) in only]
+        plan = [bare(k) for k in kernels if not only or bare(k) in only]
+
+        def kernel(op):
+            """Both faults in `op`, the second only when the first fired
+            (they fire on the same calls)."""
+            first = one((op, FAULTS[0]))
+            if not first[3]:
+                return [first, (model, op, FAULTS[1], 0, None, None, None)]
+            return [first, one((op, FAULTS[1]))]
 
         def one(item):
             op, fault = item
@@ -181,9 +189,10 @@ def sweep(models=MODELS, out=None, log=print, only=None):
             return (model, op, fault, fired, where, code, head.get("op"))
 
         with ThreadPoolExecutor(PARALLEL) as pool:
-            for row in pool.map(one, plan):
-                rows.append(row)
-                log(fmt(row))
+            for pair in pool.map(kernel, plan):
+                for row in pair:
+                    rows.append(row)
+                    log(fmt(row))
     shutil.rmtree(out, ignore_errors=True)
     return rows
 
