@@ -1,11 +1,17 @@
 //! `--html FILE`: one self-contained page (inline CSS and SVG, no script, no
 //! network): the error of every aligned op along A's call order on a log
-//! scale, introduced ops marked, beside the tables of the text report.
+//! scale, introduced ops marked, the model's module tree, and the tables of
+//! the text report.
 //!
 //! A million ops do not fit in an SVG; the x axis is cut into at most
-//! `BINS` columns and each column shows its largest error, coloured by the
-//! worst verdict in it.
+//! `BINS` columns and each column shows, per innermost module of its calls,
+//! their largest error, coloured by the worst verdict among them.
+//!
+//! Clicking a module in the tree filters the plot to its calls with CSS
+//! alone (`:target` and `:has`): the page needs no script, so a dump's
+//! strings can never run as one.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
@@ -67,41 +73,73 @@ impl Worst {
     }
 }
 
-/// One column of the plot: the pairs `first_pair..first_pair + count`.
-#[derive(Clone, Copy, Default)]
-struct Bin {
+/// The calls of one column of the plot that ran in the same innermost
+/// module: one point.
+#[derive(Clone, Copy)]
+struct Group {
+    /// The module's node in the [`ModTree`].
+    leaf: u32,
     max_err: f64,
     worst: Worst,
-    first_pair: usize,
-    /// The pair named in the column's tooltip: of the worst verdict, then
-    /// of the largest error.
+    /// The pair named in the point's tooltip: of the worst verdict, then of
+    /// the largest error.
     worst_pair: usize,
     count: usize,
 }
 
-/// Cuts the pairs into at most `BINS` columns of consecutive pairs.
-fn bins(pairs: &AlignedPairs<'_>) -> Vec<Bin> {
+/// One column of the plot: the pairs `first_pair..first_pair + count`.
+#[derive(Clone, Default)]
+struct Column {
+    first_pair: usize,
+    count: usize,
+    groups: Vec<Group>,
+}
+
+/// Cuts the pairs into at most `BINS` columns of consecutive pairs, each
+/// split by the innermost module of its calls (`leaf_of`, per pair).
+fn columns(pairs: &AlignedPairs<'_>, leaf_of: &[u32]) -> Vec<Column> {
     let n = pairs.len();
-    let bins = n.min(BINS);
-    let mut b = vec![Bin::default(); bins];
+    let cols = n.min(BINS);
+    let mut c = vec![Column::default(); cols];
     for k in 0..n {
-        let bin = &mut b[k * bins / n];
-        let e = pairs.out_err(k);
-        let worst = Worst::of(pairs.verdict(k));
-        if bin.count == 0 {
-            bin.first_pair = k;
-            bin.worst_pair = k;
+        let col = &mut c[k * cols / n];
+        if col.count == 0 {
+            col.first_pair = k;
         }
-        bin.count += 1;
-        if worst > bin.worst || (worst == bin.worst && e > bin.max_err) {
-            bin.worst_pair = k;
-        }
-        bin.worst = bin.worst.max(worst);
-        if e > bin.max_err {
-            bin.max_err = e;
-        }
+        col.count += 1;
+        add_to_group(
+            col,
+            k,
+            leaf_of[k],
+            pairs.out_err(k),
+            Worst::of(pairs.verdict(k)),
+        );
     }
-    b
+    c
+}
+
+/// Adds pair `k` to its module's group in a column (a column holds few
+/// modules: a linear search).
+fn add_to_group(col: &mut Column, k: usize, leaf: u32, e: f64, worst: Worst) {
+    let g = match col.groups.iter().position(|g| g.leaf == leaf) {
+        Some(i) => &mut col.groups[i],
+        None => {
+            col.groups.push(Group {
+                leaf,
+                max_err: e,
+                worst,
+                worst_pair: k,
+                count: 0,
+            });
+            col.groups.last_mut().expect("just pushed")
+        }
+    };
+    g.count += 1;
+    if worst > g.worst || (worst == g.worst && e > g.max_err) {
+        g.worst_pair = k;
+    }
+    g.worst = g.worst.max(worst);
+    g.max_err = g.max_err.max(e);
 }
 
 /// The top band holds infinite errors (NaN/Inf counts or shapes differ).
@@ -119,8 +157,8 @@ struct Frame {
 }
 
 impl Frame {
-    fn new(n: usize, bins: &[Bin]) -> Self {
-        let (lo, hi) = decades(bins);
+    fn new(n: usize, cols: &[Column]) -> Self {
+        let (lo, hi) = decades(cols);
         Frame {
             n,
             pw: W - LEFT - 10.0,
@@ -145,10 +183,10 @@ impl Frame {
 }
 
 /// Y range in decades, from the smallest to the largest finite error.
-fn decades(bins: &[Bin]) -> (f64, f64) {
-    let finite: Vec<f64> = bins
+fn decades(cols: &[Column]) -> (f64, f64) {
+    let finite: Vec<f64> = cols
         .iter()
-        .map(|x| x.max_err)
+        .flat_map(|c| c.groups.iter().map(|g| g.max_err))
         .filter(|e| e.is_finite() && *e > 0.0)
         .collect();
     let lo = finite
@@ -174,7 +212,7 @@ fn decades(bins: &[Bin]) -> (f64, f64) {
     }
 }
 
-fn plot(pairs: &AlignedPairs<'_>) -> String {
+fn plot(pairs: &AlignedPairs<'_>, tree: &ModTree) -> String {
     let n = pairs.len();
     let mut s = String::new();
     let _ = write!(
@@ -185,11 +223,11 @@ fn plot(pairs: &AlignedPairs<'_>) -> String {
         s.push_str("<text x=\"60\" y=\"40\">no aligned op calls</text></svg>");
         return s;
     }
-    let bins = bins(pairs);
-    let f = Frame::new(n, &bins);
+    let cols = columns(pairs, &tree.leaf_of);
+    let f = Frame::new(n, &cols);
     draw_grid(&mut s, &f);
     draw_step_marks(&mut s, &f, pairs);
-    draw_points(&mut s, &f, &bins, pairs);
+    draw_points(&mut s, &f, &cols, pairs, tree);
     draw_markers(&mut s, &f, pairs);
     let _ = write!(
         s,
@@ -262,46 +300,66 @@ fn draw_step_marks(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     }
 }
 
-/// A point per column with an error: a triangle when some op in it
-/// introduced an error, with the worst op named in its tooltip.
-fn draw_points(s: &mut String, f: &Frame, bins: &[Bin], pairs: &AlignedPairs<'_>) {
-    for bin in bins.iter().filter(|x| x.count > 0 && x.max_err > 0.0) {
-        let x = f.x_of(bin.first_pair + bin.count / 2);
-        let y = f.y_of(bin.max_err);
-        let color = match bin.worst {
-            Worst::Introduced => "#d62728",
-            Worst::Inherited => "#ff9f1c",
-            Worst::Ok => "#4a78b5",
-        };
-        let label = pairs.label(bin.worst_pair);
-        let title = format!(
-            "{}{} seq A {} / B {}: rel err {}{}",
-            label.name,
-            label.module.map_or(String::new(), |m| format!(" in {m}")),
-            label.seq_a,
-            label.seq_b,
-            num(bin.max_err),
-            if bin.count > 1 {
-                format!(" (max of {} ops)", bin.count)
-            } else {
-                String::new()
-            }
-        );
-        if bin.worst == Worst::Introduced {
-            let _ = write!(
-                s,
-                r#"<path d="M{:.1},{:.1} l5,9 l-10,0 z" fill="{color}"><title>{}</title></path>"#,
-                x,
-                y - 6.0,
-                esc(&title)
-            );
-        } else {
-            let _ = write!(
-                s,
-                r#"<circle cx="{x:.1}" cy="{y:.1}" r="2" fill="{color}"><title>{}</title></circle>"#,
-                esc(&title)
-            );
+/// A point per module of a column with an error: a triangle when some op
+/// of it introduced an error, with the worst op named in its tooltip. Its
+/// classes name its module and the module's ancestors, for the filter.
+fn draw_points(
+    s: &mut String,
+    f: &Frame,
+    cols: &[Column],
+    pairs: &AlignedPairs<'_>,
+    tree: &ModTree,
+) {
+    for col in cols {
+        let x = f.x_of(col.first_pair + col.count / 2);
+        for g in col.groups.iter().filter(|g| g.max_err > 0.0) {
+            draw_point(s, f, x, g, pairs, &tree.classes_of(g.leaf));
         }
+    }
+}
+
+fn draw_point(
+    s: &mut String,
+    f: &Frame,
+    x: f64,
+    g: &Group,
+    pairs: &AlignedPairs<'_>,
+    classes: &str,
+) {
+    let y = f.y_of(g.max_err);
+    let color = match g.worst {
+        Worst::Introduced => "#d62728",
+        Worst::Inherited => "#ff9f1c",
+        Worst::Ok => "#4a78b5",
+    };
+    let label = pairs.label(g.worst_pair);
+    let title = format!(
+        "{}{} seq A {} / B {}: rel err {}{}",
+        label.name,
+        label.module.map_or(String::new(), |m| format!(" in {m}")),
+        label.seq_a,
+        label.seq_b,
+        num(g.max_err),
+        if g.count > 1 {
+            format!(" (max of {} ops)", g.count)
+        } else {
+            String::new()
+        }
+    );
+    if g.worst == Worst::Introduced {
+        let _ = write!(
+            s,
+            r#"<path class="pt {classes}" d="M{:.1},{:.1} l5,9 l-10,0 z" fill="{color}"><title>{}</title></path>"#,
+            x,
+            y - 6.0,
+            esc(&title)
+        );
+    } else {
+        let _ = write!(
+            s,
+            r#"<circle class="pt {classes}" cx="{x:.1}" cy="{y:.1}" r="2" fill="{color}"><title>{}</title></circle>"#,
+            esc(&title)
+        );
     }
 }
 
@@ -330,6 +388,240 @@ fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
                 TOP + f.ph + 12.0 + 12.0 * row as f64
             );
         }
+    }
+}
+
+/// The node of the calls that ran outside any module.
+const NO_MODULE: &str = "(no module)";
+
+/// Introduced calls listed under their innermost module, at most.
+const INTRODUCED_LISTED: usize = 5;
+
+/// A module of the model, with what its calls and its descendants' calls
+/// showed.
+struct ModNode {
+    /// The last part of its path (`fc1`); empty for the root.
+    name: String,
+    /// `blocks.0.mlp.fc1`, or [`NO_MODULE`].
+    path: String,
+    parent: Option<u32>,
+    children: Vec<u32>,
+    /// The largest output error over its allowance among the calls.
+    worst: f64,
+    calls: u64,
+    introduced: u64,
+    /// The first introduced calls (pairs) whose innermost module it is.
+    own_introduced: Vec<usize>,
+}
+
+/// The module tree of A's calls: node 0 is the root above the top-level
+/// modules and [`NO_MODULE`].
+struct ModTree {
+    nodes: Vec<ModNode>,
+    /// Per pair: the node of its innermost module.
+    leaf_of: Vec<u32>,
+    /// Some call ran in a module (the dump has module paths).
+    any_module: bool,
+}
+
+impl ModTree {
+    /// Measures every pair again for its error over its allowance (as the
+    /// Parquet report does) and adds it to its module and the module's
+    /// ancestors.
+    fn build(pairs: &AlignedPairs<'_>) -> Self {
+        let mut t = ModTree {
+            nodes: vec![ModTree::node(String::new(), String::new(), None)],
+            leaf_of: Vec::with_capacity(pairs.len()),
+            any_module: false,
+        };
+        let mut by_path: HashMap<String, u32> = HashMap::new();
+        let mut details = pairs.details();
+        for k in 0..pairs.len() {
+            let row = details.load(k);
+            t.any_module |= row.module_a.is_some();
+            let leaf = t.node_of(&mut by_path, row.module_a.unwrap_or(NO_MODULE));
+            t.leaf_of.push(leaf);
+            t.add_call(leaf, k, row.excess, row.verdict == OpVerdict::Introduced);
+        }
+        t
+    }
+
+    fn node(name: String, path: String, parent: Option<u32>) -> ModNode {
+        ModNode {
+            name,
+            path,
+            parent,
+            children: Vec::new(),
+            worst: 0.0,
+            calls: 0,
+            introduced: 0,
+            own_introduced: Vec::new(),
+        }
+    }
+
+    /// The node of a module path, made with its missing ancestors.
+    fn node_of(&mut self, by_path: &mut HashMap<String, u32>, path: &str) -> u32 {
+        if let Some(&id) = by_path.get(path) {
+            return id;
+        }
+        // `(no module)` holds dots only in no sense: it is one node.
+        let split = (path != NO_MODULE).then(|| path.rsplit_once('.')).flatten();
+        let (parent, name) = match split {
+            Some((up, name)) => (self.node_of(by_path, up), name),
+            None => (0, path),
+        };
+        let id = self.nodes.len() as u32;
+        self.nodes.push(ModTree::node(
+            name.to_string(),
+            path.to_string(),
+            Some(parent),
+        ));
+        self.nodes[parent as usize].children.push(id);
+        by_path.insert(path.to_string(), id);
+        id
+    }
+
+    fn add_call(&mut self, leaf: u32, k: usize, excess: f64, introduced: bool) {
+        let own = &mut self.nodes[leaf as usize].own_introduced;
+        if introduced && own.len() < INTRODUCED_LISTED {
+            own.push(k);
+        }
+        let mut at = Some(leaf);
+        while let Some(id) = at {
+            let n = &mut self.nodes[id as usize];
+            n.calls += 1;
+            n.introduced += introduced as u64;
+            // NaN (nothing measured) never replaces a number.
+            if excess > n.worst {
+                n.worst = excess;
+            }
+            at = n.parent;
+        }
+    }
+
+    /// The module and its ancestors (not the root) as classes, `m3 m1`.
+    fn classes_of(&self, leaf: u32) -> String {
+        let mut out = String::new();
+        let mut at = Some(leaf);
+        while let Some(id) = at.filter(|&id| id != 0) {
+            let _ = write!(out, "{}m{id}", if out.is_empty() { "" } else { " " });
+            at = self.nodes[id as usize].parent;
+        }
+        out
+    }
+
+    /// The nodes from the root to pair `k`'s module: open by default.
+    fn path_to(&self, k: Option<usize>) -> Vec<u32> {
+        let mut open = Vec::new();
+        let mut at = k.map(|k| self.leaf_of[k]);
+        while let Some(id) = at {
+            open.push(id);
+            at = self.nodes[id as usize].parent;
+        }
+        open
+    }
+
+    /// Top-level modules in call order, [`NO_MODULE`] last.
+    fn roots(&self) -> Vec<u32> {
+        let mut r = self.nodes[0].children.clone();
+        r.sort_by_key(|&id| self.nodes[id as usize].path == NO_MODULE);
+        r
+    }
+}
+
+/// The module tree, each node with its worst error over its allowance and
+/// its introduced calls, the path to the first introduced call open.
+fn module_tree(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>) {
+    out.push_str("<h2 id=\"modules\">Modules</h2>");
+    if !tree.any_module {
+        out.push_str("<p>none: dump A has no module paths</p>");
+        return;
+    }
+    out.push_str(
+        "<p class=\"dim\">per module: the largest output error over its allowance among its calls \
+         and its submodules' calls (above 1: diverged), and the introduced calls; \
+         click a name to show only its calls in the plot</p><div class=\"tree\">",
+    );
+    let open = tree.path_to(pairs.first_introduced().or(pairs.first_divergence()));
+    for id in tree.roots() {
+        module_node(out, tree, pairs, id, &open);
+    }
+    out.push_str("</div>");
+}
+
+fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u32, open: &[u32]) {
+    let n = &tree.nodes[id as usize];
+    let _ = write!(
+        out,
+        "<details class=\"mod{}\" data-path=\"{}\" data-worst=\"{}\"{}><summary><a href=\"#m{id}\">{}</a> \
+         <span class=\"{}\" title=\"largest output error over its allowance\">{}&times; allowed</span> \
+         <span class=\"dim\">{} calls</span>",
+        if n.children.is_empty() { " leaf" } else { "" },
+        esc(&n.path),
+        n.worst,
+        if open.contains(&id) { " open" } else { "" },
+        esc(&n.name),
+        if n.worst > 1.0 { "worst over" } else { "worst" },
+        num(n.worst),
+        thousands(n.calls),
+    );
+    if n.introduced > 0 {
+        let _ = write!(
+            out,
+            " <span class=\"introduced\">&#9650; {} introduced</span>",
+            thousands(n.introduced)
+        );
+    }
+    out.push_str("</summary>");
+    if !n.own_introduced.is_empty() {
+        out.push_str("<ul class=\"ops\">");
+        for &k in &n.own_introduced {
+            let l = pairs.label(k);
+            let _ = write!(
+                out,
+                "<li class=\"introduced\">&#9650; {} <span class=\"dim\">seq A {} / B {}</span></li>",
+                esc(&l.name),
+                l.seq_a,
+                l.seq_b
+            );
+        }
+        out.push_str("</ul>");
+    }
+    for &c in &n.children {
+        module_node(out, tree, pairs, c, open);
+    }
+    out.push_str("</details>");
+}
+
+/// The filter's rules: while module `m<id>` is the page's target, the
+/// points of other modules are hidden.
+fn filter_css(out: &mut String, tree: &ModTree) {
+    if !tree.any_module {
+        return;
+    }
+    out.push_str("<style>");
+    for id in 1..tree.nodes.len() {
+        let _ = write!(
+            out,
+            "body:has(#m{id}:target) .pt:not(.m{id}){{display:none}}"
+        );
+    }
+    out.push_str("</style>");
+}
+
+/// The filter's lines above the plot, one per module, shown while their
+/// module is the page's target.
+fn filter_lines(out: &mut String, tree: &ModTree) {
+    if !tree.any_module {
+        return;
+    }
+    for (id, n) in tree.nodes.iter().enumerate().skip(1) {
+        let _ = write!(
+            out,
+            "<p class=\"flt\" id=\"m{id}\">showing the {} calls in <code>{}</code> only &mdash; <a href=\"#plot\">show all</a></p>",
+            thousands(n.calls),
+            esc(&n.path)
+        );
     }
 }
 
@@ -493,6 +785,37 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
     exact_table(out, r);
 }
 
+/// The op sections written so far: a call shown once (the first
+/// divergence is often the first introduced call) is named, not repeated.
+#[derive(Default)]
+struct Shown {
+    /// The call (seq A, seq B, op), and the title it is shown under.
+    calls: Vec<((i64, i64, String), String)>,
+}
+
+impl Shown {
+    fn section(&mut self, out: &mut String, title: &str, r: &Option<OpReport>) {
+        let Some(op) = r else {
+            return op_section(out, title, r);
+        };
+        let call = (op.seq_a, op.seq_b, full(&op.op, &op.overload));
+        if let Some((_, first_title)) = self.calls.iter().find(|(c, _)| *c == call) {
+            let _ = write!(
+                out,
+                "<h2>{}</h2><p class=\"same\">{} (seq A {}, seq B {}): the same call as under &ldquo;{}&rdquo; above.</p>",
+                esc(title),
+                esc(&call.2),
+                call.0,
+                call.1,
+                esc(first_title)
+            );
+            return;
+        }
+        self.calls.push((call, title.to_string()));
+        op_section(out, title, r);
+    }
+}
+
 /// The commands that take the first introduced call to a reproduction.
 fn next_section(out: &mut String, n: &crate::report::model::NextStep) {
     let _ = write!(
@@ -582,6 +905,7 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
 
 /// The page: `r` for the tables, `pairs` for the plot of every pair.
 pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
+    let tree = ModTree::build(pairs);
     let mut o = String::new();
     o.push_str(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare</title><style>\
@@ -590,8 +914,15 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
          th{background:#f5f5f5}code{font-size:12px}.dim{color:#888}.ax{font-size:11px;fill:#555}\
          .introduced{color:#b00}.diverged td{background:#fff0ee}.nan_mismatch td{background:#fde}\
          .close td{background:#f4fbf4}p.introduced{font-size:16px}.plot{border:1px solid #eee}\
-         .legend span{margin-right:16px}</style></head><body>",
+         .legend span{margin-right:16px}.plot{max-width:100%;height:auto}\
+         .flt{display:none;background:#fffbe6;padding:4px 8px}.flt:target{display:block}\
+         .tree{font-size:13px}.mod{margin-left:18px}.tree>.mod{margin-left:0}.mod.leaf>summary{list-style:none}\
+         .mod.leaf>summary::before{content:\"\\2022  \";color:#bbb}\
+         .worst{color:#555}.over{color:#b00;font-weight:bold}.ops{margin:2px 0 2px 18px;padding:0;list-style:none}\
+         .same{color:#555}</style>",
     );
+    filter_css(&mut o, &tree);
+    o.push_str("</head><body>");
     let _ = write!(o, "<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
     for (side, d) in [("A (reference)", &r.dump_a), ("B (under test)", &r.dump_b)] {
         let _ = write!(
@@ -626,20 +957,23 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
             (None, false) => "no divergence".into(),
         }
     );
-    o.push_str("<h2>Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
-    o.push_str(&plot(pairs));
+    o.push_str("<h2 id=\"plot\">Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
+    filter_lines(&mut o, &tree);
+    o.push_str(&plot(pairs, &tree));
+    module_tree(&mut o, &tree, pairs);
+    let mut shown = Shown::default();
     if r.headline_rule == Some("dominant") {
-        op_section(
+        shown.section(
             &mut o,
             "Strongest introduced divergence (the headline)",
             &r.headline,
         );
     }
-    op_section(&mut o, "First introduced divergence", &r.first_introduced);
+    shown.section(&mut o, "First introduced divergence", &r.first_introduced);
     if let Some(n) = &r.next {
         next_section(&mut o, n);
     }
-    op_section(&mut o, "First divergence", &r.first_divergence);
+    shown.section(&mut o, "First divergence", &r.first_divergence);
     if !r.top_introduced.is_empty() {
         o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
         for (k, t) in r.top_introduced.iter().enumerate() {

@@ -846,6 +846,9 @@ pub struct OpRow<'a> {
     /// As in [`OpReport`].
     pub rel_err: f64,
     pub amplification: f64,
+    /// The largest output error over what was allowed for it (as
+    /// [`crate::metrics::OpCmp::excess`]): above 1 for a diverged output.
+    pub excess: f64,
     pub shapes_differ: bool,
     pub module_a: Option<&'a str>,
     pub module_b: Option<&'a str>,
@@ -948,6 +951,7 @@ impl<'a> PairDetails<'a> {
             verdict: c.op_verdict(k),
             rel_err: self.cmp.out_err,
             amplification: self.cmp.amplification,
+            excess: self.cmp.excess,
             shapes_differ: p.loose,
             module_a: a.module_of(p.a),
             module_b: b.module_of(p.b),
