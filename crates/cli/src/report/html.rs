@@ -594,7 +594,7 @@ fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u
 }
 
 /// The filter's rules: while module `m<id>` is the page's target, the
-/// points of other modules are hidden.
+/// points of other modules are hidden and its name in the tree is marked.
 fn filter_css(out: &mut String, tree: &ModTree) {
     if !tree.any_module {
         return;
@@ -603,7 +603,8 @@ fn filter_css(out: &mut String, tree: &ModTree) {
     for id in 1..tree.nodes.len() {
         let _ = write!(
             out,
-            "body:has(#m{id}:target) .pt:not(.m{id}){{display:none}}"
+            "body:has(#m{id}:target) .pt:not(.m{id}){{display:none}}\
+             body:has(#m{id}:target) a[href=\"#m{id}\"]{{background:#ffe58a}}"
         );
     }
     out.push_str("</style>");
