@@ -442,8 +442,8 @@ impl Alignment {
 
 /// Aligns the roots of each group present on both sides. A group present
 /// on one side only is unmatched as a whole. `across_levels`: see
-/// [`align_across_levels`]; the roots counted as matched are then those
-/// paired themselves or through a paired descendant.
+/// [`align_across_levels`]; what is counted is then the calls of the lists
+/// as dissolved, not the roots: so many of them must pair for one program.
 fn align_roots(
     s: &Sides<'_>,
     ga: &Groups,
@@ -460,16 +460,21 @@ fn align_roots(
         };
         progress.phase(&format!("aligning: step {} {}", key.0, key.1.as_str()));
         let ph = key.1 as usize;
-        counts.common_a[ph] += ra.len() as u64;
-        counts.common_b[ph] += rb.len() as u64;
         if across_levels {
-            let start = m.pairs.len();
+            // The calls of the lists as dissolved: each paired, or left
+            // unmatched on its side.
+            let (start, left_a, left_b) = (m.pairs.len(), m.only_a.len(), m.only_b.len());
             align_across_levels(s, ra, rb, m, 0);
-            let paired = &m.pairs[start..];
-            let roots_a = roots_reached(s.a, paired.iter().map(|p| p.a));
-            let roots_b = roots_reached(s.b, paired.iter().map(|p| p.b));
-            counts.exact[ph] += roots_a.min(roots_b);
+            let found = &m.pairs[start..];
+            let paired = found.len() as u64;
+            counts.common_a[ph] += paired + (m.only_a.len() - left_a) as u64;
+            counts.common_b[ph] += paired + (m.only_b.len() - left_b) as u64;
+            // As at the roots, pairs by name alone (other shapes) do not
+            // make one program.
+            counts.exact[ph] += found.iter().filter(|p| !p.loose).count() as u64;
         } else {
+            counts.common_a[ph] += ra.len() as u64;
+            counts.common_b[ph] += rb.len() as u64;
             counts.exact[ph] += align_lists(s, ra, rb, &mut m.stats, &mut m.pairs);
         }
     }
@@ -479,18 +484,6 @@ fn align_roots(
         }
     }
     counts
-}
-
-/// The number of distinct roots above (or at) `calls`.
-fn roots_reached(d: &Dump, calls: impl Iterator<Item = u32>) -> u64 {
-    let mut roots = BTreeSet::new();
-    for mut c in calls {
-        while d.parent[c as usize] != NONE {
-            c = d.parent[c as usize];
-        }
-        roots.insert(c);
-    }
-    roots.len() as u64
 }
 
 /// Aligns the children of every matched pair, breadth-first: the pairs
