@@ -77,14 +77,26 @@ fn device_of(file: &CaptureFile, path: &str) -> Result<String> {
     let found = device("output.")
         .or_else(|| device("input."))
         .unwrap_or_else(|| "cpu".into());
-    let name = regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?$").expect("a valid pattern");
-    if !name.is_match(&found) {
+    if !is_device_name(&found) {
         return Err(CliError::new(format!(
             "{path}: its tensors' device {:?} is not a device name; not a capture file opdump wrote",
             found.chars().take(80).collect::<String>()
         )));
     }
     Ok(found)
+}
+
+/// A device as torch names it: a type, and an index after `:` where it has
+/// one (`cpu`, `cuda:0`, `testdev:0`).
+fn is_device_name(s: &str) -> bool {
+    let (kind, index) = s.split_once(':').unwrap_or((s, "0"));
+    let mut chars = kind.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The capture file `path` of call `i` of `d`, which must be of the op and
@@ -259,4 +271,28 @@ pub fn summary(dir: &Path, device_b: &str) -> String {
     }
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_device_name;
+
+    #[test]
+    fn device_names_are_a_type_and_an_optional_index() {
+        for ok in ["cpu", "cuda:0", "testdev:12", "privateuse_1"] {
+            assert!(is_device_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ":0",
+            "cuda:",
+            "cuda:0:1",
+            "1cuda",
+            "cu da",
+            "cuda:x",
+            "\u{1b}[2Jcpu",
+        ] {
+            assert!(!is_device_name(bad), "{bad:?}");
+        }
+    }
 }

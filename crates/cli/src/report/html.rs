@@ -121,8 +121,8 @@ fn columns(pairs: &AlignedPairs<'_>, leaf_of: &[u32]) -> Vec<Column> {
 /// Adds pair `k` to its module's group in a column (a column holds few
 /// modules: a linear search).
 fn add_to_group(col: &mut Column, k: usize, leaf: u32, e: f64, worst: Worst) {
-    let g = match col.groups.iter().position(|g| g.leaf == leaf) {
-        Some(i) => &mut col.groups[i],
+    let i = match col.groups.iter().position(|g| g.leaf == leaf) {
+        Some(i) => i,
         None => {
             col.groups.push(Group {
                 leaf,
@@ -131,9 +131,10 @@ fn add_to_group(col: &mut Column, k: usize, leaf: u32, e: f64, worst: Worst) {
                 worst_pair: k,
                 count: 0,
             });
-            col.groups.last_mut().expect("just pushed")
+            col.groups.len() - 1
         }
     };
+    let g = &mut col.groups[i];
     g.count += 1;
     if worst > g.worst || (worst == g.worst && e > g.max_err) {
         g.worst_pair = k;
