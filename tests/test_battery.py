@@ -61,14 +61,19 @@ def test_fault_free_devices_agree(cpu_dumps, tmp_path, family):
 @pytest.mark.parametrize("family,op,phase,named", [(f, *fault) for f, faults in FAULTS.items() for fault in faults])
 def test_planted_fault_is_the_headline_at_its_first_call(cpu_dumps, tmp_path, family, op, phase, named):
     b, res = battery.dump(family, "testdev", tmp_path, fault=f"aten::{op}=scale:1.01")
+    assert_headline_at_first_call(cpu_dumps(family), b, res, op, named, phase)
+
+
+def assert_headline_at_first_call(a, b, res, op, named, phase):
+    """The fault planted in `op` fired, and compare names `named` (the op,
+    or the aligned call that holds it) at its first call in `phase`: where
+    the fault first fired."""
     assert res["fault_counts"].get(f"aten::{op}", 0) > 0, res
-    a = cpu_dumps(family)
     code, report = battery.compare(a, b)
     assert code == 1, battery.describe(report["first_divergence"])
     head = report["headline"]
     assert head is not None and head["op"] == f"aten::{named}", battery.describe(head)
     assert head["phase_a"] == phase
-    # The first call of the op is where the fault first fired.
     assert head["seq_a"] == first_call(a, named, phase), battery.describe(head)
     assert head["seq_b"] == first_call(b, named, phase), battery.describe(head)
 
@@ -143,14 +148,7 @@ def test_autocast_bf16_against_fp32_agrees(autocast_reference, tmp_path):
 @pytest.mark.parametrize("op,phase,scale", AUTOCAST_FAULTS)
 def test_autocast_planted_fault_is_the_headline(autocast_reference, tmp_path, op, phase, scale):
     b, res = autocast_dump(tmp_path, fault=f"aten::{op}=scale:{scale}")
-    assert res["fault_counts"].get(f"aten::{op}", 0) > 0, res
-    code, report = battery.compare(autocast_reference, b)
-    assert code == 1, battery.describe(report["first_divergence"])
-    head = report["headline"]
-    assert head is not None and head["op"] == f"aten::{op}", battery.describe(head)
-    assert head["phase_a"] == phase
-    assert head["seq_a"] == first_call(autocast_reference, op, phase), battery.describe(head)
-    assert head["seq_b"] == first_call(b, op, phase), battery.describe(head)
+    assert_headline_at_first_call(autocast_reference, b, res, op, op, phase)
 
 
 BF16 = "tests.battery.bf16_models"
