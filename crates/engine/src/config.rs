@@ -12,8 +12,8 @@ use regex::Regex;
 pub use opdump_format::ranges::IntSet;
 use opdump_format::selector::{self, Selector};
 
-/// Every variable opdump reads: name, default, meaning. The README's table
-/// and the unknown-name check both come from here.
+/// Every variable opdump reads: name, default, meaning. The table of
+/// docs/reference/environment.md and the unknown-name check both come from here.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP", "0", "1 switches dumping on at load; 0 leaves it off until torch.ops.opdump.enable()"),
     ("OPDUMP_DIR", "./opdump", "where the dump goes (rank=<R>/device=<D>/part-*.parquet)"),
@@ -408,9 +408,9 @@ mod tests {
     }
 }
 
-/// The README documents exactly the variables of [`VARIABLES`], with their
-/// defaults and meanings, and the code reads no `OPDUMP_*` name the table
-/// does not list.
+/// docs/reference/environment.md documents exactly the variables of
+/// [`VARIABLES`], with their defaults and meanings, and the code reads no
+/// `OPDUMP_*` name the table does not list.
 #[cfg(test)]
 mod readme {
     use super::VARIABLES;
@@ -422,7 +422,7 @@ mod readme {
 
     #[test]
     fn readme_table_matches_the_variables() {
-        let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+        let readme = std::fs::read_to_string(root().join("docs/reference/environment.md")).unwrap();
         let rows: Vec<&str> = readme
             .lines()
             .filter(|l| l.starts_with("| `OPDUMP"))

@@ -1,6 +1,6 @@
 //! The schema table (`schema::COLUMNS`) against what depends on it: the
-//! README's column table, and the reader facing files whose columns are in
-//! another order or of another type.
+//! column table of docs/reference/schema.md, and the reader facing files
+//! whose columns are in another order or of another type.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -73,7 +73,7 @@ fn show(d: &Declared) -> String {
 
 #[test]
 fn readme_table_matches_the_schema() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference/schema.md");
     let readme = std::fs::read_to_string(&path).unwrap();
     let documented = readme_columns(&readme);
     let code: Vec<Declared> = COLUMNS
