@@ -13,7 +13,7 @@
 -- A call's subtree is the calls of its thread that follow it (by seq) up to
 -- the next call at its depth or above, so "the next candidate on the
 -- thread is inside the call" is a range test on depth; no recursion, which
--- Spark SQL before 4.0 lacks. This assumes every call of the thread was
+-- older Spark SQL versions lack. This assumes every call of the thread was
 -- recorded (the default); with OPDUMP_INCLUDE/EXCLUDE or OPDUMP_MAX_DEPTH a
 -- call left out may hide where a subtree ends.
 --
