@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use opdump_format::capture::{meta, CaptureFile};
-use opdump_format::fsguard::{self, DirProblem, DirRefused};
 use opdump_format::selector;
+use opdump_fsguard::{self as fsguard, DirProblem, DirRefused};
 
 use crate::call_selector;
 use crate::compare::{self, CompareOptions};

@@ -235,8 +235,8 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
         return Some(s);
     }
     // Created if missing; refused if it is not a directory we can write,
-    // another user's, or writable by others (see opdump_format::fsguard).
-    if let Err(problem) = opdump_format::writer::check_dump_dir(&rt.dir, rt.config.dir_mode()) {
+    // another user's, or writable by others (see opdump_fsguard).
+    if let Err(problem) = opdump_fsguard::check_dump_dir(&rt.dir, rt.config.dir_mode()) {
         say(&format!("{problem}. Dumping stays off"));
         return None;
     }

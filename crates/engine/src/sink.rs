@@ -111,7 +111,7 @@ impl Sink {
                 // First, before any write: a write past a file-size limit then
                 // fails with EFBIG (handled as a full disk) instead of SIGXFSZ
                 // killing the job. It cannot fail for a valid signal set.
-                let _ = opdump_format::writer::block_file_size_signal();
+                let _ = opdump_fsguard::block_file_size_signal();
                 worker.run(rx)
             })?;
         Ok(Sink {

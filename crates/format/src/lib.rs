@@ -5,8 +5,6 @@
 //! - [`schema`]: the Arrow schema of a dump file (one row per tensor);
 //! - [`writer`]: a rotating Parquet writer that only ever shows complete files;
 //! - [`reader`]: finding the files of a dump and reading them back;
-//! - [`fsguard`]: descriptors and directories checked against the job's own
-//!   (closed and reused descriptors, foreign or shared directories, links);
 //! - [`ranges`]: the one syntax of step and rank sets (`0-2,10`);
 //! - [`selector`]: the one syntax naming op calls across runs (`aten::gelu@step=1#2`).
 //!
@@ -14,7 +12,6 @@
 
 pub mod capture;
 pub mod error;
-pub mod fsguard;
 pub mod ranges;
 pub mod reader;
 pub mod record;

@@ -10,7 +10,7 @@
 //! The job around opdump may close opdump's descriptors and reuse their
 //! numbers, or plant links and foreign directories under `OPDUMP_DIR`: every
 //! descriptor is checked before use and every directory judged before it is
-//! trusted (see [`crate::fsguard`]). A file whose descriptor stopped being
+//! trusted (see [`opdump_fsguard`]). A file whose descriptor stopped being
 //! opdump's is abandoned: never written again, never closed, never published.
 
 use std::ffi::{CStr, CString};
@@ -20,6 +20,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use opdump_fsguard::{self as fsguard, c_name, CheckedFile, DirRefused, GuardedFd, Identity};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
@@ -28,7 +29,6 @@ use parquet::schema::types::ColumnPath;
 
 use crate::capture;
 use crate::error::{Error, Result};
-use crate::fsguard::{self, c_name, CheckedFile, DirRefused, GuardedFd, Identity};
 use crate::record::OpRecord;
 use crate::schema::{col, meta, schema, BatchBuilder, SCHEMA_VERSION};
 
@@ -116,7 +116,7 @@ pub struct RotatingWriter {
 }
 
 /// Creates `dir` and its missing parents with the given mode. It judges
-/// nothing: the plugin uses [`check_dump_dir`].
+/// nothing: the plugin uses [`opdump_fsguard::check_dump_dir`].
 pub fn create_dir(dir: &Path, mode: u32) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -125,33 +125,13 @@ pub fn create_dir(dir: &Path, mode: u32) -> Result<()> {
         .map_err(|e| Error::io(dir, e))
 }
 
-/// Creates `OPDUMP_DIR` if it is missing and checks that opdump may trust it
-/// (see [`crate::fsguard`]): owned by this user, not writable by others, no
-/// file in its place. The error is one sentence that names the directory,
-/// the problem and the fix, e.g. `OPDUMP_DIR=/tmp/x is writable by other
-/// users (mode 0777, no sticky bit), ...; use a directory only you can write,
-/// or chmod g-w,o-w it`.
-pub fn check_dump_dir(dir: &Path, dir_mode: u32) -> std::result::Result<(), String> {
-    match fsguard::open_dump_root(dir, dir_mode) {
-        Ok(_) => Ok(()),
-        Err(r) => Err(format!("OPDUMP_DIR={} {}", r.path.display(), r.problem)),
-    }
-}
-
-/// Blocks SIGXFSZ on the calling thread, so that a write past a file-size
-/// limit fails with EFBIG instead of killing the job. See
-/// [`fsguard::block_file_size_signal`].
-pub fn block_file_size_signal() -> std::io::Result<()> {
-    fsguard::block_file_size_signal()
-}
-
 fn refused(r: DirRefused) -> Error {
     let kind = std::io::ErrorKind::PermissionDenied;
     Error::io(r.path, std::io::Error::new(kind, r.problem.to_string()))
 }
 
 /// Opens `root` and then each of `levels` inside it (creating what is
-/// missing), judging each (see [`crate::fsguard`]); returns the last.
+/// missing), judging each (see [`opdump_fsguard`]); returns the last.
 fn open_partition(root: &Path, levels: &[String], dir_mode: u32) -> Result<GuardedFd> {
     let mut dir = fsguard::open_dump_root(root, dir_mode).map_err(refused)?;
     let mut path = root.to_path_buf();

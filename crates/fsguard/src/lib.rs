@@ -1,5 +1,6 @@
-//! Descriptors that notice when they stop being opdump's, and directories
-//! opdump may trust with a dump.
+//! Descriptors that notice when they stop being opdump's, directories
+//! opdump may trust with a dump, and a file-size limit that fails a write
+//! instead of killing the job ([`block_file_size_signal`]).
 //!
 //! opdump lives inside a job it does not control. A daemon-style job closes
 //! every inherited descriptor (`os.closerange(3, 4096)`) and then opens files
@@ -90,7 +91,7 @@ fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// A file name for the `*at` calls. Names opdump makes never hold a NUL.
-pub(crate) fn c_name(name: &str) -> io::Result<CString> {
+pub fn c_name(name: &str) -> io::Result<CString> {
     CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a file name holds a NUL byte"))
 }
@@ -451,6 +452,19 @@ pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefuse
         return Err(refuse(DirProblem::NotWritable));
     }
     Ok(dir)
+}
+
+/// Creates `OPDUMP_DIR` if it is missing and checks that opdump may trust it
+/// (see the module notes): owned by this user, not writable by others, no
+/// file in its place. The error is one sentence that names the directory,
+/// the problem and the fix, e.g. `OPDUMP_DIR=/tmp/x is writable by other
+/// users (mode 0777, no sticky bit), ...; use a directory only you can write,
+/// or chmod g-w,o-w it`.
+pub fn check_dump_dir(dir: &Path, dir_mode: u32) -> Result<(), String> {
+    match open_dump_root(dir, dir_mode) {
+        Ok(_) => Ok(()),
+        Err(r) => Err(format!("OPDUMP_DIR={} {}", r.path.display(), r.problem)),
+    }
 }
 
 /// Opens the directory `path` (following links in it, as the user's) without
