@@ -249,7 +249,7 @@ impl CaptureFile {
     pub fn open(path: &Path) -> Result<Self, String> {
         use std::io::Read;
         let mut bytes = Vec::new();
-        crate::reader::open_regular(path)
+        crate::regular::open_regular(path)
             .map_err(|e| e.to_string())?
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{}: {e}", path.display()))?;

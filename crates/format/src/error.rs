@@ -9,20 +9,17 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[cfg(feature = "parquet")]
     Parquet {
         path: PathBuf,
         source: parquet::errors::ParquetError,
     },
+    #[cfg(feature = "parquet")]
     Arrow(arrow_schema::ArrowError),
     /// The file is readable but is not a dump this version understands.
-    Format {
-        path: PathBuf,
-        message: String,
-    },
+    Format { path: PathBuf, message: String },
     /// A directory holds no dump files.
-    NoDump {
-        path: PathBuf,
-    },
+    NoDump { path: PathBuf },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -34,6 +31,7 @@ impl Error {
             source,
         }
     }
+    #[cfg(feature = "parquet")]
     pub fn parquet(path: impl Into<PathBuf>, source: parquet::errors::ParquetError) -> Self {
         Error::Parquet {
             path: path.into(),
@@ -50,6 +48,7 @@ impl Error {
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Error::Io { source, .. } => source.raw_os_error(),
+            #[cfg(feature = "parquet")]
             Error::Parquet {
                 source: parquet::errors::ParquetError::External(e),
                 ..
@@ -65,7 +64,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
+            #[cfg(feature = "parquet")]
             Error::Parquet { path, source } => write!(f, "{}: {}", path.display(), source),
+            #[cfg(feature = "parquet")]
             Error::Arrow(e) => write!(f, "arrow: {e}"),
             Error::Format { path, message } => write!(f, "{}: {}", path.display(), message),
             Error::NoDump { path } => write!(
@@ -79,6 +80,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+#[cfg(feature = "parquet")]
 impl From<arrow_schema::ArrowError> for Error {
     fn from(e: arrow_schema::ArrowError) -> Self {
         Error::Arrow(e)

@@ -130,10 +130,10 @@ impl StatsStatus {
     }
 }
 
-/// Statistics over the finite elements of a tensor. Generated with the
-/// schema's table (`schema.rs`), one field per statistics column, so that a
-/// statistic is declared once.
-pub use crate::schema::Stats;
+/// Statistics over the finite elements of a tensor. Generated from the
+/// table of columns (`columns.rs`), one field per statistics column, so that
+/// a statistic is declared once.
+pub use crate::columns::Stats;
 
 /// One tensor among an op call's arguments or results.
 #[derive(Clone, Debug, PartialEq)]
