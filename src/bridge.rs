@@ -9,7 +9,7 @@
 //! default.
 
 use opdump_engine::recorder::{self, Call, Ticket};
-use opdump_engine::{host::Host, names, runtime};
+use opdump_engine::{entry, host::Host, names, runtime};
 use opdump_format::{self as format, Name, TensorRecord};
 
 #[cxx::bridge(namespace = "opdump")]
@@ -428,11 +428,11 @@ fn op_enter(
         seq_nr: node_seq_nr,
     });
     let t = match phase(p) {
-        Ok(p) => recorder::op_enter(op, overload, p, node),
+        Ok(p) => entry::op_enter(op, overload, p, node),
         Err(why) => {
             runtime::fail(&format!("internal error at an op's entry ({why})"));
             // Entry and exit stay paired: push a frame that records nothing.
-            recorder::op_enter(op, overload, format::Phase::Forward, None)
+            entry::op_enter(op, overload, format::Phase::Forward, None)
         }
     };
     let Ticket {
@@ -454,15 +454,15 @@ fn op_enter(
 }
 
 fn op_made_nodes(thread: i64, first: i64, end: i64) {
-    recorder::op_made_nodes(thread, first, end);
+    entry::op_made_nodes(thread, first, end);
 }
 
 fn op_exit(call: &mut ffi::OpCall) {
-    recorder::op_exit(|| take_call(call));
+    entry::op_exit(|| take_call(call));
 }
 
 fn op_depart() -> ffi::Departure {
-    let d = recorder::op_depart();
+    let d = entry::op_depart();
     ffi::Departure {
         recorded: d.is_some(),
         seq: d.map_or(-1, |d| d.seq),
@@ -500,7 +500,7 @@ fn op_submit(d: &ffi::Departure, call: &mut ffi::OpCall) {
         capture: usize::try_from(d.capture).ok(),
     });
     match departure {
-        Ok(departure) => recorder::op_submit(departure, || take_call(call)),
+        Ok(departure) => entry::op_submit(departure, || take_call(call)),
         Err(why) => runtime::fail(&format!("internal error handing over a record ({why})")),
     }
 }
@@ -558,7 +558,7 @@ fn control_finish() {
 }
 
 fn control_step() -> i64 {
-    runtime::control_step()
+    entry::control_step()
 }
 
 fn control_stats() -> Vec<i64> {
@@ -570,11 +570,11 @@ fn control_device_stats() -> Vec<i64> {
 }
 
 fn control_module_enter(path: &str) {
-    recorder::module_enter(path);
+    entry::module_enter(path);
 }
 
 fn control_module_exit() {
-    recorder::module_exit();
+    entry::module_exit();
 }
 
 fn modules_enabled() -> bool {

@@ -4,6 +4,8 @@
 //! - [`config`]: every `OPDUMP_*` variable;
 //! - [`selection`]: which op calls are recorded (regexes, steps, ranks,
 //!   depth, the record cap);
+//! - [`entry`]: the bridge's entry points into the recorder, each catching
+//!   a panic;
 //! - [`recorder`]: sequencing and nesting of op calls, per thread;
 //! - [`capture`]: which calls `OPDUMP_CAPTURE` chooses, and the byte cap;
 //! - [`names`]: the interned names records borrow (ops, arguments, dtypes,
@@ -21,6 +23,7 @@
 
 pub mod capture;
 pub mod config;
+pub mod entry;
 pub mod host;
 pub mod modules;
 pub mod names;

@@ -9,14 +9,11 @@
 //!   `torch.ops.opdump.step()` itself, which then takes over.
 
 use std::cell::RefCell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::OnceLock;
 
 use opdump_format::{capture as capture_file, Capture, Name, OpRecord, Phase, TensorRecord};
 
 use crate::capture;
-use crate::host;
 use crate::modules::{self, Forward, ModuleId};
 use crate::runtime;
 use crate::selection::{self, CallSite, Cap, OpVerdicts, RecordCap};
@@ -41,7 +38,7 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    const SKIP: Ticket = Ticket {
+    pub(crate) const SKIP: Ticket = Ticket {
         record: false,
         inputs: false,
         depth: 0,
@@ -157,44 +154,12 @@ impl CallStack {
 
 static SEQUENCER: Sequencer = Sequencer::new();
 static CAP: RecordCap = RecordCap::new();
-/// Rust's view of whether recording is on; the C++ hook has its own flag so
-/// that it skips the bridge entirely when off.
-pub static RECORDING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static STACK: RefCell<CallStack> = RefCell::new(CallStack::default());
     // SAFETY: gettid has no preconditions.
     static TID: i64 = i64::from(unsafe { libc::gettid() });
     static OPS: RefCell<OpVerdicts> = RefCell::new(OpVerdicts::default());
-}
-
-/// The first of `names` that is set to a number.
-fn rank_from_env(names: &[&str]) -> Option<u32> {
-    names
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-}
-
-/// The rank of this process: from `RANK`, `OMPI_COMM_WORLD_RANK` or
-/// `SLURM_PROCID`, else from an initialised torch.distributed, else 0.
-/// Resolved at the first record, not at load, since launchers and jobs set
-/// it late.
-pub fn rank() -> u32 {
-    static RANK: OnceLock<u32> = OnceLock::new();
-    *RANK.get_or_init(|| {
-        rank_from_env(&["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"])
-            .or_else(|| u32::try_from((host::get().distributed_rank)()).ok())
-            .unwrap_or(0)
-    })
-}
-
-/// The local rank, likewise: `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or
-/// `SLURM_LOCALID`, else 0. Written into each file's metadata.
-pub fn local_rank() -> u32 {
-    static LOCAL: OnceLock<u32> = OnceLock::new();
-    *LOCAL.get_or_init(|| {
-        rank_from_env(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]).unwrap_or(0)
-    })
 }
 
 pub fn current_step() -> i64 {
@@ -206,6 +171,12 @@ pub fn explicit_step() -> i64 {
     SEQUENCER.explicit_step()
 }
 
+/// The nesting depth of this thread's stack, for tests of the entry points.
+#[cfg(test)]
+pub(crate) fn stack_depth() -> i32 {
+    STACK.with(|s| s.borrow().depth())
+}
+
 /// Whether a call at this point is recorded, given that recording is on.
 fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64) -> bool {
     let c = &rt.config;
@@ -214,7 +185,7 @@ fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64
         overload,
         depth,
         step,
-        rank: rank(),
+        rank: runtime::rank(),
     };
     if !OPS.with(|cache| selection::selects(c, &mut cache.borrow_mut(), site)) {
         return false;
@@ -241,12 +212,12 @@ pub struct Node {
     pub seq_nr: i64,
 }
 
-fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
+pub(crate) fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
     let rt = runtime::get();
     STACK.with(|cell| {
         let mut stack = cell.borrow_mut();
         let (depth, parent, step) = (stack.depth(), stack.parent(), current_step());
-        let record = RECORDING.load(Ordering::Relaxed)
+        let record = runtime::RECORDING.load(Ordering::Relaxed)
             && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
         let seq = record.then(|| SEQUENCER.take_seq());
         // A backward call belongs to the module of its node's forward call
@@ -292,7 +263,7 @@ fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
 
 /// The call on top of this thread's stack made the autograd nodes
 /// `first..end` of `thread`: it claims them, if it is recorded.
-fn made_nodes(thread: i64, first: i64, end: i64) {
+pub(crate) fn made_nodes(thread: i64, first: i64, end: i64) {
     let top = STACK.with(|cell| cell.borrow().frames.last().copied());
     if let Some(Frame {
         seq: Some(seq),
@@ -320,7 +291,7 @@ pub struct Departure {
 }
 
 /// Pops the calling thread's stack: the call's place when it is recorded.
-fn depart() -> Option<Departure> {
+pub(crate) fn depart() -> Option<Departure> {
     let frame = STACK.with(|cell| cell.borrow_mut().pop())?;
     Some(Departure {
         seq: frame.seq?,
@@ -352,7 +323,7 @@ fn finish_capture(chosen: capture::Chosen, call: &mut Call) {
     c.count_captured();
 }
 
-fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
+pub(crate) fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
     let Some(sink) = runtime::sink() else { return };
     let mut call = match take() {
         Ok(call) => call,
@@ -381,70 +352,9 @@ fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
     });
 }
 
-fn exit(take: impl FnOnce() -> Result<Call, String>) {
+pub(crate) fn exit(take: impl FnOnce() -> Result<Call, String>) {
     if let Some(d) = depart() {
         submit(d, take);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Entry points for the bridge: a panic here would abort the job, so each one
-// is caught, reported once, and switches opdump off.
-// ---------------------------------------------------------------------------
-
-/// At an op's entry: assigns its seq, pushes the thread's nesting stack and
-/// decides whether it is recorded.
-pub fn op_enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
-    catch_unwind(AssertUnwindSafe(|| enter(op, overload, phase, node))).unwrap_or_else(|_| {
-        runtime::fail("internal error at an op's entry");
-        Ticket::SKIP
-    })
-}
-
-/// After the op ran, before its exit: it made the autograd nodes
-/// `first..end` of the forward thread `thread`.
-pub fn op_made_nodes(thread: i64, first: i64, end: i64) {
-    if catch_unwind(AssertUnwindSafe(|| made_nodes(thread, first, end))).is_err() {
-        runtime::fail("internal error noting an op's autograd nodes");
-    }
-}
-
-/// A module's forward begins (`module_enter`) or ends on this thread.
-pub fn module_enter(path: &str) {
-    if catch_unwind(AssertUnwindSafe(|| modules::enter(path))).is_err() {
-        runtime::fail("internal error entering a module");
-    }
-}
-
-pub fn module_exit() {
-    if catch_unwind(AssertUnwindSafe(modules::exit)).is_err() {
-        runtime::fail("internal error leaving a module");
-    }
-}
-
-/// At an op's exit, always paired with [`op_enter`]: pops the stack and,
-/// when the call was recorded, takes its record from `take` and sends it.
-/// `take` runs only for recorded calls; its error switches opdump off.
-pub fn op_exit(take: impl FnOnce() -> Result<Call, String>) {
-    if catch_unwind(AssertUnwindSafe(|| exit(take))).is_err() {
-        runtime::fail("internal error at an op's exit");
-    }
-}
-
-/// At an op's exit, for a call whose record comes later: pops the stack and
-/// returns the call's place when it is recorded.
-pub fn op_depart() -> Option<Departure> {
-    catch_unwind(AssertUnwindSafe(depart)).unwrap_or_else(|_| {
-        runtime::fail("internal error at an op's exit");
-        None
-    })
-}
-
-/// Hands over the record of a call that left through [`op_depart`], from any
-/// thread; `take` builds it.
-pub fn op_submit(departure: Departure, take: impl FnOnce() -> Result<Call, String>) {
-    if catch_unwind(AssertUnwindSafe(|| submit(departure, take))).is_err() {
-        runtime::fail("internal error handing over a record");
     }
 }
 
@@ -518,20 +428,5 @@ mod tests {
             .collect();
         all.sort_unstable();
         assert_eq!(all, (0..4000).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn exit_without_runtime_never_takes_the_record() {
-        // Recording is off and no runtime exists: the record is never built,
-        // and entry and exit stay paired.
-        let t = op_enter("aten::mm", "default", Phase::Forward, None);
-        assert!(!t.record);
-        let mut taken = false;
-        op_exit(|| {
-            taken = true;
-            Ok(Call::default())
-        });
-        assert!(!taken);
-        assert_eq!(STACK.with(|s| s.borrow().depth()), 0);
     }
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use crate::config::{self, Config};
 use crate::host::{self, Host};
-use crate::recorder::{self, RECORDING};
 use crate::sink::{Sink, SinkSetup};
 
 /// The longest `flush()` and the exit waits for the writer.
@@ -40,6 +39,38 @@ static TERM_SIGNAL: AtomicI32 = AtomicI32::new(libc::SIGTERM);
 static PID: AtomicI32 = AtomicI32::new(0);
 /// An internal failure switched opdump off for the rest of the process.
 static BROKEN: AtomicBool = AtomicBool::new(false);
+/// Rust's view of whether recording is on; the C++ hook has its own flag so
+/// that it skips the bridge entirely when off. Written only here.
+pub static RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// The first of `names` that is set to a number.
+fn rank_from_env(names: &[&str]) -> Option<u32> {
+    names
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
+/// The rank of this process: from `RANK`, `OMPI_COMM_WORLD_RANK` or
+/// `SLURM_PROCID`, else from an initialised torch.distributed, else 0.
+/// Resolved at the first record, not at load, since launchers and jobs set
+/// it late.
+pub fn rank() -> u32 {
+    static RANK: OnceLock<u32> = OnceLock::new();
+    *RANK.get_or_init(|| {
+        rank_from_env(&["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"])
+            .or_else(|| u32::try_from((host::get().distributed_rank)()).ok())
+            .unwrap_or(0)
+    })
+}
+
+/// The local rank, likewise: `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or
+/// `SLURM_LOCALID`, else 0. Written into each file's metadata.
+pub fn local_rank() -> u32 {
+    static LOCAL: OnceLock<u32> = OnceLock::new();
+    *LOCAL.get_or_init(|| {
+        rank_from_env(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]).unwrap_or(0)
+    })
+}
 
 pub fn get() -> Option<&'static Runtime> {
     RUNTIME.get()
@@ -148,8 +179,8 @@ pub fn init(host: Host) {
 fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
     SinkSetup {
         dir: rt.dir.clone(),
-        rank: recorder::rank,
-        local_rank: recorder::local_rank,
+        rank,
+        local_rank,
         pid: pid(),
         torch_version: rt.torch_version.clone(),
         terminate: &TERMINATE,
@@ -439,7 +470,7 @@ fn report_captures(failed: u64) {
 // torch.ops.opdump.* (through the bridge). Never unwinds.
 // ---------------------------------------------------------------------------
 
-fn guarded<T>(default: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guarded<T>(default: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         fail("internal error in a torch.ops.opdump call");
         default
@@ -462,10 +493,6 @@ pub fn control_flush() -> bool {
 /// `os._exit` (multiprocessing's workers) runs none of them.
 pub fn control_finish() {
     at_exit();
-}
-
-pub fn control_step() -> i64 {
-    guarded(0, recorder::explicit_step)
 }
 
 /// [written, dropped, failed] op calls.

@@ -1,0 +1,101 @@
+//! The bridge's entry points into the recorder. A panic here would abort the
+//! job, so each one is caught, reported once, and switches opdump off.
+//!
+//! They sit apart from [`crate::recorder`] and [`crate::runtime`] so that
+//! the imports point one way: entry → recorder → runtime.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use opdump_format::Phase;
+
+use crate::modules;
+use crate::recorder::{self, Call, Departure, Node, Ticket};
+use crate::runtime;
+
+/// At an op's entry: assigns its seq, pushes the thread's nesting stack and
+/// decides whether it is recorded.
+pub fn op_enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
+    catch_unwind(AssertUnwindSafe(|| {
+        recorder::enter(op, overload, phase, node)
+    }))
+    .unwrap_or_else(|_| {
+        runtime::fail("internal error at an op's entry");
+        Ticket::SKIP
+    })
+}
+
+/// After the op ran, before its exit: it made the autograd nodes
+/// `first..end` of the forward thread `thread`.
+pub fn op_made_nodes(thread: i64, first: i64, end: i64) {
+    if catch_unwind(AssertUnwindSafe(|| {
+        recorder::made_nodes(thread, first, end)
+    }))
+    .is_err()
+    {
+        runtime::fail("internal error noting an op's autograd nodes");
+    }
+}
+
+/// A module's forward begins (`module_enter`) or ends on this thread.
+pub fn module_enter(path: &str) {
+    if catch_unwind(AssertUnwindSafe(|| modules::enter(path))).is_err() {
+        runtime::fail("internal error entering a module");
+    }
+}
+
+pub fn module_exit() {
+    if catch_unwind(AssertUnwindSafe(modules::exit)).is_err() {
+        runtime::fail("internal error leaving a module");
+    }
+}
+
+/// At an op's exit, always paired with [`op_enter`]: pops the stack and,
+/// when the call was recorded, takes its record from `take` and sends it.
+/// `take` runs only for recorded calls; its error switches opdump off.
+pub fn op_exit(take: impl FnOnce() -> Result<Call, String>) {
+    if catch_unwind(AssertUnwindSafe(|| recorder::exit(take))).is_err() {
+        runtime::fail("internal error at an op's exit");
+    }
+}
+
+/// At an op's exit, for a call whose record comes later: pops the stack and
+/// returns the call's place when it is recorded.
+pub fn op_depart() -> Option<Departure> {
+    catch_unwind(AssertUnwindSafe(recorder::depart)).unwrap_or_else(|_| {
+        runtime::fail("internal error at an op's exit");
+        None
+    })
+}
+
+/// Hands over the record of a call that left through [`op_depart`], from any
+/// thread; `take` builds it.
+pub fn op_submit(departure: Departure, take: impl FnOnce() -> Result<Call, String>) {
+    if catch_unwind(AssertUnwindSafe(|| recorder::submit(departure, take))).is_err() {
+        runtime::fail("internal error handing over a record");
+    }
+}
+
+/// `torch.ops.opdump.step()`: the job numbers its steps from now on.
+pub fn control_step() -> i64 {
+    runtime::guarded(0, recorder::explicit_step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_without_runtime_never_takes_the_record() {
+        // Recording is off and no runtime exists: the record is never built,
+        // and entry and exit stay paired.
+        let t = op_enter("aten::mm", "default", Phase::Forward, None);
+        assert!(!t.record);
+        let mut taken = false;
+        op_exit(|| {
+            taken = true;
+            Ok(Call::default())
+        });
+        assert!(!taken);
+        assert_eq!(recorder::stack_depth(), 0);
+    }
+}
