@@ -155,175 +155,229 @@ fn parse_count(v: &str) -> Option<u64> {
 /// Reads the configuration from `vars` (the process environment in
 /// production, a list in tests).
 pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
-    let mut c = Config::default();
-    let mut errors = Vec::new();
-    let mut warnings = Vec::new();
-    let mut bad = |name: &str, value: &str, accepted: &str| {
-        errors.push(format!("{name}={value:?} is not valid: {accepted}"));
+    let mut parsed = Parsed {
+        config: Config::default(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
     };
     for (name, value) in vars {
-        if !name.starts_with("OPDUMP") {
-            continue;
-        }
-        let v = value.as_str();
-        match name.as_str() {
-            "OPDUMP" => match parse_bool(v) {
-                Some(b) => c.on_at_load = b,
-                None => bad(&name, v, "use 1 to switch dumping on, 0 to leave it off"),
-            },
-            "OPDUMP_DIR" => {
-                if v.trim().is_empty() {
-                    bad(&name, v, "give a directory path")
-                } else {
-                    c.dir = PathBuf::from(v)
-                }
-            }
-            "OPDUMP_INCLUDE" | "OPDUMP_EXCLUDE" => match Regex::new(v) {
-                Ok(re) => {
-                    if name == "OPDUMP_INCLUDE" {
-                        c.include = Some(re)
-                    } else {
-                        c.exclude = Some(re)
-                    }
-                }
-                Err(e) => {
-                    let first = e
-                        .to_string()
-                        .lines()
-                        .last()
-                        .unwrap_or("")
-                        .trim()
-                        .to_string();
-                    bad(
-                        &name,
-                        v,
-                        &format!("a regular expression is expected ({first})"),
-                    )
-                }
-            },
-            "OPDUMP_STEPS" | "OPDUMP_RANKS" => match IntSet::parse(v) {
-                Ok(s) => {
-                    if name == "OPDUMP_STEPS" {
-                        c.steps = Some(s)
-                    } else {
-                        c.ranks = Some(s)
-                    }
-                }
-                Err(why) => bad(
-                    &name,
-                    v,
-                    &format!("{why}; use numbers and ranges such as 0-2,10 or 0..2"),
-                ),
-            },
-            "OPDUMP_MAX_DEPTH" => match v.trim().parse::<i32>() {
-                Ok(d) if d >= 0 => c.max_depth = Some(d),
-                _ => bad(&name, v, "a depth of 0 or more is expected"),
-            },
-            "OPDUMP_INPUTS" => match parse_bool(v) {
-                Some(b) => c.inputs = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_REUSE" => match parse_bool(v) {
-                Some(b) => c.reuse = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_HOOK_ONLY" => match parse_bool(v) {
-                Some(b) => c.hook_only = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_MAX_RECORDS" => match parse_count(v) {
-                Some(n) => c.max_records = n,
-                None => bad(&name, v, "a count of 0 (no limit) or more is expected"),
-            },
-            "OPDUMP_ROTATE_ROWS" => match parse_count(v) {
-                Some(n) if n > 0 => c.rotate_rows = n,
-                _ => bad(&name, v, "a row count above 0 is expected"),
-            },
-            "OPDUMP_ROTATE_SECS" => match v.trim().parse::<f64>() {
-                Ok(s) if s > 0.0 && s.is_finite() => c.rotate_every = Duration::from_secs_f64(s),
-                _ => bad(&name, v, "a number of seconds above 0 is expected"),
-            },
-            "OPDUMP_QUEUE" => match parse_count(v) {
-                Some(n) if n > 0 => c.queue = n as usize,
-                _ => bad(&name, v, "a capacity above 0 is expected"),
-            },
-            "OPDUMP_QUEUE_FULL" => match v.trim() {
-                "block" => c.queue_full = QueueFull::Block,
-                "drop" => c.queue_full = QueueFull::Drop,
-                _ => bad(&name, v, "use block or drop"),
-            },
-            "OPDUMP_QUEUE_WAIT_MS" => match parse_count(v) {
-                Some(n) => c.queue_wait = Duration::from_millis(n),
-                None => bad(&name, v, "a number of milliseconds is expected"),
-            },
-            "OPDUMP_MODULES" => match parse_bool(v) {
-                Some(b) => c.modules = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_SOURCE" => match parse_bool(v) {
-                Some(b) => c.source = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_CAPTURE" => match selector::parse_list(v) {
-                Ok(list) => c.capture = list,
-                Err(why) => bad(
-                    &name,
-                    v,
-                    &format!("{why}; selectors are aten::gelu#0, aten::gelu@step=1#2 or module=blocks.0.mlp#0, separated by ;"),
-                ),
-            },
-            "OPDUMP_CAPTURE_MAX_BYTES" => match parse_count(v) {
-                Some(n) => c.capture_max_bytes = n,
-                None => bad(&name, v, "a number of bytes is expected, e.g. 1073741824"),
-            },
-            "OPDUMP_SKETCH" => match v.trim().parse::<u32>() {
-                Ok(k) if k == 0 || (k.is_power_of_two() && (2..=32).contains(&k)) => c.sketch = k,
-                _ => bad(
-                    &name,
-                    v,
-                    "use a power of two from 2 to 32 (16 is the usual choice), or 0 for no fingerprint and sketch",
-                ),
-            },
-            "OPDUMP_DEVICE_SYNC" => match parse_bool(v) {
-                Some(b) => c.device_sync = b,
-                None => bad(&name, v, "use 1 or 0"),
-            },
-            "OPDUMP_PYTHON" | "OPDUMP_TIMINGS" => {} // read by build.rs and by the CLI
-            "OPDUMP_FORK" => match v.trim() {
-                "off" | "0" => c.fork_record = false,
-                "record" | "1" => c.fork_record = true,
-                _ => bad(
-                    &name,
-                    v,
-                    "use off (a forked child records nothing) or record (its own files)",
-                ),
-            },
-            "OPDUMP_FILE_MODE" => match u32::from_str_radix(v.trim().trim_start_matches("0o"), 8) {
-                Ok(m) if m <= 0o777 && m & 0o600 == 0o600 => c.file_mode = m,
-                _ => bad(
-                    &name,
-                    v,
-                    "octal permission bits that let the owner read and write, e.g. 600 or 640",
-                ),
-            },
-            _ => {
-                let nearest = VARIABLES
-                    .iter()
-                    .map(|(n, _, _)| (strsim::levenshtein(n, &name), *n))
-                    .min()
-                    .map(|(_, n)| n)
-                    .unwrap_or("OPDUMP");
-                warnings.push(format!(
-                    "{name} is not an opdump variable and is ignored; did you mean {nearest}?"
-                ));
-            }
+        if name.starts_with("OPDUMP") {
+            parsed.read(&name, &value);
         }
     }
-    Parsed {
-        config: c,
-        errors,
-        warnings,
+    parsed
+}
+
+/// What one group of variables made of a variable: `None` when the name is
+/// not one of the group's, else `Ok` or the accepted forms of a bad value.
+type Outcome = Option<Result<(), String>>;
+
+/// Each group of variables, one concern each; a name belongs to one group.
+const GROUPS: &[fn(&mut Config, &str, &str) -> Outcome] = &[
+    set_switch,
+    set_filter,
+    set_capture,
+    set_output,
+    set_queue,
+    read_elsewhere,
+];
+
+impl Parsed {
+    /// Applies the variable `name` to the config, or notes why not.
+    fn read(&mut self, name: &str, value: &str) {
+        let config = &mut self.config;
+        match GROUPS.iter().find_map(|set| set(config, name, value)) {
+            Some(Ok(())) => {}
+            Some(Err(accepted)) => self
+                .errors
+                .push(format!("{name}={value:?} is not valid: {accepted}")),
+            None => self.warnings.push(unknown_name(name)),
+        }
     }
+}
+
+/// `Ok` once `set` took the value, else the accepted forms.
+fn take<T>(
+    value: Option<T>,
+    set: impl FnOnce(T),
+    accepted: impl Into<String>,
+) -> Result<(), String> {
+    match value {
+        Some(v) => {
+            set(v);
+            Ok(())
+        }
+        None => Err(accepted.into()),
+    }
+}
+
+/// The variables that are 1 or 0.
+fn set_switch(c: &mut Config, name: &str, v: &str) -> Outcome {
+    let field = match name {
+        "OPDUMP" => &mut c.on_at_load,
+        "OPDUMP_INPUTS" => &mut c.inputs,
+        "OPDUMP_REUSE" => &mut c.reuse,
+        "OPDUMP_HOOK_ONLY" => &mut c.hook_only,
+        "OPDUMP_MODULES" => &mut c.modules,
+        "OPDUMP_SOURCE" => &mut c.source,
+        "OPDUMP_DEVICE_SYNC" => &mut c.device_sync,
+        _ => return None,
+    };
+    let accepted = match name {
+        "OPDUMP" => "use 1 to switch dumping on, 0 to leave it off",
+        _ => "use 1 or 0",
+    };
+    Some(take(parse_bool(v), |b| *field = b, accepted))
+}
+
+/// Which op calls are recorded: ops, steps, ranks, depth, the record cap.
+fn set_filter(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_INCLUDE" => Regex::new(v)
+            .map(|re| c.include = Some(re))
+            .map_err(regex_problem),
+        "OPDUMP_EXCLUDE" => Regex::new(v)
+            .map(|re| c.exclude = Some(re))
+            .map_err(regex_problem),
+        "OPDUMP_STEPS" => IntSet::parse(v)
+            .map(|s| c.steps = Some(s))
+            .map_err(range_problem),
+        "OPDUMP_RANKS" => IntSet::parse(v)
+            .map(|s| c.ranks = Some(s))
+            .map_err(range_problem),
+        "OPDUMP_MAX_DEPTH" => take(
+            v.trim().parse::<i32>().ok().filter(|d| *d >= 0),
+            |d| c.max_depth = Some(d),
+            "a depth of 0 or more is expected",
+        ),
+        "OPDUMP_MAX_RECORDS" => take(
+            parse_count(v),
+            |n| c.max_records = n,
+            "a count of 0 (no limit) or more is expected",
+        ),
+        _ => return None,
+    })
+}
+
+/// The last line of a regex error (the earlier ones repeat the pattern).
+fn regex_problem(e: regex::Error) -> String {
+    let first = e
+        .to_string()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    format!("a regular expression is expected ({first})")
+}
+
+fn range_problem(why: String) -> String {
+    format!("{why}; use numbers and ranges such as 0-2,10 or 0..2")
+}
+
+/// Which calls' full tensors are saved, and how many bytes at most.
+fn set_capture(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_CAPTURE" => selector::parse_list(v).map(|list| c.capture = list).map_err(|why| {
+            format!("{why}; selectors are aten::gelu#0, aten::gelu@step=1#2 or module=blocks.0.mlp#0, separated by ;")
+        }),
+        "OPDUMP_CAPTURE_MAX_BYTES" => take(
+            parse_count(v),
+            |n| c.capture_max_bytes = n,
+            "a number of bytes is expected, e.g. 1073741824",
+        ),
+        _ => return None,
+    })
+}
+
+/// What is written and where: the directory, file rotation and mode, a
+/// forked child's files, the sketch length.
+fn set_output(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_DIR" => take(
+            (!v.trim().is_empty()).then(|| PathBuf::from(v)),
+            |d| c.dir = d,
+            "give a directory path",
+        ),
+        "OPDUMP_ROTATE_ROWS" => take(
+            parse_count(v).filter(|n| *n > 0),
+            |n| c.rotate_rows = n,
+            "a row count above 0 is expected",
+        ),
+        "OPDUMP_ROTATE_SECS" => take(
+            v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()),
+            |s| c.rotate_every = Duration::from_secs_f64(s),
+            "a number of seconds above 0 is expected",
+        ),
+        "OPDUMP_FILE_MODE" => take(
+            u32::from_str_radix(v.trim().trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777 && m & 0o600 == 0o600),
+            |m| c.file_mode = m,
+            "octal permission bits that let the owner read and write, e.g. 600 or 640",
+        ),
+        "OPDUMP_FORK" => take(
+            match v.trim() {
+                "off" | "0" => Some(false),
+                "record" | "1" => Some(true),
+                _ => None,
+            },
+            |record| c.fork_record = record,
+            "use off (a forked child records nothing) or record (its own files)",
+        ),
+        "OPDUMP_SKETCH" => take(
+            v.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|k| *k == 0 || (k.is_power_of_two() && (2..=32).contains(k))),
+            |k| c.sketch = k,
+            "use a power of two from 2 to 32 (16 is the usual choice), or 0 for no fingerprint and sketch",
+        ),
+        _ => return None,
+    })
+}
+
+/// The record channel to the writer thread.
+fn set_queue(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_QUEUE" => take(
+            parse_count(v).filter(|n| *n > 0),
+            |n| c.queue = n as usize,
+            "a capacity above 0 is expected",
+        ),
+        "OPDUMP_QUEUE_FULL" => take(
+            match v.trim() {
+                "block" => Some(QueueFull::Block),
+                "drop" => Some(QueueFull::Drop),
+                _ => None,
+            },
+            |q| c.queue_full = q,
+            "use block or drop",
+        ),
+        "OPDUMP_QUEUE_WAIT_MS" => take(
+            parse_count(v),
+            |n| c.queue_wait = Duration::from_millis(n),
+            "a number of milliseconds is expected",
+        ),
+        _ => return None,
+    })
+}
+
+/// Variables of opdump that the plugin does not read: build.rs and the CLI do.
+fn read_elsewhere(_: &mut Config, name: &str, _: &str) -> Outcome {
+    matches!(name, "OPDUMP_PYTHON" | "OPDUMP_TIMINGS").then_some(Ok(()))
+}
+
+/// The warning for an `OPDUMP*` name opdump does not know, with the nearest
+/// known one.
+fn unknown_name(name: &str) -> String {
+    let nearest = VARIABLES
+        .iter()
+        .map(|(n, _, _)| (strsim::levenshtein(n, name), *n))
+        .min()
+        .map(|(_, n)| n)
+        .unwrap_or("OPDUMP");
+    format!("{name} is not an opdump variable and is ignored; did you mean {nearest}?")
 }
 
 #[cfg(test)]
@@ -364,6 +418,96 @@ mod tests {
                 "{}",
                 r.errors[0]
             );
+        }
+    }
+
+    /// Every variable the plugin reads refuses a bad value with one error
+    /// that names it and says what is accepted, and takes a good one.
+    #[test]
+    fn every_variable_refuses_a_bad_value_and_takes_a_good_one() {
+        let cases = [
+            ("OPDUMP", "maybe", "1", "use 1 to switch dumping on"),
+            ("OPDUMP_DIR", " ", "/tmp/d", "give a directory path"),
+            (
+                "OPDUMP_INCLUDE",
+                "(",
+                "mm",
+                "a regular expression is expected",
+            ),
+            (
+                "OPDUMP_EXCLUDE",
+                "[",
+                "mm",
+                "a regular expression is expected",
+            ),
+            ("OPDUMP_STEPS", "x", "1-2", "use numbers and ranges"),
+            ("OPDUMP_RANKS", "-", "0,3", "use numbers and ranges"),
+            ("OPDUMP_MAX_DEPTH", "-1", "0", "a depth of 0 or more"),
+            ("OPDUMP_INPUTS", "2", "0", "use 1 or 0"),
+            ("OPDUMP_REUSE", "2", "0", "use 1 or 0"),
+            ("OPDUMP_HOOK_ONLY", "2", "1", "use 1 or 0"),
+            ("OPDUMP_MAX_RECORDS", "-1", "5", "a count of 0 (no limit)"),
+            ("OPDUMP_ROTATE_ROWS", "0", "10", "a row count above 0"),
+            (
+                "OPDUMP_ROTATE_SECS",
+                "inf",
+                "0.5",
+                "a number of seconds above 0",
+            ),
+            ("OPDUMP_QUEUE", "0", "8", "a capacity above 0"),
+            ("OPDUMP_QUEUE_FULL", "x", "drop", "use block or drop"),
+            (
+                "OPDUMP_QUEUE_WAIT_MS",
+                "soon",
+                "5",
+                "a number of milliseconds",
+            ),
+            ("OPDUMP_MODULES", "2", "0", "use 1 or 0"),
+            ("OPDUMP_SOURCE", "2", "1", "use 1 or 0"),
+            (
+                "OPDUMP_CAPTURE",
+                "aten::gelu#",
+                "aten::gelu#0",
+                "selectors are",
+            ),
+            (
+                "OPDUMP_SKETCH",
+                "3",
+                "16",
+                "use a power of two from 2 to 32",
+            ),
+            (
+                "OPDUMP_CAPTURE_MAX_BYTES",
+                "lots",
+                "1024",
+                "a number of bytes",
+            ),
+            ("OPDUMP_DEVICE_SYNC", "2", "1", "use 1 or 0"),
+            ("OPDUMP_FORK", "sometimes", "record", "use off"),
+            ("OPDUMP_FILE_MODE", "200", "640", "octal permission bits"),
+        ];
+        for (name, bad, good, accepted) in cases {
+            let r = p(&[(name, bad)]);
+            assert_eq!(r.errors.len(), 1, "{name}={bad:?}: {:?}", r.errors);
+            let prefix = format!("{name}={bad:?} is not valid: ");
+            assert!(r.errors[0].starts_with(&prefix), "{}", r.errors[0]);
+            assert!(r.errors[0].contains(accepted), "{}", r.errors[0]);
+            assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+            let r = p(&[(name, good)]);
+            assert!(
+                r.errors.is_empty() && r.warnings.is_empty(),
+                "{name}={good:?}"
+            );
+            assert_ne!(
+                format!("{:?}", r.config),
+                format!("{:?}", Config::default()),
+                "{name}={good:?} changed nothing"
+            );
+        }
+        // Read by build.rs and the CLI: neither an error nor a warning.
+        for name in ["OPDUMP_PYTHON", "OPDUMP_TIMINGS"] {
+            let r = p(&[(name, "anything")]);
+            assert!(r.errors.is_empty() && r.warnings.is_empty(), "{name}");
         }
     }
 
