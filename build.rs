@@ -10,6 +10,12 @@ fn main() {
         .files([
             "cpp/install.cpp",
             "cpp/fallback.cpp",
+            "cpp/op_kinds.cpp",
+            "cpp/carries.cpp",
+            "cpp/arg_text.cpp",
+            "cpp/call_args.cpp",
+            "cpp/call_kind.cpp",
+            "cpp/recorder.cpp",
             "cpp/stats.cpp",
             "cpp/signature.cpp",
             "cpp/signature_cpu.cpp",
