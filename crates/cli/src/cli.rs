@@ -1,35 +1,17 @@
-//! Command-line parsing and the two commands' drivers.
-//!
-//! Exit status: 0 the runs agree, 1 an op introduced a divergence, 2 usage
-//! or input error, 3 outputs diverged but no op introduced it
-//! (one `opdump:` line on stderr). Reports go to stdout, progress and
-//! messages to stderr.
+//! The command line: arguments, and the options they make. Nothing here
+//! runs a command (see `commands`).
 
-use std::ffi::OsString;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use opdump_format::ranges::IntSet;
+use opdump_judge::dtype::{canonical, DType};
+use opdump_judge::tolerance::{Tolerances, DEFAULT_MIN_AMPLIFICATION};
+use opdump_judge::Filter;
 use regex::Regex;
 
-use crate::align::Filter;
-use crate::compare::{self, CompareOptions};
-use crate::error::{CliError, Result};
-use crate::output;
-use crate::progress::Progress;
-use crate::report::model::{AlignedPairs, CompareReport};
-use crate::report::{html, json, parquet, summary_text, terminal};
-use crate::summary;
-use crate::text;
-use crate::tolerance::{Tolerances, DEFAULT_MIN_AMPLIFICATION};
-
-pub const EXIT_SAME: u8 = 0;
-pub const EXIT_DIVERGED: u8 = 1;
-pub const EXIT_ERROR: u8 = 2;
-/// Outputs diverged, but no op introduced the divergence.
-pub const EXIT_DRIFT: u8 = 3;
+use crate::app::error::{CliError, Result};
+use crate::commands::compare::CompareOptions;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,13 +19,13 @@ pub const EXIT_DRIFT: u8 = 3;
     version,
     about = "Compare and summarize opdump dumps (per-op tensor statistics)"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Cmd {
+pub(crate) enum Cmd {
     /// Align the op calls of two dumps and name the op where they diverge.
     ///
     /// Exit status: 0 the runs agree, 1 an op introduced a divergence, 2 usage or input error, 3 outputs diverged but no op introduced it.
@@ -66,7 +48,7 @@ pub enum Cmd {
 }
 
 #[derive(Args, Debug)]
-pub struct RanksArgs {
+pub(crate) struct RanksArgs {
     /// The dump directory, with a `rank=<R>` partition per rank.
     pub dump: PathBuf,
     /// Print the report as JSON on stdout.
@@ -75,7 +57,7 @@ pub struct RanksArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct ReproArgs {
+pub(crate) struct ReproArgs {
     /// The reference dump (the device you trust), with the call captured.
     pub dump_a: PathBuf,
     /// The dump under test, with the call captured.
@@ -96,7 +78,7 @@ pub struct ReproArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     /// The reference dump (the device you trust).
     pub dump_a: PathBuf,
     /// The dump under test.
@@ -140,7 +122,7 @@ pub struct CompareArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct SummaryArgs {
+pub(crate) struct SummaryArgs {
     /// The dump directory.
     pub dump: PathBuf,
     /// Only this rank (default: every rank).
@@ -153,7 +135,7 @@ pub struct SummaryArgs {
 
 /// `3`, `0-2`, `0..2`, `0-2,5` -> inclusive ranges: the syntax of
 /// `OPDUMP_STEPS` (crates/format/src/ranges.rs).
-pub fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
+pub(crate) fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
     IntSet::parse(s)
         .map(|set| set.ranges().to_vec())
         .map_err(|why| {
@@ -163,29 +145,9 @@ pub fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
         })
 }
 
-/// Writes to stdout and flushes it. A failed write (a full disk, `>
-/// /dev/full`) is an error: a report cut short must not pass for a whole
-/// one. A closed pipe (`| head`) is not: the reader took what it wanted, so
-/// the command ends quietly, like other Unix tools, with the exit status it
-/// would have had.
-fn print(s: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(CliError::new(format!("writing to stdout: {e}"))),
-    }
-}
-
-/// One `opdump:` line on stderr, its control characters escaped (paths, op
-/// names and metadata values in it come from files). Nothing more can be
-/// done when stderr itself fails.
-fn error_line(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "opdump: {}", text::clean(msg));
-}
-
-fn compare_cmd(a: CompareArgs) -> Result<u8> {
-    let filter = Filter {
+/// The calls `compare` looks at: `--steps` and `--ignore`.
+fn filter(a: &CompareArgs) -> Result<Filter> {
+    Ok(Filter {
         steps: a
             .steps
             .as_deref()
@@ -197,146 +159,74 @@ fn compare_cmd(a: CompareArgs) -> Result<u8> {
             .as_deref()
             .map(|r| Regex::new(r).map_err(|e| CliError::new(format!("--ignore {r:?}: {e}"))))
             .transpose()?,
-    };
-    let tol = Tolerances::with_overrides(&a.rtol, a.min_amplification)?;
-    let progress = Progress::auto();
-    let t0 = std::time::Instant::now();
-    let c = compare::run(
-        CompareOptions {
-            dump_a: a.dump_a.clone(),
-            dump_b: a.dump_b.clone(),
-            rank: a.rank,
-            filter,
-            tol,
-            top: a.top,
-            force: a.force,
-        },
-        &progress,
-    )?;
-    compare::timing("total compare", t0);
-    let t0 = std::time::Instant::now();
-    let report = CompareReport::build(&c, a.steps.clone(), a.ignore.clone());
-    let pairs = AlignedPairs::of(&c);
-    compare::timing("report", t0);
-    // Report files: written beside their target and renamed over it, mode
-    // 0600, never through a planted symlink (see `output`).
-    if let Some(dir) = &a.out {
-        parquet::write(&pairs, dir, &progress)?;
-        let mut buf = Vec::new();
-        json::write(&report, &mut buf)?;
-        output::write_bytes(&dir.join("compare.json"), &buf)?;
-    }
-    if let Some(path) = &a.html {
-        output::write_bytes(path, html::render(&report, &pairs).as_bytes())?;
-    }
-    progress.finish();
-    print_report(a.json, &report, terminal::render)?;
-    Ok(report.exit_status)
+    })
 }
 
-fn repro_cmd(a: ReproArgs) -> Result<u8> {
-    let progress = Progress::auto();
-    let (dir, device_b) = crate::repro::run(
-        crate::repro::ReproOptions {
-            compare: CompareOptions {
-                dump_a: a.dump_a,
-                dump_b: a.dump_b,
-                rank: a.rank,
-                filter: Filter::default(),
-                tol: Tolerances::with_overrides(&[], DEFAULT_MIN_AMPLIFICATION)?,
-                top: 10,
-                force: a.force,
-            },
-            call: a.call,
-            out: a.out,
-        },
-        &progress,
-    )?;
-    progress.finish();
-    print(&crate::repro::summary(&dir, &device_b))?;
-    Ok(EXIT_SAME)
-}
-
-fn ranks_cmd(a: RanksArgs) -> Result<u8> {
-    let progress = Progress::auto();
-    let r = crate::ranks::run(&a.dump, &progress)?;
-    progress.finish();
-    print_report(a.json, &r, crate::ranks::render)?;
-    Ok(r.exit_status)
-}
-
-fn summary_cmd(a: SummaryArgs) -> Result<u8> {
-    let progress = Progress::auto();
-    let s = summary::run(&a.dump, a.rank, &progress)?;
-    progress.finish();
-    print_report(a.json, &s, summary_text::render)?;
-    Ok(EXIT_SAME)
-}
-
-/// A report on stdout, as JSON or as text, safe on a terminal either way:
-/// the text escapes every control character its layout did not put there,
-/// the JSON writes DEL and C1 as `\u00XX` (the same values).
-fn print_report<T: serde::Serialize>(as_json: bool, r: &T, render: fn(&T) -> String) -> Result<()> {
-    if as_json {
-        let mut buf = Vec::new();
-        json::write(r, &mut buf)?;
-        print(&text::clean_json(&String::from_utf8_lossy(&buf)))
-    } else {
-        print(&text::clean_lines(&render(r)))
+impl CompareArgs {
+    /// What to compare and how.
+    pub(crate) fn options(&self) -> Result<CompareOptions> {
+        Ok(CompareOptions {
+            dump_a: self.dump_a.clone(),
+            dump_b: self.dump_b.clone(),
+            rank: self.rank,
+            filter: filter(self)?,
+            tol: tolerances(&self.rtol, self.min_amplification)?,
+            top: self.top,
+            force: self.force,
+        })
     }
 }
 
-/// Runs the command line; returns the exit status.
-pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(c) => c,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let mut text = e.to_string();
-                if !text.ends_with('\n') {
-                    text.push('\n');
-                }
-                return match print(&text) {
-                    Ok(()) => ExitCode::from(EXIT_SAME),
-                    Err(e) => {
-                        error_line(&e.message);
-                        ExitCode::from(EXIT_ERROR)
-                    }
-                };
-            }
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                // Bare `opdump`: a usage error like any other, one line; the
-                // full help is for `--help`.
-                error_line("missing command: compare, summary, repro or ranks (see opdump --help)");
-                return ExitCode::from(EXIT_ERROR);
-            }
-            // One line: clap's first paragraph, without its "error: " prefix.
-            let text = e.to_string();
-            let para: Vec<&str> = text
-                .lines()
-                .take_while(|l| !l.trim().is_empty())
-                .map(str::trim)
-                .collect();
-            let msg = para.join(" ");
-            let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-            error_line(&format!("{msg} (see opdump --help)"));
-            return ExitCode::from(EXIT_ERROR);
+impl ReproArgs {
+    /// The comparison that finds the call, with the default settings.
+    pub(crate) fn compare_options(&self) -> Result<CompareOptions> {
+        Ok(CompareOptions {
+            dump_a: self.dump_a.clone(),
+            dump_b: self.dump_b.clone(),
+            rank: self.rank,
+            filter: Filter::default(),
+            tol: tolerances(&[], DEFAULT_MIN_AMPLIFICATION)?,
+            top: 10,
+            force: self.force,
+        })
+    }
+}
+
+/// The tolerances of `--rtol DTYPE=VALUE` arguments and
+/// `--min-amplification`.
+pub(crate) fn tolerances(specs: &[String], min_amplification: f64) -> Result<Tolerances> {
+    let mut overrides = Vec::new();
+    for s in specs {
+        let Some((dt, v)) = s.split_once('=') else {
+            return Err(CliError::new(format!(
+                "--rtol {s:?}: expected DTYPE=VALUE, e.g. bfloat16=0.05"
+            )));
+        };
+        let v: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| CliError::new(format!("--rtol {s:?}: {v:?} is not a number")))?;
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(CliError::new(format!(
+                "--rtol {s:?}: the tolerance must be a finite number >= 0"
+            )));
         }
-    };
-    let r = match cli.cmd {
-        Cmd::Compare(a) => compare_cmd(a),
-        Cmd::Summary(a) => summary_cmd(a),
-        Cmd::Repro(a) => repro_cmd(a),
-        Cmd::Ranks(a) => ranks_cmd(a),
-    };
-    match r {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            error_line(&e.message);
-            ExitCode::from(EXIT_ERROR)
+        let dt = canonical(dt.trim());
+        if !DType::is_known(dt) {
+            return Err(CliError::new(format!(
+                "--rtol {s:?}: unknown dtype {dt:?} (use torch's names: float32, bfloat16, float16, float64, int64, ...)"
+            )));
         }
+        overrides.retain(|(d, _)| d != dt);
+        overrides.push((dt.to_string(), v));
     }
+    if !(min_amplification.is_finite() && min_amplification >= 1.0) {
+        return Err(CliError::new("--min-amplification must be a number >= 1"));
+    }
+    Ok(Tolerances {
+        overrides,
+        min_amplification,
+    })
 }
 
 #[cfg(test)]
@@ -352,5 +242,15 @@ mod tests {
         assert!(parse_steps("2-1").is_err());
         assert!(parse_steps("x").is_err());
         assert!(parse_steps("").is_err());
+    }
+
+    #[test]
+    fn overrides() {
+        let t = tolerances(&["bf16=0.1".into(), "float32=1e-3".into()], 32.0).unwrap();
+        assert_eq!(t.rtol(Some(&DType::parse("bfloat16")), 1e6), 0.1);
+        assert_eq!(t.rtol(Some(&DType::parse("float32")), 1.0), 1e-3);
+        assert!(tolerances(&["float32".into()], 32.0).is_err());
+        assert!(tolerances(&["float33=1".into()], 32.0).is_err());
+        assert!(tolerances(&["float32=x".into()], 32.0).is_err());
     }
 }

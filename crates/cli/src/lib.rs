@@ -1,44 +1,85 @@
-//! `opdump compare` and `opdump summary`: read dumps written by the opdump
-//! plugin, align the op calls of two runs, and name the op where they
-//! diverge, and whether it introduced the error or inherited it.
-//!
-//! Pipeline of `compare`:
-//! [`read`] (two dumps in parallel, columns only) -> [`align`] (by
-//! signature, recursively, with [`diff`]) -> [`metrics`] (per tensor pair:
-//! [`evidence`] and [`tolerance`]) -> [`verdict`] (per op: introduced or
-//! inherited) -> [`compare`] (first divergence, first introduced) ->
-//! [`report`].
+//! The `opdump` command line: `compare`, `summary`, `ranks` and `repro`
+//! over the dumps the plugin writes. Dumps are read by `opdump_load` and
+//! judged by `opdump_judge`; this crate turns arguments into options
+//! ([`cli`]), runs a command ([`commands`]), and renders its report
+//! ([`report`]) through what every command shares ([`app`]).
 
-pub mod align;
-pub mod call_selector;
-pub mod captures;
-pub mod cli;
-pub mod compare;
-pub mod diff;
-pub mod dtype;
-pub mod dump;
-pub mod error;
-pub mod evidence;
-pub mod exact;
-pub mod intern;
-pub mod metrics;
-pub mod one_sided;
-pub mod op_row;
-pub mod opclass;
-pub mod output;
-pub mod panic_guard;
-pub mod progress;
-pub mod provenance;
-pub mod ranks;
-pub mod read;
-pub mod report;
-pub mod repro;
-pub mod sketch;
-pub mod spill;
-pub mod summary;
-pub mod synth;
-pub mod synth_chain;
-pub mod tensor_row;
-pub mod text;
-pub mod tolerance;
-pub mod verdict;
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::app::error::{EXIT_ERROR, EXIT_SAME};
+use crate::app::print::{error_line, print};
+use crate::cli::{Cli, Cmd};
+
+mod app;
+mod cli;
+mod commands;
+mod report;
+
+/// Runs the command line, with the panic safety net: returns the exit
+/// status (0 agree or done, 1 an op introduced a divergence, 2 usage or
+/// input error, 3 outputs diverged but no op introduced it).
+pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    app::panic_hook::install_hook();
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    match std::panic::catch_unwind(|| run(args)) {
+        Ok(code) => code,
+        // The hook has printed one "opdump: internal error" line.
+        Err(_) => ExitCode::from(EXIT_ERROR),
+    }
+}
+
+/// Runs the command line; returns the exit status.
+fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let mut text = e.to_string();
+                if !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                return match print(&text) {
+                    Ok(()) => ExitCode::from(EXIT_SAME),
+                    Err(e) => {
+                        error_line(&e.message);
+                        ExitCode::from(EXIT_ERROR)
+                    }
+                };
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // Bare `opdump`: a usage error like any other, one line; the
+                // full help is for `--help`.
+                error_line("missing command: compare, summary, repro or ranks (see opdump --help)");
+                return ExitCode::from(EXIT_ERROR);
+            }
+            // One line: clap's first paragraph, without its "error: " prefix.
+            let text = e.to_string();
+            let para: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let msg = para.join(" ");
+            let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+            error_line(&format!("{msg} (see opdump --help)"));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::Compare(a) => commands::compare::execute(a),
+        Cmd::Summary(a) => commands::summary::execute(a),
+        Cmd::Repro(a) => commands::repro::execute(a),
+        Cmd::Ranks(a) => commands::ranks::execute(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            error_line(&e.message);
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use opdump_cli::synth::{input, output, DumpWriter};
+use opdump_testkit::synth::{input, output, DumpWriter};
 
 /// A call to write: name, tensor size, children.
 #[derive(Clone)]

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use opdump_cli::synth::{Model, Variant};
 use opdump_format::schema::{meta, schema, BatchBuilder};
+use opdump_testkit::synth::{Model, Variant};
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
@@ -45,7 +45,7 @@ fn good_dump(dir: &Path) {
         tokens: 4,
         hidden: 8,
     };
-    opdump_cli::synth::write_model(dir, &m, &Variant::default(), false, 500_000).unwrap();
+    opdump_testkit::synth::write_model(dir, &m, &Variant::default(), false, 500_000).unwrap();
 }
 
 fn partition(dir: &Path) -> std::path::PathBuf {
@@ -148,8 +148,8 @@ fn dumps_of_different_programs() {
         tokens: 12,
         hidden: 24,
     };
-    opdump_cli::synth::write_model(&a, &m1, &Variant::default(), false, 500_000).unwrap();
-    opdump_cli::synth::write_model(&b, &m2, &Variant::default(), false, 500_000).unwrap();
+    opdump_testkit::synth::write_model(&a, &m1, &Variant::default(), false, 500_000).unwrap();
+    opdump_testkit::synth::write_model(&b, &m2, &Variant::default(), false, 500_000).unwrap();
     expect_error(
         &["compare", path_str(&a), path_str(&b)],
         "different programs",
@@ -179,7 +179,7 @@ fn write_file(path: &Path, version: &str) {
         fwd_seq: None,
         source: None,
         capture: None,
-        tensors: vec![opdump_cli::synth::input("self", "float32", &[2], 1.0)],
+        tensors: vec![opdump_testkit::synth::input("self", "float32", &[2], 1.0)],
     };
     bb.append(&rec);
     let batch = bb.finish().unwrap();

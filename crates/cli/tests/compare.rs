@@ -8,9 +8,9 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use opdump_cli::compare::Compared;
-use opdump_cli::synth::{input, output, DumpWriter, Variant};
-use opdump_cli::verdict::OpVerdict;
+use opdump_judge::compare::Compared;
+use opdump_judge::verdict::OpVerdict;
+use opdump_testkit::synth::{input, output, DumpWriter, Variant};
 use serde_json::Value;
 
 fn compared(a: &Path, b: &Path) -> Compared {
@@ -655,7 +655,7 @@ fn scratch_differences_inside_an_agreeing_op_are_absorbed() {
         let mut zeroed = output(0, "float32", &[chunks, 8], 0.0);
         zeroed.stats = opdump_format::Stats {
             zero_count: chunks * 8,
-            ..opdump_cli::synth::stats_for(chunks * 8, 0.0)
+            ..opdump_testkit::synth::stats_for(chunks * 8, 0.0)
         };
         let mut s_in = scratch.clone();
         s_in.role = opdump_format::Role::Input;

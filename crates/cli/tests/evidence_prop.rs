@@ -26,14 +26,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use opdump_cli::dump::Dump;
-use opdump_cli::evidence::{Evidence, Measure, StatsEvidence};
-use opdump_cli::progress::Progress;
-use opdump_cli::read::{load, scan};
-use opdump_cli::tolerance::Tolerances;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
 };
+use opdump_judge::dump::Dump;
+use opdump_judge::evidence::{Evidence, Measure, StatsEvidence};
+use opdump_judge::tolerance::Tolerances;
+use opdump_judge::Silent;
+use opdump_load::read::{load, scan};
 use proptest::prelude::*;
 
 /// splitmix64: a deterministic stream of numbers from a case's seed.
@@ -451,7 +451,7 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
         w.append(&rec).unwrap();
     }
     w.close_file().unwrap();
-    let d: Dump = load(&scan(dir).unwrap(), 0, &Progress::hidden(), "test").unwrap();
+    let d: Dump = load(&scan(dir).unwrap(), 0, &Silent, "test").unwrap();
     (0..pairs.len() as u32)
         .map(|k| {
             let (ta, tb) = (d.tensors_of(2 * k).start, d.tensors_of(2 * k + 1).start);

@@ -2,8 +2,8 @@
 //! replace the statistics' bounds, so a permutation, which keeps every
 //! statistic, is a divergence at the op that made it.
 
-use opdump_cli::synth::{input, output, DumpWriter};
 use opdump_format::{Capture, CapturedTensor};
+use opdump_testkit::synth::{input, output, DumpWriter};
 
 mod common;
 use common::{compare_dirs, tmp};

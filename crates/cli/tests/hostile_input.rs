@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use opdump_cli::synth::output;
+use opdump_testkit::synth::output;
 
 const SECS: u64 = 20;
 

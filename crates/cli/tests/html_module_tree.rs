@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use opdump_cli::synth::{input, output};
+use opdump_testkit::synth::{input, output};
 
 /// (module, op, scale in A, scale in B) of each top-level call.
 const CALLS: &[(Option<&str>, &str, f64, f64)] = &[

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use opdump_cli::synth::{input, output, DumpWriter};
+use opdump_testkit::synth::{input, output, DumpWriter};
 
 /// Two layers of LayerNorm > Linear > GELU; on B, `extra` runs between the
 /// first LayerNorm and its Linear, scaling the activations by `factor`

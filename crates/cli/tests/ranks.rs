@@ -11,166 +11,15 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use common::{path_str, run};
-use opdump_cli::progress::Progress;
-use opdump_cli::ranks::run_with_budget;
-use opdump_cli::synth::{input, output, DumpWriter};
 use opdump_format::reader::list_files;
 use opdump_format::schema::{col, meta};
-use opdump_format::{Phase, TensorRecord};
+use opdump_format::Phase;
+use opdump_testkit::ranks_job::{write_job, write_rank, Flip, Job};
+use opdump_testkit::synth::{input, DumpWriter};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 use serde_json::Value;
-
-const LAYERS: usize = 3;
-const STEPS: i64 = 3;
-
-/// A grad fingerprint changed on one rank at one step.
-#[derive(Clone, Copy)]
-struct Flip {
-    rank: u32,
-    step: i64,
-    layer: usize,
-}
-
-#[derive(Clone, Copy, Default)]
-struct Job {
-    ranks: u32,
-    flip: Option<Flip>,
-    /// Rank 3 makes extra calls (one unnamed, one reading a parameter
-    /// through an op no other rank calls): they must shift nothing.
-    extra_calls: bool,
-    /// Write no fingerprints (a dump from before they were computed).
-    no_fingerprints: bool,
-}
-
-fn h(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn named(mut t: TensorRecord, name: &str, fp: u64, job: &Job) -> TensorRecord {
-    t.name = Some(name.to_string());
-    t.fingerprint = (!job.no_fingerprints).then_some(fp);
-    t
-}
-
-fn listed(mut t: TensorRecord, i: usize) -> TensorRecord {
-    t.list_index = Some(i as i32);
-    t
-}
-
-/// One rank's run. A parameter's fingerprint evolves with the gradients it
-/// is given, so a flipped gradient makes the rank's parameters differ from
-/// then on, as in a real job.
-fn write_rank(root: &Path, rank: u32, job: &Job) {
-    let mut w = DumpWriter::new(root, rank, "cpu");
-    let mut params: Vec<u64> = (0..LAYERS).map(|l| h(1, l as u64)).collect();
-    for step in 0..STEPS {
-        w.step = step;
-        w.phase = Phase::Forward;
-        for (l, &p) in params.iter().enumerate() {
-            w.module = Some(format!("fc{l}"));
-            let weight = named(
-                input("weight", "float32", &[4, 4], 1.0),
-                &format!("fc{l}.weight"),
-                p,
-                job,
-            );
-            let x = input("input", "float32", &[2, 4], 1.0);
-            w.leaf(
-                "aten::linear",
-                "default",
-                "",
-                vec![x, weight],
-                vec![output(0, "float32", &[2, 4], 1.0)],
-            )
-            .unwrap();
-            if job.extra_calls && rank == 3 && step == 1 && l == 1 {
-                w.leaf(
-                    "aten::detach",
-                    "default",
-                    "",
-                    vec![input("self", "float32", &[4], 1.0)],
-                    vec![],
-                )
-                .unwrap();
-                let again = named(
-                    input("self", "float32", &[4, 4], 1.0),
-                    &format!("fc{l}.weight"),
-                    p,
-                    job,
-                );
-                w.leaf("aten::alias", "default", "", vec![again], vec![])
-                    .unwrap();
-            }
-        }
-        // A buffer each rank updates from its own data: it differs on all.
-        w.module = Some("bn".into());
-        let buf = named(
-            input("running_mean", "float32", &[4], 1.0),
-            "bn.running_mean",
-            h(rank as u64 + 7, step as u64),
-            job,
-        );
-        w.leaf(
-            "aten::_native_batch_norm_legit",
-            "default",
-            "",
-            vec![buf],
-            vec![],
-        )
-        .unwrap();
-        w.module = None;
-        w.phase = Phase::Backward;
-        w.leaf(
-            "aten::mm",
-            "default",
-            "",
-            vec![input("self", "float32", &[4, 4], 1.0)],
-            vec![output(0, "float32", &[4, 4], 1.0)],
-        )
-        .unwrap();
-        w.phase = Phase::Optimizer;
-        let grads: Vec<u64> = (0..LAYERS)
-            .map(|l| {
-                let g = h(2 + step as u64, l as u64);
-                match job.flip {
-                    Some(f) if f.rank == rank && f.step == step && f.layer == l => g ^ 1,
-                    _ => g,
-                }
-            })
-            .collect();
-        let mut ins = Vec::new();
-        let mut outs = Vec::new();
-        for l in 0..LAYERS {
-            let (pn, gn) = (format!("fc{l}.weight"), format!("fc{l}.weight.grad"));
-            ins.push(listed(
-                named(input("self", "float32", &[4, 4], 1.0), &pn, params[l], job),
-                l,
-            ));
-            ins.push(listed(
-                named(input("other", "float32", &[4, 4], 1.0), &gn, grads[l], job),
-                l,
-            ));
-            params[l] = h(params[l], grads[l]);
-            let mut o = named(input("self", "float32", &[4, 4], 1.0), &pn, params[l], job);
-            o.role = opdump_format::Role::Output;
-            outs.push(listed(o, l));
-        }
-        w.leaf("aten::_foreach_add_", "List", "alpha=-0.1", ins, outs)
-            .unwrap();
-    }
-    w.close().unwrap();
-}
-
-fn write_job(root: &Path, job: &Job) {
-    for r in 0..job.ranks {
-        write_rank(root, r, job);
-    }
-}
 
 fn ranks_json(dir: &Path) -> (i32, Value, String) {
     let r = run(&["ranks", path_str(dir), "--json"]);
@@ -338,29 +187,6 @@ fn two_ranks_that_differ_are_named_together() {
         "{}",
         text.stdout
     );
-}
-
-#[test]
-fn small_windows_find_the_same() {
-    let t = tmp();
-    write_job(
-        t.path(),
-        &Job {
-            ranks: 4,
-            flip: Some(Flip {
-                rank: 3,
-                step: 1,
-                layer: 0,
-            }),
-            ..Job::default()
-        },
-    );
-    let whole = run_with_budget(t.path(), &Progress::hidden(), u64::MAX).unwrap();
-    let small = run_with_budget(t.path(), &Progress::hidden(), 1).unwrap();
-    let a = serde_json::to_value(&whole).unwrap();
-    let b = serde_json::to_value(&small).unwrap();
-    assert_eq!(a, b);
-    assert_eq!(a["first"]["odd_ranks"], serde_json::json!([3]));
 }
 
 #[test]

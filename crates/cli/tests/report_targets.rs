@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use common::{model_pair, path_str, run, small_model, Run};
-use opdump_cli::synth::Variant;
+use opdump_testkit::synth::Variant;
 
 /// The uid of `nobody`: the other user that plants a link.
 const OTHER_UID: u32 = 65534;

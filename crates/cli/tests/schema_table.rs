@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use opdump_cli::dump::Dump;
-use opdump_cli::progress::Progress;
-use opdump_cli::read::{load, scan};
 use opdump_format::schema::{col, meta, BatchBuilder, ColType, COLUMNS, SCHEMA_VERSION};
 use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
+use opdump_judge::dump::Dump;
+use opdump_judge::Silent;
+use opdump_load::read::{load, scan};
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 
@@ -101,7 +101,7 @@ fn write_dump(root: &Path, fields: Vec<Field>, cols: Vec<ArrayRef>) -> PathBuf {
 
 fn try_load(dir: &Path) -> Result<Dump, String> {
     let index = scan(dir).map_err(|e| e.to_string())?;
-    load(&index, 0, &Progress::hidden(), "test").map_err(|e| e.to_string())
+    load(&index, 0, &Silent, "test").map_err(|e| e.to_string())
 }
 
 #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use opdump_cli::synth::{input, output, with_nan, DumpWriter, Variant};
+use opdump_testkit::synth::{input, output, with_nan, DumpWriter, Variant};
 use serde_json::Value;
 
 #[test]

@@ -11,8 +11,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use opdump_cli::synth::{input, output, DumpWriter};
 use opdump_format::{Stats, TensorRecord};
+use opdump_testkit::synth::{input, output, DumpWriter};
 use serde_json::Value;
 
 /// `t` with its statistics set from explicit values (min, max, mean, std).

@@ -16,7 +16,7 @@ use std::fmt::Write;
 
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
 use super::terminal::{num, thousands};
-use crate::verdict::OpVerdict;
+use opdump_judge::verdict::OpVerdict;
 
 const BINS: usize = 1200;
 const W: f64 = 1200.0;
@@ -37,8 +37,8 @@ pub fn esc(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
-            c if crate::text::is_unsafe(c) => {
-                let _ = crate::text::escape_char(c, &mut o);
+            c if crate::app::text::is_unsafe(c) => {
+                let _ = crate::app::text::escape_char(c, &mut o);
             }
             c => o.push(c),
         }
@@ -953,7 +953,7 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
                 Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
                 None => "first introduced by calls only in B".into(),
             },
-            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, crate::compare::HEADLINE_DOMINANCE),
+            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
             (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it (exit status 3)".into(),
             (None, false) => "no divergence".into(),

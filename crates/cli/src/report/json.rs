@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::error::{CliError, Result};
+use crate::app::error::{CliError, Result};
 
 pub fn write<T: Serialize>(value: &T, out: &mut impl Write) -> Result<()> {
     serde_json::to_writer_pretty(&mut *out, value)

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use serde::{Serialize, Serializer};
 
-use crate::compare::{Compared, Outcome, UnmatchedChange};
-use crate::dump::{Dump, NONE};
-use crate::exact::ExactMetrics;
-use crate::intern::FxMap;
-use crate::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
-use crate::verdict::{OpVerdict, TensorVerdict};
+use opdump_judge::compare::{Compared, Outcome, UnmatchedChange};
+use opdump_judge::dump::{Dump, NONE};
+use opdump_judge::exact::ExactMetrics;
+use opdump_judge::intern::FxMap;
+use opdump_judge::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
+use opdump_judge::verdict::{OpVerdict, TensorVerdict};
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
 pub const REPORT_VERSION: u32 = 1;
@@ -618,8 +618,8 @@ pub struct NextStep {
 impl NextStep {
     fn of(c: &Compared, pair: usize) -> Self {
         let p = c.alignment.pairs[pair];
-        let sa = crate::call_selector::of_call(&c.a, p.a);
-        let sb = crate::call_selector::of_call(&c.b, p.b);
+        let sa = crate::app::call_selector::of_call(&c.a, p.a);
+        let sb = crate::app::call_selector::of_call(&c.b, p.b);
         let both = c.a.capture_file_of(p.a).is_some() && c.b.capture_file_of(p.b).is_some();
         let quote = |path: &std::path::Path| {
             let s = path.display().to_string();
@@ -719,7 +719,7 @@ impl CompareReport {
 
 /// The exit status of `opdump compare` for an outcome.
 pub fn exit_status(o: Outcome) -> u8 {
-    use crate::cli::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_SAME};
+    use crate::app::error::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_SAME};
     match o {
         Outcome::Agree => EXIT_SAME,
         Outcome::Introduced => EXIT_DIVERGED,
@@ -847,7 +847,7 @@ pub struct OpRow<'a> {
     pub rel_err: f64,
     pub amplification: f64,
     /// The largest output error over what was allowed for it (as
-    /// [`crate::metrics::OpCmp::excess`]): above 1 for a diverged output.
+    /// [`opdump_judge::metrics::OpCmp::excess`]): above 1 for a diverged output.
     pub excess: f64,
     pub shapes_differ: bool,
     pub module_a: Option<&'a str>,
@@ -922,7 +922,9 @@ impl<'a> TensorRow<'a> {
             rel_err: t.rel_err,
             tolerance: t.tolerance,
             exact: match (t.measure.exact, t.ta, t.tb) {
-                (true, Some(x), Some(y)) => crate::captures::exact_metrics(a, x, b, y, t.tolerance),
+                (true, Some(x), Some(y)) => {
+                    opdump_judge::exact::exact_metrics(a, x, b, y, t.tolerance)
+                }
                 _ => None,
             },
             sketch: SketchReport::of(t),

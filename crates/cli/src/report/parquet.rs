@@ -18,9 +18,9 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use super::model::{AlignedPairs, OpRow, TensorRow, TensorSide};
-use crate::error::{CliError, Result};
-use crate::output;
-use crate::progress::Progress;
+use crate::app::error::{CliError, Result};
+use crate::app::output;
+use crate::app::progress::Progress;
 
 pub const FILE_NAME: &str = "compare.parquet";
 const BATCH_ROWS: usize = 32 * 1024;
@@ -128,7 +128,7 @@ impl Exact {
         }
     }
 
-    fn push(&mut self, e: Option<&crate::exact::ExactMetrics>) {
+    fn push(&mut self, e: Option<&opdump_judge::exact::ExactMetrics>) {
         let Some(e) = e else {
             for b in &mut self.f64s {
                 b.append_null();
@@ -392,7 +392,7 @@ impl Columns {
     }
 }
 
-/// Writes `DIR/compare.parquet` (see [`crate::output`]: mode 0600, a
+/// Writes `DIR/compare.parquet` (see [`crate::app::output`]: mode 0600, a
 /// symlink there is replaced, never followed).
 pub fn write(
     pairs: &AlignedPairs<'_>,

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::model::{
     CompareReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
 };
-use crate::text::{clean, Clean};
+use crate::app::text::{clean, Clean};
 
 /// `1234567` -> `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -215,7 +215,7 @@ fn tensor_block(out: &mut String, t: &TensorReport) {
 }
 
 /// The exact metrics of a captured pair, under its statistics.
-fn exact_row(out: &mut String, e: &crate::exact::ExactMetrics) {
+fn exact_row(out: &mut String, e: &opdump_judge::exact::ExactMetrics) {
     if e.identical {
         out.push_str("        exact  bitwise identical\n");
         return;
@@ -493,7 +493,7 @@ pub fn render(r: &CompareReport) -> String {
             &mut out,
             &format!(
                 "Strongest introduced (the headline: it goes at least {:.0} times further beyond its allowance than the first)",
-                crate::compare::HEADLINE_DOMINANCE
+                opdump_judge::compare::HEADLINE_DOMINANCE
             ),
             h,
         );

@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use opdump_cli::align::{align, Alignment, Filter};
-use opdump_cli::dump::Dump;
-use opdump_cli::progress::Progress;
-use opdump_cli::read::{load, scan};
-use opdump_cli::synth::{write_model, Model, Variant};
 use opdump_format::reader::{list_files, read_records};
 use opdump_format::{OpRecord, Phase};
+use opdump_judge::align::{align, Alignment, Filter};
+use opdump_judge::dump::Dump;
+use opdump_judge::Silent;
+use opdump_load::read::{load, scan};
+use opdump_testkit::synth::{write_model, Model, Variant};
 
 pub fn opdump(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_opdump"))
@@ -103,12 +103,12 @@ pub fn child(recs: &[OpRecord], parent: i64, op: &str) -> i64 {
 
 pub fn load_one(dir: &Path) -> Dump {
     let idx = scan(dir).expect("scan");
-    load(&idx, 0, &Progress::hidden(), "test").expect("load")
+    load(&idx, 0, &Silent, "test").expect("load")
 }
 
 pub fn align_dirs(a: &Path, b: &Path) -> (Dump, Dump, Alignment) {
     let (da, db) = (load_one(a), load_one(b));
-    let al = align(&da, &db, &Filter::default(), &Progress::hidden());
+    let al = align(&da, &db, &Filter::default(), &Silent);
     (da, db, al)
 }
 
@@ -122,21 +122,15 @@ pub fn seqs(d: &Dump, idx: &[u32]) -> Vec<i64> {
 }
 
 /// `opdump compare` of two dump directories, with the default settings.
-pub fn compare_dirs(a: &Path, b: &Path) -> opdump_cli::compare::Compared {
-    let settings = opdump_cli::compare::CompareSettings {
+pub fn compare_dirs(a: &Path, b: &Path) -> opdump_judge::compare::Compared {
+    let settings = opdump_judge::compare::CompareSettings {
         filter: Filter::default(),
-        tol: opdump_cli::tolerance::Tolerances::default(),
+        tol: opdump_judge::tolerance::Tolerances::default(),
         top: 10,
         force: false,
     };
-    opdump_cli::compare::compare_dumps(
-        load_one(a),
-        load_one(b),
-        settings,
-        vec![],
-        &Progress::hidden(),
-    )
-    .expect("compare")
+    opdump_judge::compare::compare_dumps(load_one(a), load_one(b), settings, vec![], &Silent)
+        .expect("compare")
 }
 
 pub fn tmp() -> tempfile::TempDir {
@@ -259,7 +253,7 @@ pub fn small_dump(dir: &Path) {
         tokens: 4,
         hidden: 8,
     };
-    opdump_cli::synth::write_model(dir, &m, &Variant::default(), false, 500_000)
+    opdump_testkit::synth::write_model(dir, &m, &Variant::default(), false, 500_000)
         .expect("write dump");
 }
 
@@ -307,8 +301,8 @@ pub fn record(seq: i64, parent_seq: Option<i64>, op: &str, x: f64) -> OpRecord {
         source: None,
         capture: None,
         tensors: vec![
-            opdump_cli::synth::input("self", "float32", &[4, 8], x),
-            opdump_cli::synth::output(0, "float32", &[4, 8], x),
+            opdump_testkit::synth::input("self", "float32", &[4, 8], x),
+            opdump_testkit::synth::output(0, "float32", &[4, 8], x),
         ],
     }
 }

@@ -1,0 +1,79 @@
+//! The one error type of the CLI: a usage or input problem, shown as one line
+//! and exit status 2.
+
+use std::fmt;
+
+use opdump_judge::Refusal;
+
+/// The runs agree (and every other command: done).
+pub(crate) const EXIT_SAME: u8 = 0;
+/// An op introduced a divergence (`ranks`: a rank differs).
+pub(crate) const EXIT_DIVERGED: u8 = 1;
+/// A usage or input error.
+pub(crate) const EXIT_ERROR: u8 = 2;
+/// Outputs diverged, but no op introduced the divergence.
+pub(crate) const EXIT_DRIFT: u8 = 3;
+
+#[derive(Debug)]
+pub struct CliError {
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, CliError>;
+
+impl CliError {
+    pub fn new(message: impl Into<String>) -> Self {
+        // One line: a message spread over lines reads badly after "opdump: ".
+        let m: String = message.into();
+        CliError {
+            message: m.replace('\n', " "),
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CliError {}
+
+impl From<opdump_format::Error> for CliError {
+    fn from(e: opdump_format::Error) -> Self {
+        CliError::new(e.to_string())
+    }
+}
+
+/// Shorthand for `Err(CliError::new(format!(...)))`.
+#[macro_export]
+macro_rules! bail {
+    ($($t:tt)*) => {
+        return Err($crate::app::error::CliError::new(format!($($t)*)))
+    };
+}
+
+impl From<opdump_load::Error> for CliError {
+    fn from(e: opdump_load::Error) -> Self {
+        CliError::new(e.message)
+    }
+}
+
+/// The judge's refusals, worded for the command line.
+impl From<Refusal> for CliError {
+    fn from(r: Refusal) -> Self {
+        CliError::new(match r {
+            Refusal::NoCalls { side, path } => {
+                format!("{}: dump {} holds no op calls", path.display(), side.name())
+            }
+            Refusal::NoCallsInSteps { path, has, .. } => format!(
+                "{}: no op calls in the selected steps (the dump has {has})",
+                path.display()
+            ),
+            Refusal::NoPhaseInCommon { .. } => "the dumps have no phase (forward, backward, optimizer) in common; are they runs of the same program?".to_string(),
+            Refusal::DifferentPrograms { matched, larger } => format!(
+                "the dumps look like different programs: only {matched} of {larger} top-level op calls align (use --force to compare anyway)"
+            ),
+        })
+    }
+}

@@ -1,0 +1,161 @@
+//! `opdump compare`: finds both dumps' files, picks the rank, loads both in
+//! parallel, and hands them to the judge.
+
+use std::path::PathBuf;
+
+use opdump_judge::{compare_dumps, CompareSettings, Compared, Filter, Tolerances};
+use opdump_load::{load, scan, DumpIndex};
+
+use crate::app::error::{CliError, Result};
+use crate::app::output;
+use crate::app::print::print_report;
+use crate::app::progress::{timing, Progress};
+use crate::cli::CompareArgs;
+use crate::report::model::{AlignedPairs, CompareReport};
+use crate::report::{html, json, parquet, terminal};
+
+/// What to compare, and how.
+pub(crate) struct CompareOptions {
+    pub dump_a: PathBuf,
+    pub dump_b: PathBuf,
+    pub rank: Option<u32>,
+    pub filter: Filter,
+    pub tol: Tolerances,
+    pub top: usize,
+    /// Compare even when the dumps look like different programs.
+    pub force: bool,
+}
+
+/// Picks the rank to compare.
+fn choose_rank(
+    ia: &DumpIndex,
+    ib: &DumpIndex,
+    want: Option<u32>,
+    notes: &mut Vec<String>,
+) -> Result<(u32, u32)> {
+    let (ra, rb) = (ia.ranks(), ib.ranks());
+    let list = |s: &std::collections::BTreeSet<u32>| {
+        s.iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(r) = want {
+        for (idx, ranks) in [(ia, &ra), (ib, &rb)] {
+            if !ranks.contains(&r) {
+                return Err(CliError::new(format!(
+                    "{}: no rank {r} (ranks present: {})",
+                    idx.dir.display(),
+                    list(ranks)
+                )));
+            }
+        }
+        return Ok((r, r));
+    }
+    let common: Vec<u32> = ra.intersection(&rb).copied().collect();
+    if let Some(&r) = common.first() {
+        if common.len() > 1 {
+            notes.push(format!(
+                "comparing rank {r}; both dumps also have ranks {} (choose with --rank)",
+                {
+                    common[1..]
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ));
+        }
+        return Ok((r, r));
+    }
+    if ra.len() == 1 && rb.len() == 1 {
+        let (x, y) = (
+            *ra.iter().next().unwrap_or(&0),
+            *rb.iter().next().unwrap_or(&0),
+        );
+        notes.push(format!("comparing rank {x} of A with rank {y} of B"));
+        return Ok((x, y));
+    }
+    Err(CliError::new(format!(
+        "the dumps share no rank (A has {}, B has {}); choose one with --rank",
+        list(&ra),
+        list(&rb)
+    )))
+}
+
+pub(crate) fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared> {
+    let t0 = std::time::Instant::now();
+    let mut notes = Vec::new();
+    progress.phase("reading footers");
+    let ia = scan(&opts.dump_a)?;
+    let ib = scan(&opts.dump_b)?;
+    let (rank_a, rank_b) = choose_rank(&ia, &ib, opts.rank, &mut notes)?;
+    let (a, b) = std::thread::scope(|s| {
+        let ha = s.spawn(|| load(&ia, rank_a, progress, "A"));
+        let b = load(&ib, rank_b, progress, "B");
+        (ha.join(), b)
+    });
+    let a = match a {
+        Ok(r) => r?,
+        Err(e) => std::panic::resume_unwind(e),
+    };
+    let b = b?;
+    timing("read", t0);
+    for d in [&a, &b] {
+        notes.extend(d.schema_note());
+    }
+    if a.has_modules != b.has_modules {
+        let (with, without) = if a.has_modules { (&a, &b) } else { (&b, &a) };
+        notes.push(format!(
+            "{} has module paths and {} has none: calls are aligned without them",
+            with.path.display(),
+            without.path.display()
+        ));
+    }
+    for d in [&a, &b] {
+        if d.skipped_other_pids > 0 {
+            notes.push(format!(
+                "{}: left out {} op calls of other processes of rank {} (kept pid {})",
+                d.path.display(),
+                d.skipped_other_pids,
+                d.rank,
+                d.pid.map_or("?".into(), |p| p.to_string())
+            ));
+        }
+    }
+    let settings = CompareSettings {
+        filter: opts.filter,
+        tol: opts.tol,
+        top: opts.top,
+        force: opts.force,
+    };
+    Ok(compare_dumps(a, b, settings, notes, progress)?)
+}
+
+/// `opdump compare`: compares, writes the report files asked for, prints
+/// the report; returns the exit status.
+pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
+    let opts = a.options()?;
+    let progress = Progress::auto();
+    let t0 = std::time::Instant::now();
+    let c = run(opts, &progress)?;
+    timing("total compare", t0);
+    let t0 = std::time::Instant::now();
+    let report = CompareReport::build(&c, a.steps.clone(), a.ignore.clone());
+    let pairs = AlignedPairs::of(&c);
+    timing("report", t0);
+    // Report files: written beside their target and renamed over it, mode
+    // 0600, never through a planted symlink (see `output`).
+    if let Some(dir) = &a.out {
+        parquet::write(&pairs, dir, &progress)?;
+        let mut buf = Vec::new();
+        json::write(&report, &mut buf)?;
+        output::write_bytes(&dir.join("compare.json"), &buf)?;
+    }
+    if let Some(path) = &a.html {
+        output::write_bytes(path, html::render(&report, &pairs).as_bytes())?;
+    }
+    progress.finish();
+    print_report(a.json, &report, terminal::render)?;
+    Ok(report.exit_status)
+}

@@ -1,0 +1,411 @@
+//! One rank of one dump, as flat columns.
+//!
+//! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
+//! order they were read, and each op points at its contiguous run of tensors.
+//! Strings, dtypes and shapes are interned. What the call tree and alignment
+//! walk all the time stays in memory (about 28 bytes per op call); the rest
+//! of each call ([`OpRow`]) and every tensor ([`TensorRow`]) live in
+//! [`Rows`], which a loader may keep out of memory.
+
+use std::path::PathBuf;
+
+use opdump_format::{Phase, Role};
+
+use crate::captured::CapturedValues;
+use crate::dtype::DType;
+use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
+use crate::op_row::{OpRow, NO_SEQ};
+use crate::rows::{MemRows, Rows};
+use crate::tensor_row::TensorRow;
+
+pub const NONE: u32 = u32::MAX;
+
+/// Per-tensor columns. The fixed-size ones are one [`TensorRow`] per
+/// tensor, in [`Rows`] that a loader may keep out of memory (a dump's
+/// tensors are most of its size); the sparse and variable-sized ones are
+/// here.
+pub struct Tensors {
+    pub rows: Box<dyn Rows<TensorRow>>,
+    pub shapes: ShapeInterner,
+    /// NaN, +Inf and -Inf counts, stored only for tensors that have some
+    /// (almost none do): `nf_index` is sorted, `nf_counts` parallel to it.
+    pub nf_index: Vec<u32>,
+    pub nf_counts: Vec<[i64; 3]>,
+    /// Whether the dump has the `fingerprint` column (schema 4).
+    pub has_fingerprints: bool,
+    /// The `sketch` column (schema 4), back to back: tensor `t`'s sketch is
+    /// `sketch_values[sketch_start[t]..sketch_start[t + 1]]`, empty where
+    /// null, so a tensor without one costs one index. Both empty when the
+    /// dump has none.
+    pub sketch_start: Vec<u32>,
+    pub sketch_values: Vec<f64>,
+    /// Ids in [`Dump::texts`] of the capture file (its path) and the key of
+    /// the tensor in it (`OPDUMP_CAPTURE`); both empty when no call of the
+    /// dump was captured, `NO_ID` for tensors without a capture.
+    pub capture_file: Vec<u32>,
+    pub capture_key: Vec<u32>,
+}
+
+impl Default for Tensors {
+    fn default() -> Self {
+        Tensors {
+            rows: Box::new(MemRows::<TensorRow>::default()),
+            shapes: ShapeInterner::default(),
+            nf_index: Vec::new(),
+            nf_counts: Vec::new(),
+            has_fingerprints: false,
+            sketch_start: Vec::new(),
+            sketch_values: Vec::new(),
+            capture_file: Vec::new(),
+            capture_key: Vec::new(),
+        }
+    }
+}
+
+impl Tensors {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Everything fixed-size about tensor `t`, in one read.
+    pub fn row(&self, t: u32) -> TensorRow {
+        self.rows.get(t as usize)
+    }
+
+    /// The rows of tensors `range` (an op call's), replacing what `out`
+    /// held.
+    pub fn rows_of(&self, range: std::ops::Range<u32>, out: &mut Vec<TensorRow>) {
+        out.clear();
+        self.rows
+            .get_range(range.start as usize..range.end as usize, out);
+    }
+
+    pub fn role(&self, t: u32) -> Role {
+        self.row(t).role
+    }
+
+    /// Whether the statistics columns hold measured values.
+    pub fn has_values(&self, t: u32) -> bool {
+        self.row(t).has_values()
+    }
+
+    pub fn numel(&self, t: u32) -> i64 {
+        self.shapes.numel(self.row(t).shape)
+    }
+
+    /// The L2 norm and the largest absolute value, each 0 where it
+    /// overflowed to infinity (or is NaN).
+    pub fn finite_norms(&self, t: u32) -> (f64, f64) {
+        let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+        let r = self.row(t);
+        (finite(r.l2), finite(r.absmax))
+    }
+
+    /// The fingerprint of a tensor, when it has one.
+    pub fn fingerprint(&self, t: u32) -> Option<u64> {
+        if !self.has_fingerprints {
+            return None;
+        }
+        Some(self.row(t).fingerprint).filter(|&f| f != 0)
+    }
+
+    /// The sketch of a tensor, when it has one.
+    pub fn sketch(&self, t: u32) -> Option<&[f64]> {
+        let t = t as usize;
+        let (s, e) = (*self.sketch_start.get(t)?, *self.sketch_start.get(t + 1)?);
+        let v = self.sketch_values.get(s as usize..e as usize)?;
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// (NaN, +Inf, -Inf) counts.
+    pub fn nonfinite_counts(&self, t: u32) -> [i64; 3] {
+        match self.nf_index.binary_search(&t) {
+            Ok(k) => self.nf_counts[k],
+            Err(_) => [0; 3],
+        }
+    }
+
+    /// Elements that are neither NaN nor infinite.
+    pub fn finite_count(&self, t: u32) -> i64 {
+        let [n, p, m] = self.nonfinite_counts(t);
+        self.numel(t) - n - p - m
+    }
+}
+
+/// One rank of one dump.
+pub struct Dump {
+    /// The directory given on the command line.
+    pub path: PathBuf,
+    pub rank: u32,
+    /// The files read, and the process they came from.
+    pub files: usize,
+    pub pid: Option<i64>,
+    /// `float32` when some device accumulated statistics in float32 (their
+    /// own rounding then needs a tolerance), else `float64`.
+    pub stats_accumulate: String,
+    /// Op calls of other processes of the same rank, left out.
+    pub skipped_other_pids: u64,
+    /// The oldest schema version among the files read: below 2, the
+    /// `module`, `fwd_seq`, `source` and `name` columns are null.
+    pub schema_version: u32,
+    /// Some op call has a `module` (the job ran `nn.Module`s with
+    /// `OPDUMP_MODULES` on).
+    pub has_modules: bool,
+
+    /// The captured values its tensors name (see [`Dump::capture_of`]).
+    pub captures: Box<dyn CapturedValues>,
+
+    /// Op names, overloads and argument names.
+    pub names: Interner,
+    /// `args`, `error`, `module`, `source` and tensor `name` texts.
+    pub texts: Interner,
+    pub dtypes: Vec<DType>,
+
+    // Op calls, in seq order.
+    /// Everything about a call but its place in the tree and its tensors,
+    /// kept out of memory (see [`OpRow`]).
+    pub ops: Box<dyn Rows<OpRow>>,
+    /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
+    /// that is not in the dump).
+    pub parent: Vec<u32>,
+    pub op: Vec<u32>,
+    pub overload: Vec<u32>,
+    pub t_start: Vec<u32>,
+    pub t_len: Vec<u32>,
+    /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
+    /// seq order.
+    pub child_start: Vec<u32>,
+    pub children: Vec<u32>,
+    /// Op calls without a parent, in seq order.
+    pub roots: Vec<u32>,
+
+    pub tensors: Tensors,
+}
+
+impl Dump {
+    pub fn len(&self) -> usize {
+        self.parent.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parent.is_empty()
+    }
+
+    /// Everything about op call `i` but its tree and tensors, in one read.
+    pub fn op_row(&self, i: u32) -> OpRow {
+        self.ops.get(i as usize)
+    }
+
+    pub fn seq(&self, i: u32) -> i64 {
+        self.op_row(i).seq
+    }
+
+    pub fn step(&self, i: u32) -> i64 {
+        self.op_row(i).step
+    }
+
+    pub fn phase(&self, i: u32) -> Phase {
+        self.op_row(i).phase
+    }
+
+    pub fn depth(&self, i: u32) -> i32 {
+        self.op_row(i).depth
+    }
+
+    /// The op call of seq `s`, when the dump has it (calls are in seq
+    /// order).
+    pub fn find_seq(&self, s: i64) -> Option<u32> {
+        let (mut lo, mut hi) = (0usize, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.seq(mid as u32) < s {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo < self.len() && self.seq(lo as u32) == s).then_some(lo as u32)
+    }
+
+    pub fn op_name(&self, i: u32) -> &str {
+        self.names.get(self.op[i as usize])
+    }
+
+    pub fn overload_name(&self, i: u32) -> &str {
+        self.names.get(self.overload[i as usize])
+    }
+
+    /// `aten::add.Tensor`; the unnamed overload prints without a suffix.
+    pub fn full_name(&self, i: u32) -> String {
+        let (op, ov) = (self.op_name(i), self.overload_name(i));
+        if ov.is_empty() || ov == "default" {
+            op.to_string()
+        } else {
+            format!("{op}.{ov}")
+        }
+    }
+
+    pub fn args_text(&self, i: u32) -> &str {
+        self.texts.get(self.op_row(i).args)
+    }
+
+    pub fn error_text(&self, i: u32) -> Option<&str> {
+        let e = self.op_row(i).error;
+        (e != NO_ID).then(|| self.texts.get(e))
+    }
+
+    /// The module path of the call, when the dump has one.
+    pub fn module_of(&self, i: u32) -> Option<&str> {
+        let m = self.op_row(i).module;
+        (m != NO_ID).then(|| self.texts.get(m))
+    }
+
+    pub fn source_of(&self, i: u32) -> Option<&str> {
+        let s = self.op_row(i).source;
+        (s != NO_ID).then(|| self.texts.get(s))
+    }
+
+    /// The forward call's seq, for a backward call.
+    pub fn fwd_seq_of(&self, i: u32) -> Option<i64> {
+        let s = self.op_row(i).fwd_seq;
+        (s != NO_SEQ).then_some(s)
+    }
+
+    /// The forward call itself, when it is in the dump.
+    pub fn fwd_of(&self, i: u32) -> Option<u32> {
+        let s = self.fwd_seq_of(i)?;
+        self.find_seq(s)
+    }
+
+    /// Where a tensor's captured values are: the capture file and the key
+    /// in it.
+    pub fn capture_of(&self, t: u32) -> Option<(&str, &str)> {
+        let f = *self.tensors.capture_file.get(t as usize)?;
+        let k = *self.tensors.capture_key.get(t as usize)?;
+        (f != NO_ID && k != NO_ID).then(|| (self.texts.get(f), self.texts.get(k)))
+    }
+
+    /// The capture file of op call `i`, when it was captured.
+    pub fn capture_file_of(&self, i: u32) -> Option<&str> {
+        self.tensors_of(i)
+            .find_map(|t| self.capture_of(t).map(|(f, _)| f))
+    }
+
+    /// Whether any call of the dump was captured.
+    pub fn has_captures(&self) -> bool {
+        !self.tensors.capture_file.is_empty()
+    }
+
+    /// The parameter, buffer or `.grad` name of a tensor.
+    pub fn tensor_name(&self, t: u32) -> Option<&str> {
+        if t as usize >= self.tensors.len() {
+            return None;
+        }
+        let n = self.tensors.row(t).name;
+        (n != NO_ID).then(|| self.texts.get(n))
+    }
+
+    pub fn tensors_of(&self, i: u32) -> std::ops::Range<u32> {
+        let s = self.t_start[i as usize];
+        s..s + self.t_len[i as usize]
+    }
+
+    pub fn children_of(&self, i: u32) -> &[u32] {
+        let (s, e) = (
+            self.child_start[i as usize],
+            self.child_start[i as usize + 1],
+        );
+        &self.children[s as usize..e as usize]
+    }
+
+    pub fn parent_of(&self, i: u32) -> Option<u32> {
+        let p = self.parent[i as usize];
+        (p != NONE).then_some(p)
+    }
+
+    /// Ancestors of an op call, outermost first.
+    pub fn ancestors(&self, i: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut cur = self.parent_of(i);
+        while let Some(p) = cur {
+            out.push(p);
+            cur = self.parent_of(p);
+        }
+        out.reverse();
+        out
+    }
+
+    pub fn dtype(&self, t: u32) -> &DType {
+        self.dtype_of(&self.tensors.row(t))
+    }
+
+    /// The dtype of a row already read.
+    pub fn dtype_of(&self, r: &TensorRow) -> &DType {
+        &self.dtypes[r.dtype as usize]
+    }
+
+    pub fn shape(&self, t: u32) -> &[i64] {
+        self.tensors.shapes.get(self.tensors.row(t).shape)
+    }
+
+    pub fn arg_name(&self, t: u32) -> &str {
+        self.names.get(self.tensors.row(t).arg)
+    }
+
+    pub fn list_index(&self, t: u32) -> Option<i32> {
+        let v = self.tensors.row(t).list_index;
+        (v >= 0).then_some(v)
+    }
+
+    /// The alignment signature of an op call: op, overload, and the role and
+    /// shape of each tensor, but not dtypes (a bf16 run must align with an
+    /// fp32 run). Equal across dumps for equal calls.
+    pub fn signature(&self, i: u32) -> u64 {
+        self.signature_with(i, &mut Vec::new())
+    }
+
+    /// [`Dump::signature`], reading the call's rows through `rows` (a
+    /// buffer a pass over every call reuses).
+    pub fn signature_with(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
+        let mut h = self.name_signature(i);
+        self.tensors.rows_of(self.tensors_of(i), rows);
+        for r in rows.iter() {
+            h = mix(h, r.role as u64);
+            h = mix(h, self.tensors.shapes.hash(r.shape));
+        }
+        h
+    }
+
+    /// Op and overload only: the looser key used to pair calls whose shapes
+    /// differ.
+    pub fn name_signature(&self, i: u32) -> u64 {
+        mix(
+            self.names.hash(self.op[i as usize]),
+            self.names.hash(self.overload[i as usize]),
+        )
+    }
+
+    /// What a reader should know about a dump of an older schema: said
+    /// once per dump, in the report's notes.
+    pub fn schema_note(&self) -> Option<String> {
+        (self.schema_version < 2).then(|| {
+            format!(
+                "{}: schema version {}, written before opdump recorded where in the model a call ran: no module, fwd_seq, source or name",
+                self.path.display(),
+                self.schema_version
+            )
+        })
+    }
+
+    /// Steps present among the roots, sorted.
+    pub fn steps(&self) -> Vec<i64> {
+        let mut s: Vec<i64> = self.roots.iter().map(|&r| self.step(r)).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+}

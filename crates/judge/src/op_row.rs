@@ -1,0 +1,47 @@
+//! What an op call holds besides its place in the call tree, as a
+//! fixed-size row that a dump's [`crate::Rows`] may keep out of memory:
+//! read in order by the passes over all calls, and for the few calls a
+//! report shows.
+
+use opdump_format::Phase;
+
+use crate::intern::NO_ID;
+
+/// A null seq (`fwd_seq` of a call outside backward).
+pub const NO_SEQ: i64 = i64::MIN;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpRow {
+    pub seq: i64,
+    pub step: i64,
+    /// Backward calls: the seq of the forward call that made the autograd
+    /// node being run; [`NO_SEQ`] when null.
+    pub fwd_seq: i64,
+    pub depth: i32,
+    pub phase: Phase,
+    /// Id in the dump's texts of the call's `args`.
+    pub args: u32,
+    /// `NO_ID` when the op did not raise.
+    pub error: u32,
+    /// Id in the dump's texts of the innermost module running the call (its
+    /// forward's, for a backward call); `NO_ID` outside any.
+    pub module: u32,
+    /// Id in the dump's texts of the user's source line (`OPDUMP_SOURCE=1`).
+    pub source: u32,
+}
+
+impl Default for OpRow {
+    fn default() -> Self {
+        OpRow {
+            seq: 0,
+            step: 0,
+            fwd_seq: NO_SEQ,
+            depth: 0,
+            phase: Phase::Forward,
+            args: NO_ID,
+            error: NO_ID,
+            module: NO_ID,
+            source: NO_ID,
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Reads a dump's Parquet files into the judge's in-memory [`Dump`]: the
+//! one reader of the format (the CLI's `compare`, `summary` and `ranks`
+//! read through it).
+//!
+//! - [`read`]: finds a dump's files ([`scan`]) and loads one rank ([`load`]);
+//! - [`spill`]: where a large dump's rows wait, out of memory;
+//! - [`captures`]: the capture files a dump names, opened on first use;
+//! - [`panic_guard`]: a decoder's panic on a malformed file becomes an error.
+//!
+//! [`Dump`]: opdump_judge::Dump
+
+pub mod captures;
+pub mod error;
+pub mod panic_guard;
+pub mod read;
+mod row_bytes;
+pub mod spill;
+
+pub use error::{Error, Result};
+pub use read::{load, scan, DumpIndex, FileInfo};
