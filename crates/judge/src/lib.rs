@@ -34,6 +34,7 @@ pub mod sketch;
 pub mod tensor_row;
 pub mod tolerance;
 pub mod verdict;
+pub mod vote;
 
 pub use align::{align, Alignment, Filter, Pair};
 pub use captured::{CapturedValues, NoCaptures};
