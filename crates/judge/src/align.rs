@@ -426,6 +426,28 @@ fn roots_matched_of_larger(ca: [u64; 3], cb: [u64; 3], exact: [u64; 3]) -> (u64,
 }
 
 impl Alignment {
+    /// The pairs in groups of one (step, phase) of A's calls each, in
+    /// order: ranges of [`Alignment::pairs`], for [`crate::Judge::push`].
+    pub fn groups(&self, a: &Dump) -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut key = None;
+        for (k, p) in self.pairs.iter().enumerate() {
+            let row = a.op_row(p.a);
+            let this = Some((row.step, row.phase));
+            if key != this {
+                if k > start {
+                    out.push(start..k);
+                }
+                (start, key) = (k, this);
+            }
+        }
+        if self.pairs.len() > start {
+            out.push(start..self.pairs.len());
+        }
+        out
+    }
+
     /// Top-level calls matched, and how many the larger side has, in the
     /// groups both sides have: what tells two runs of one program from two
     /// programs. Judged on the model's calls (forward and backward) when

@@ -188,69 +188,33 @@ pub fn compare_dumps(
     let t0 = std::time::Instant::now();
     check_alignment(&a, &b, &alignment, force, &mut notes)?;
 
-    let Judged {
-        mut verdict,
-        out_err,
-        amplification,
-        excess,
-        input_taint,
-        input_taint_own,
-        verified,
-        tensor_counts,
-        dtype_differs,
-        unmatched_change,
-        consumed_tainted,
-    } = judge_pairs(&Ctx::new(&a, &b, &tol), &alignment, progress);
-    let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
-    let tree = PairTree {
-        a: &a,
-        pairs: &alignment.pairs,
-        pair_of_a: &pair_of_a,
+    let j = {
+        let mut judge = Judge::new(&a, &b, &alignment, &tol, top);
+        for group in alignment.groups(&a) {
+            judge.push(group, progress);
+        }
+        judge.finish()
     };
-    mark_absorbed(&tree, &verified, &consumed_tainted, &mut verdict);
-    let mut op_counts = [0u64; OpVerdict::ALL.len()];
-    for &v in &verdict {
-        op_counts[v as usize] += 1;
-    }
-    // Pairs are sorted by A's index, which is seq order.
-    let first_divergence = verdict.iter().position(|v| v.diverged());
-    let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
-    let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
-    let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
-    let headline = headline(first_introduced, &top_introduced, &excess);
-    top_introduced.truncate(top);
-    let first_unmatched_change = unmatched_change
-        .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
-        .map(|ch| UnmatchedChange {
-            b_op: changer_only_in_b(&b, &alignment, ch.after, b.seq(alignment.pairs[ch.pair].b)),
-            ..ch
-        })
-        .filter(|ch| {
-            ch.b_op
-                .is_none_or(|op| !in_place_with_counterpart_in_a(&a, &b, &alignment, op))
-        });
-
     progress.finish();
     progress.stage_done("measure", t0);
-    let tensor_pairs = tensor_counts.iter().sum();
     Ok(Compared {
         a,
         b,
         alignment,
         tol,
-        verdict,
-        out_err,
-        input_taint,
-        input_taint_own,
-        tensor_counts,
-        op_counts,
-        tensor_pairs,
-        dtype_differs,
-        first_divergence,
-        first_introduced,
-        headline,
-        top_introduced,
-        first_unmatched_change,
+        verdict: j.verdict,
+        out_err: j.out_err,
+        input_taint: j.input_taint,
+        input_taint_own: j.input_taint_own,
+        tensor_pairs: j.tensor_counts.iter().sum(),
+        tensor_counts: j.tensor_counts,
+        op_counts: j.op_counts,
+        dtype_differs: j.dtype_differs,
+        first_divergence: j.first_divergence,
+        first_introduced: j.first_introduced,
+        headline: j.headline,
+        top_introduced: j.top_introduced,
+        first_unmatched_change: j.first_unmatched_change,
         notes,
     })
 }
@@ -343,82 +307,238 @@ struct Judged {
 /// Pairs measured per batch handed from the measuring thread.
 const MEASURE_BATCH: usize = 4096;
 
-/// Measures and judges every pair. Judged in A's call order, so that every
-/// input's producer comes first; measuring needs no order and runs ahead on
-/// a second thread.
-fn judge_pairs(ctx: &Ctx<'_>, alignment: &Alignment, progress: &dyn Observer) -> Judged {
-    let pairs = &alignment.pairs[..];
-    let n = pairs.len();
-    let mut j = Judged {
-        verdict: vec![OpVerdict::Ok; n],
-        out_err: vec![0f32; n],
-        amplification: vec![0f32; n],
-        excess: vec![0f32; n],
-        input_taint: vec![0f32; ctx.a.tensors.len()],
-        input_taint_own: vec![false; ctx.a.tensors.len()],
-        verified: vec![false; n],
-        tensor_counts: [0u64; TensorVerdict::ALL.len()],
-        dtype_differs: 0,
-        unmatched_change: None,
-        consumed_tainted: Vec::new(),
-    };
-    let mut prov = Provenance::with_capacity(ctx.a.tensors.len() / 2);
-    let mut one_sided = OneSided::new(ctx.a, ctx.b, alignment);
-    std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
-        // Judged batches go back to be refilled: no allocation per pair.
-        let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
-        s.spawn(move || {
-            for chunk in pairs.chunks(MEASURE_BATCH) {
-                let mut batch = back_rx.try_recv().unwrap_or_default();
-                batch.resize_with(chunk.len(), OpCmp::default);
-                for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
-                    cmp.reset();
-                    ctx.measure(p.a, p.b, cmp);
-                }
-                if tx.send(batch).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut k = 0usize;
-        // Set from inside `judge`'s callback, which may not mutate.
-        let first_change = Cell::new(None);
-        let consumed_tainted = RefCell::new(Vec::new());
-        for mut batch in rx {
-            for cmp in batch.iter_mut() {
-                ctx.judge(cmp, |tc| {
-                    let found = find_producer(&prov, tc);
-                    if let Some(f) = found.filter(|f| f.taint > 0.0) {
-                        consumed_tainted.borrow_mut().push((k as u32, f.producer));
-                    }
-                    input_taint_from(ctx, found, &one_sided, tc, k, &first_change)
-                });
-                j.record(k, cmp, &mut prov);
-                for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
-                    if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
-                        // The rows as the measuring thread read them: this
-                        // thread reads no chunk of the dumps for them.
-                        let rows = tc.ta.and_then(|ta| cmp.rows(ta, tb));
-                        let rb = rows.map_or_else(|| ctx.b.tensors.row(tb), |r| *r.1);
-                        let err = ctx.own_relative_error_of(tc, |ta| {
-                            rows.map_or_else(|| ctx.a.tensors.row(ta), |r| *r.0)
-                        });
-                        one_sided.register(ctx.b, tc.key.1, (tb, &rb), err, tc.taint);
-                    }
-                }
-                if k.is_multiple_of(65536) {
-                    progress.update(&|| format!("measuring: {k}/{n} op pairs"));
-                }
-                k += 1;
-            }
-            // Kept whole: the next batch reuses each OpCmp's buffers.
-            let _ = back_tx.send(batch);
+/// What the judge decided about every pair, for [`Compared`].
+pub struct Judgement {
+    /// Per pair (index into the alignment's pairs).
+    pub verdict: Vec<OpVerdict>,
+    /// Per pair: the largest relative error of an output.
+    pub out_err: Vec<f32>,
+    /// Per tensor of A: the taint an input had.
+    pub input_taint: Vec<f32>,
+    /// Per tensor of A: that taint was the input's own error.
+    pub input_taint_own: Vec<bool>,
+    /// Tensor pairs by verdict.
+    pub tensor_counts: [u64; TensorVerdict::ALL.len()],
+    /// Pairs by verdict.
+    pub op_counts: [u64; OpVerdict::ALL.len()],
+    /// Tensor pairs whose dtypes differ.
+    pub dtype_differs: u64,
+    /// The first pair whose outputs diverged.
+    pub first_divergence: Option<usize>,
+    /// The first introduced pair in call order, the deepest inside it.
+    pub first_introduced: Option<usize>,
+    /// The pair the verdict names (see [`headline`]).
+    pub headline: Option<usize>,
+    /// Introduced pairs without an introduced descendant, by amplification.
+    pub top_introduced: Vec<usize>,
+    /// A change made by calls only in B, when it is the first cause.
+    pub first_unmatched_change: Option<UnmatchedChange>,
+}
+
+/// Judges the aligned pairs of two dumps one (step, phase) group at a
+/// time ([`Judge::push`]), in A's call order, so that every input's
+/// producer is judged before its consumers; [`Judge::finish`] then finds
+/// the first divergence, the first introduced one and the headline. What
+/// a group's outputs taint stays known to the groups after it (a backward
+/// reads what the forward made).
+pub struct Judge<'d> {
+    ctx: Ctx<'d>,
+    alignment: &'d Alignment,
+    top: usize,
+    judged: Judged,
+    prov: Provenance,
+    one_sided: OneSided,
+    /// Pairs judged so far: the next group starts here.
+    next: usize,
+}
+
+impl<'d> Judge<'d> {
+    /// A judge of `alignment`'s pairs of `a` and `b`, keeping the `top`
+    /// introduced ops for the top list.
+    pub fn new(
+        a: &'d Dump,
+        b: &'d Dump,
+        alignment: &'d Alignment,
+        tol: &'d Tolerances,
+        top: usize,
+    ) -> Self {
+        let n = alignment.pairs.len();
+        Judge {
+            ctx: Ctx::new(a, b, tol),
+            alignment,
+            top,
+            judged: Judged {
+                verdict: vec![OpVerdict::Ok; n],
+                out_err: vec![0f32; n],
+                amplification: vec![0f32; n],
+                excess: vec![0f32; n],
+                input_taint: vec![0f32; a.tensors.len()],
+                input_taint_own: vec![false; a.tensors.len()],
+                verified: vec![false; n],
+                tensor_counts: [0u64; TensorVerdict::ALL.len()],
+                dtype_differs: 0,
+                unmatched_change: None,
+                consumed_tainted: Vec::new(),
+            },
+            prov: Provenance::with_capacity(a.tensors.len() / 2),
+            one_sided: OneSided::new(a, b, alignment),
+            next: 0,
         }
-        j.unmatched_change = first_change.get();
-        j.consumed_tainted = consumed_tainted.into_inner();
-    });
-    j
+    }
+
+    /// Measures and judges the pairs of one group (a range of the
+    /// alignment's pairs, as [`Alignment::groups`] gives them). Groups come
+    /// in order; pairs before `group.end` that an earlier push left out
+    /// are judged now, and pairs judged already are not judged again.
+    /// Measuring needs no order and runs ahead on a second thread.
+    pub fn push(&mut self, group: std::ops::Range<usize>, progress: &dyn Observer) {
+        let end = group.end.min(self.alignment.pairs.len());
+        if end <= self.next {
+            return;
+        }
+        let (start, n) = (self.next, self.alignment.pairs.len());
+        let pairs = &self.alignment.pairs[start..end];
+        let Judge {
+            ctx,
+            judged: j,
+            prov,
+            one_sided,
+            ..
+        } = self;
+        let ctx = &*ctx;
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
+            // Judged batches go back to be refilled: no allocation per pair.
+            let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
+            s.spawn(move || {
+                for chunk in pairs.chunks(MEASURE_BATCH) {
+                    let mut batch = back_rx.try_recv().unwrap_or_default();
+                    batch.resize_with(chunk.len(), OpCmp::default);
+                    for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
+                        cmp.reset();
+                        ctx.measure(p.a, p.b, cmp);
+                    }
+                    if tx.send(batch).is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut k = start;
+            // Set from inside `judge`'s callback, which may not mutate.
+            let first_change = Cell::new(j.unmatched_change);
+            let consumed_tainted = RefCell::new(std::mem::take(&mut j.consumed_tainted));
+            for mut batch in rx {
+                for cmp in batch.iter_mut() {
+                    ctx.judge(cmp, |tc| {
+                        let found = find_producer(prov, tc);
+                        if let Some(f) = found.filter(|f| f.taint > 0.0) {
+                            consumed_tainted.borrow_mut().push((k as u32, f.producer));
+                        }
+                        input_taint_from(ctx, found, one_sided, tc, k, &first_change)
+                    });
+                    j.record(k, cmp, prov);
+                    register_outputs(ctx, cmp, one_sided);
+                    if k.is_multiple_of(65536) {
+                        progress.update(&|| format!("measuring: {k}/{n} op pairs"));
+                    }
+                    k += 1;
+                }
+                // Kept whole: the next batch reuses each OpCmp's buffers.
+                let _ = back_tx.send(batch);
+            }
+            j.unmatched_change = first_change.get();
+            j.consumed_tainted = consumed_tainted.into_inner();
+        });
+        self.next = end;
+    }
+
+    /// Judges what no push reached, then finds what a report names: the
+    /// absorbed divergences, the first divergence, the first introduced,
+    /// the headline and the top list.
+    pub fn finish(mut self) -> Judgement {
+        self.push(0..self.alignment.pairs.len(), &crate::observer::Silent);
+        let Judge {
+            ctx,
+            alignment,
+            top,
+            judged,
+            ..
+        } = self;
+        let (a, b) = (ctx.a, ctx.b);
+        let Judged {
+            mut verdict,
+            out_err,
+            amplification,
+            excess,
+            input_taint,
+            input_taint_own,
+            verified,
+            tensor_counts,
+            dtype_differs,
+            unmatched_change,
+            consumed_tainted,
+        } = judged;
+        let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
+        let tree = PairTree {
+            a,
+            pairs: &alignment.pairs,
+            pair_of_a: &pair_of_a,
+        };
+        mark_absorbed(&tree, &verified, &consumed_tainted, &mut verdict);
+        let mut op_counts = [0u64; OpVerdict::ALL.len()];
+        for &v in &verdict {
+            op_counts[v as usize] += 1;
+        }
+        // Pairs are sorted by A's index, which is seq order.
+        let first_divergence = verdict.iter().position(|v| v.diverged());
+        let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
+        let first_introduced =
+            first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
+        let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
+        let headline = headline(first_introduced, &top_introduced, &excess);
+        top_introduced.truncate(top);
+        let first_unmatched_change = unmatched_change
+            .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
+            .map(|ch| UnmatchedChange {
+                b_op: changer_only_in_b(b, alignment, ch.after, b.seq(alignment.pairs[ch.pair].b)),
+                ..ch
+            })
+            .filter(|ch| {
+                ch.b_op
+                    .is_none_or(|op| !in_place_with_counterpart_in_a(a, b, alignment, op))
+            });
+        Judgement {
+            verdict,
+            out_err,
+            input_taint,
+            input_taint_own,
+            tensor_counts,
+            op_counts,
+            dtype_differs,
+            first_divergence,
+            first_introduced,
+            headline,
+            top_introduced,
+            first_unmatched_change,
+        }
+    }
+}
+
+/// Registers the aligned outputs of a judged pair that unaligned calls may
+/// read (see `one_sided`).
+fn register_outputs(ctx: &Ctx<'_>, cmp: &OpCmp, one_sided: &mut OneSided) {
+    for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
+        if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
+            // The rows as the measuring thread read them: this
+            // thread reads no chunk of the dumps for them.
+            let rows = tc.ta.and_then(|ta| cmp.rows(ta, tb));
+            let rb = rows.map_or_else(|| ctx.b.tensors.row(tb), |r| *r.1);
+            let err = ctx.own_relative_error_of(tc, |ta| {
+                rows.map_or_else(|| ctx.a.tensors.row(ta), |r| *r.0)
+            });
+            one_sided.register(ctx.b, tc.key.1, (tb, &rb), err, tc.taint);
+        }
+    }
 }
 
 /// The aligned producer of input `tc`, when its statistics name one.
