@@ -388,7 +388,8 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opdump_format::reader::{list_files, read_records};
+    use opdump_format::reader::list_files;
+    use opdump_testkit::records::read_records;
     use opdump_format::{Phase, Stats, StatsStatus, TensorRecord};
 
     static NEVER: AtomicBool = AtomicBool::new(false);

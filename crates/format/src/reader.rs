@@ -10,10 +10,7 @@ use crate::error::{Error, Result};
 use crate::regular::not_regular;
 use crate::schema::{meta, MIN_READABLE_SCHEMA_VERSION, SCHEMA_VERSION};
 
-mod records;
-
 pub use crate::regular::open_regular;
-pub use records::read_records;
 
 /// One visible file of a dump, with the partition keys of its directory.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use opdump_format::reader::{file_metadata, list_files, read_records};
+use opdump_format::reader::{file_metadata, list_files};
+use opdump_testkit::records::read_records;
 use opdump_format::schema::meta;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,

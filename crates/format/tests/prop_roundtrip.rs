@@ -14,7 +14,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use opdump_format::reader::{list_files, read_records};
+use opdump_format::reader::list_files;
+use opdump_testkit::records::read_records;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
 };

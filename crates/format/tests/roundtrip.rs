@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use opdump_format::reader::{file_metadata, list_files, read_records};
+use opdump_format::reader::{file_metadata, list_files};
+use opdump_testkit::records::read_records;
 use opdump_format::schema::meta;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,

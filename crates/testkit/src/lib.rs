@@ -2,5 +2,6 @@
 //! writes them, for tests and the benchmark.
 
 pub mod ranks_job;
+pub mod records;
 pub mod synth;
 pub mod synth_chain;

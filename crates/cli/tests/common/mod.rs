@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use opdump_format::reader::{list_files, read_records};
+use opdump_format::reader::list_files;
+use opdump_testkit::records::read_records;
 use opdump_format::{OpRecord, Phase};
 use opdump_judge::align::{align, Alignment, Filter};
 use opdump_judge::dump::Dump;

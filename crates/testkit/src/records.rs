@@ -1,6 +1,6 @@
 //! Reading a whole file back into records, rows of one op call joined
-//! again. Meant for tests and small dumps; `opdump compare` streams columns
-//! instead.
+//! again: an independent reader for tests (the loader, opdump-load, streams
+//! columns into the judge's model instead).
 
 use std::path::Path;
 
@@ -10,10 +10,10 @@ use arrow_array::{
     Array, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch, StringArray, UInt64Array,
 };
 
-use crate::error::{Error, Result};
-use crate::reader::open_batches;
-use crate::record::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
-use crate::schema::{check_types, col};
+use opdump_format::error::{Error, Result};
+use opdump_format::reader::open_batches;
+use opdump_format::record::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
+use opdump_format::schema::{check_types, col};
 
 /// Reads the file at `path` into records, in file order.
 pub fn read_records(path: &Path) -> Result<Vec<OpRecord>> {
