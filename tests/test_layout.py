@@ -39,16 +39,10 @@ def write_tree(root, files):
     return root
 
 
-# crates/cli is being laid out in folders (issue 33) and still has circles.
-CLI_PENDING = pytest.mark.xfail(
-    strict=False, reason="issue 33: crates/cli still has import circles while it moves into folders"
-)
 CRATES = sorted(p.parent.name for p in (REPO / "crates").glob("*/src")) + ["opdump"]
 
 
-@pytest.mark.parametrize(
-    "crate", [pytest.param(c, marks=CLI_PENDING) if c == "cli" else c for c in CRATES]
-)
+@pytest.mark.parametrize("crate", CRATES)
 def test_no_import_circle_between_the_files_of_a_crate(crate):
     assert cycles_of(crate_src(crate)) == []
 

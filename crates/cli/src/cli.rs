@@ -11,7 +11,6 @@ use opdump_judge::Filter;
 use regex::Regex;
 
 use crate::app::error::{CliError, Result};
-use crate::commands::compare::CompareOptions;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -143,6 +142,18 @@ pub(crate) fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
                 "--steps {s:?}: {why}; expected steps like 3, 0-2 or 0-2,5"
             ))
         })
+}
+
+/// What to compare, and how.
+pub(crate) struct CompareOptions {
+    pub dump_a: PathBuf,
+    pub dump_b: PathBuf,
+    pub rank: Option<u32>,
+    pub filter: Filter,
+    pub tol: Tolerances,
+    pub top: usize,
+    /// Compare even when the dumps look like different programs.
+    pub force: bool,
 }
 
 /// The calls `compare` looks at: `--steps` and `--ignore`.

@@ -1,30 +1,16 @@
 //! `opdump compare`: finds both dumps' files, picks the rank, loads both in
 //! parallel, and hands them to the judge.
 
-use std::path::PathBuf;
-
-use opdump_judge::{compare_dumps, CompareSettings, Compared, Filter, Tolerances};
+use opdump_judge::{compare_dumps, CompareSettings, Compared};
 use opdump_load::{load, scan, DumpIndex};
 
 use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::{timing, Progress};
-use crate::cli::CompareArgs;
+use crate::cli::{CompareArgs, CompareOptions};
 use crate::report::model::{AlignedPairs, CompareReport};
 use crate::report::{html, json, parquet, terminal};
-
-/// What to compare, and how.
-pub(crate) struct CompareOptions {
-    pub dump_a: PathBuf,
-    pub dump_b: PathBuf,
-    pub rank: Option<u32>,
-    pub filter: Filter,
-    pub tol: Tolerances,
-    pub top: usize,
-    /// Compare even when the dumps look like different programs.
-    pub force: bool,
-}
 
 /// Picks the rank to compare.
 fn choose_rank(

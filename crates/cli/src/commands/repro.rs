@@ -19,8 +19,9 @@ use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print;
 use crate::app::progress::Progress;
+use crate::cli::CompareOptions;
 use crate::cli::ReproArgs;
-use crate::commands::compare::{self, CompareOptions};
+use crate::commands::compare;
 use opdump_judge::dump::Dump;
 
 /// The script, the same for every call: it reads `call.json` beside it.

@@ -1,8 +1,9 @@
 //! Reports: the data model, and its forms (text, JSON, HTML, Parquet).
 
-pub mod html;
-pub mod json;
-pub mod model;
-pub mod parquet;
-pub mod summary_text;
-pub mod terminal;
+pub(crate) mod html;
+pub(crate) mod json;
+pub(crate) mod model;
+pub(crate) mod parquet;
+pub(crate) mod summary;
+pub(crate) mod summary_text;
+pub(crate) mod terminal;

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::terminal::{num, thousands};
 use crate::app::text::{clean, Clean};
-use crate::commands::summary::{OpSite, RankSummary, SummaryReport};
+use crate::report::summary::{OpSite, RankSummary, SummaryReport};
 
 const TOP_OPS: usize = 30;
 const TOP_MODULES: usize = 40;
