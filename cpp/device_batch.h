@@ -1,0 +1,126 @@
+// The batches of device measurements (device_batches.cpp): the open batch of
+// each device and stream, which stages small tensors and collects the rows of
+// its measurements, and the closed batches in flight to the host, which
+// opdump-device completes (device_complete.cpp). See device_stats.h.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include "opdump/cpp/device_stats.h"
+
+namespace opdump {
+
+struct DeviceResult {
+  // All guarded by g.results.
+  bool done = false;
+  bool ok = false;
+  TensorStats stats{};
+  SignatureValues signature;
+  struct Waiter {
+    std::shared_ptr<PendingCall> call;
+    size_t row;
+    StatsStatus status;
+    int64_t repeat;
+    bool signature;
+  };
+  std::vector<Waiter> waiters;
+};
+
+
+namespace devstats {
+
+// Staging: one float64 buffer per open batch, and at a batch's close a few
+// temporaries of its size (segment_rows: at most about 41 bytes an element
+// at once, the buffer included), within the same budget.
+constexpr int64_t kStageElements = kDeviceScratchBytes / 64;
+constexpr int64_t kStageMaxElements = kStageElements / 4;
+constexpr size_t kBatchResults = 256;
+constexpr size_t kMaxInFlight = 4;
+
+struct Settings {
+  bool sync = false;
+  bool block = true;
+  std::chrono::milliseconds wait{10000};
+};
+
+// OPDUMP_DEVICE_SYNC and the OPDUMP_QUEUE_FULL rules, read once.
+const Settings& settings();
+
+struct Batch {
+  uint64_t id = 0;
+  c10::Device device;
+  c10::Stream stream;
+  at::Tensor probe;  // an empty tensor on the device, to ask about captures
+  std::vector<at::Tensor> rows;  // one [kFields] tensor per piece, on the device
+  // One [kSignatureHead + K] tensor per signature piece (signature_row), on the device.
+  std::vector<at::Tensor> sig_rows;
+  at::Tensor stage;              // the staged tensors, one after the other
+  std::vector<int64_t> lengths;  // elements of each staged tensor
+  int64_t staged = 0;
+  struct Part {
+    DeviceResultPtr result;
+    int64_t first;                     // its first piece row, or
+    int64_t segment;                   // its segment of the staging buffer (-1: none)
+    std::vector<int64_t> piece_numel;  // elements of each of its pieces (or of the tensor)
+    int64_t sig_first = -1;            // its first signature row (-1: none)
+    int64_t sig_count = 0;
+  };
+  std::vector<Part> parts;
+  // Set when the batch closes: the rows of the pieces, then those of the
+  // segments.
+  int64_t piece_rows = 0;
+  int64_t stats_values = 0;  // the host copy: the statistics rows, then the signature rows
+  int sig_k = 0;
+  at::Tensor lengths_host;
+  at::Tensor device_rows;
+  at::Tensor host;
+  std::optional<c10::Event> event;
+  bool failed = false;
+
+  Batch(c10::Device d, c10::Stream s) : device(d), stream(s) {}
+};
+
+// The shared state lives for the whole process and is never destroyed: at
+// exit opdump-device still waits on g.changed (destroying a condition
+// variable with a waiter blocks), and the batches hold device tensors that
+// must not be freed after torch has gone.
+struct State {
+  std::mutex mutex;  // the open batches, the batches in flight, stalled
+  std::condition_variable changed;
+  std::vector<std::unique_ptr<Batch>> open;  // one per device and stream
+  std::deque<std::unique_ptr<Batch>> in_flight;
+  bool stalled = false;  // a wait for room timed out; no more waits until room is made
+  bool thread_started = false;
+  uint64_t next_id = 1;
+  std::mutex results;  // DeviceResult's fields
+};
+extern State& g;
+
+// ---- batches (g.mutex held) -------------------------------------------------
+
+// Room for one more batch in flight, waiting for it under the queue rules.
+bool make_room(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline);
+// The open batch of (d, s), or g.open.end().
+std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stream s);
+// Hands the open batch `it` to opdump-device (there must be room in flight).
+void close(std::vector<std::unique_ptr<Batch>>::iterator it);
+// Closes the open batch of (d, s) and waits until it has come back.
+void close_and_wait(std::unique_lock<std::mutex>& lock, c10::Device d, c10::Stream s);
+
+// opdump-device's loop (device_complete.cpp), started at the first close.
+void completion_loop();
+
+}  // namespace devstats
+}  // namespace opdump
