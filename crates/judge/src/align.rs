@@ -45,14 +45,18 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Whether step `s` is among the selected steps.
     pub fn step_selected(&self, s: i64) -> bool {
         self.steps.is_empty() || self.steps.iter().any(|&(lo, hi)| lo <= s && s <= hi)
     }
 }
 
+/// An aligned pair of op calls: the same call in both runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pair {
+    /// The call in A (index into A's calls).
     pub a: u32,
+    /// The call in B (index into B's calls).
     pub b: u32,
     /// Paired by name only: some shapes differ.
     pub loose: bool,
@@ -64,23 +68,32 @@ pub struct Alignment {
     pub pairs: Vec<Pair>,
     /// For each op of A, its match in B (or `NONE`), and the reverse.
     pub a_match: Vec<u32>,
+    /// Per call of B: its partner in A, or `NONE`.
     pub b_match: Vec<u32>,
     /// Roots of unmatched subtrees (sorted), and the op calls they hold.
     pub only_a: Vec<u32>,
+    /// Roots of the subtrees only in B.
     pub only_b: Vec<u32>,
+    /// Calls only in A, subtrees counted whole.
     pub only_a_calls: u64,
+    /// Calls only in B, subtrees counted whole.
     pub only_b_calls: u64,
     /// Steps whose roots appear on one side only.
     pub steps_only_a: Vec<i64>,
+    /// Steps only B has.
     pub steps_only_b: Vec<i64>,
     /// Per phase (forward, backward, optimizer): roots in groups present on
     /// both sides, on each side, and those matched with equal signatures.
     pub common_roots_a: [u64; 3],
+    /// Roots of B in a (step, phase) group A has too, per phase.
     pub common_roots_b: [u64; 3],
+    /// Roots paired by signature (not loosely), per phase.
     pub roots_matched_exact: [u64; 3],
     /// Op calls left out by `--ignore`, on each side (subtrees included).
     pub ignored_a: u64,
+    /// Calls of B left out by the filter.
     pub ignored_b: u64,
+    /// What the diff did (regions given up, and their calls).
     pub diff_stats: DiffStats,
     /// The dumps share no step number, so steps were not used to group.
     pub steps_ignored: bool,
@@ -594,6 +607,7 @@ fn sorted_unique(mut v: Vec<u32>) -> Vec<u32> {
     v
 }
 
+/// Aligns the calls of `a` and `b` that `filter` selects: roots by (step, phase) group, then their children, recursively.
 pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Alignment {
     progress.phase("aligning: signatures");
     // Module paths take part when both dumps have them (a dump of schema 1,

@@ -19,7 +19,9 @@ use crate::verdict::{OpVerdict, TensorVerdict};
 /// How two loaded dumps are compared: the options other than which dumps
 /// and which rank.
 pub struct CompareSettings {
+    /// Which calls take part.
     pub filter: Filter,
+    /// The tolerance model.
     pub tol: Tolerances,
     /// How many introduced ops the top list keeps.
     pub top: usize,
@@ -29,12 +31,17 @@ pub struct CompareSettings {
 
 /// Everything a report needs.
 pub struct Compared {
+    /// The first dump, the reference.
     pub a: Dump,
+    /// The second dump, under test.
     pub b: Dump,
+    /// How their calls pair.
     pub alignment: Alignment,
+    /// The tolerance model used.
     pub tol: Tolerances,
     /// Per pair (index into `alignment.pairs`).
     pub verdict: Vec<OpVerdict>,
+    /// Per pair: the largest relative error of an output.
     pub out_err: Vec<f32>,
     /// Per tensor of A: the taint an input had (see `provenance`), so a
     /// report recomputes the same verdicts.
@@ -42,10 +49,15 @@ pub struct Compared {
     /// Per tensor of A: that taint was the input's own error (see
     /// [`Taint::own`]).
     pub input_taint_own: Vec<bool>,
+    /// Tensor pairs by verdict (index: `TensorVerdict as usize`).
     pub tensor_counts: [u64; TensorVerdict::ALL.len()],
+    /// Pairs by verdict (index: `OpVerdict as usize`).
     pub op_counts: [u64; OpVerdict::ALL.len()],
+    /// Tensor pairs compared.
     pub tensor_pairs: u64,
+    /// Tensor pairs whose dtypes differ.
     pub dtype_differs: u64,
+    /// The first pair whose outputs diverged, in call order.
     pub first_divergence: Option<usize>,
     /// The first introduced op in call order (the deepest introduced op
     /// inside the first introduced subtree).
@@ -60,6 +72,7 @@ pub struct Compared {
     /// when that is the first cause of the divergence (see
     /// `changed_only_in_b`).
     pub first_unmatched_change: Option<UnmatchedChange>,
+    /// What a reader of the report should know (said once each).
     pub notes: Vec<String>,
 }
 
@@ -73,17 +86,21 @@ pub struct UnmatchedChange {
     pub b_op: Option<u32>,
     /// B's tensor as its aligned producer made it, and as consumed.
     pub before: u32,
+    /// B's tensor as the consumer read it.
     pub after: u32,
     /// Lower bound on the relative change, and the consumer's tolerance.
     pub rel_change: f64,
+    /// The consumer's tolerance.
     pub tolerance: f64,
 }
 
 impl Compared {
+    /// The measuring context of the two dumps.
     pub fn ctx(&self) -> Ctx<'_> {
         Ctx::new(&self.a, &self.b, &self.tol)
     }
 
+    /// The verdict of pair `pair`.
     pub fn op_verdict(&self, pair: usize) -> OpVerdict {
         self.verdict[pair]
     }
@@ -96,6 +113,7 @@ impl Compared {
         cmp
     }
 
+    /// [`Compared::detail`] into `cmp`, with a context made once.
     pub fn detail_into(&self, pair: usize, ctx: &Ctx<'_>, cmp: &mut OpCmp) {
         let p = self.alignment.pairs[pair];
         ctx.measure(p.a, p.b, cmp);
@@ -107,6 +125,7 @@ impl Compared {
         });
     }
 
+    /// Whether some output diverged.
     pub fn divergence_found(&self) -> bool {
         self.first_divergence.is_some()
     }
@@ -492,8 +511,7 @@ impl<'d> Judge<'d> {
         // Pairs are sorted by A's index, which is seq order.
         let first_divergence = verdict.iter().position(|v| v.diverged());
         let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
-        let first_introduced =
-            first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
+        let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
         let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
         let headline = headline(first_introduced, &top_introduced, &excess);
         top_introduced.truncate(top);

@@ -8,6 +8,7 @@ pub enum Kind {
     Float,
     /// Integers: exact, so any difference is real.
     Int,
+    /// `bool`: exact.
     Bool,
     /// Unknown name: treated like an exact type.
     Other,
@@ -19,12 +20,14 @@ pub struct DType {
     /// As in the dump, e.g. `float32`. Shared: comparisons copy the compute
     /// dtype of every op pair.
     pub name: std::sync::Arc<str>,
+    /// Float, integer, bool or unknown.
     pub kind: Kind,
     /// Unit roundoff (half an ulp at 1.0) for floats, 0 for exact types.
     pub unit_roundoff: f64,
 }
 
 impl DType {
+    /// The dtype of a name as a dump writes it (`float32`, `torch.bfloat16`, `bf16`).
     pub fn parse(name: &str) -> DType {
         let canon = canonical(name);
         let (kind, u) = match canon {
@@ -69,6 +72,7 @@ impl DType {
         FLOATS.contains(&c) || EXACT.contains(&c)
     }
 
+    /// Whether it is a floating-point dtype.
     pub fn is_float(&self) -> bool {
         self.kind == Kind::Float
     }
@@ -78,6 +82,7 @@ impl DType {
         matches!(self.kind, Kind::Int | Kind::Bool)
     }
 
+    /// torch's name of the dtype (`bfloat16` for `bf16`).
     pub fn canonical(&self) -> &str {
         canonical(&self.name)
     }

@@ -18,6 +18,7 @@ use crate::op_row::{OpRow, NO_SEQ};
 use crate::rows::{MemRows, Rows};
 use crate::tensor_row::TensorRow;
 
+/// No call: the parent of a root, the partner of an unaligned call.
 pub const NONE: u32 = u32::MAX;
 
 /// Per-tensor columns. The fixed-size ones are one [`TensorRow`] per
@@ -25,11 +26,14 @@ pub const NONE: u32 = u32::MAX;
 /// tensors are most of its size); the sparse and variable-sized ones are
 /// here.
 pub struct Tensors {
+    /// The fixed-size columns of each tensor.
     pub rows: Box<dyn Rows<TensorRow>>,
+    /// The tensors' shapes, interned.
     pub shapes: ShapeInterner,
     /// NaN, +Inf and -Inf counts, stored only for tensors that have some
     /// (almost none do): `nf_index` is sorted, `nf_counts` parallel to it.
     pub nf_index: Vec<u32>,
+    /// (NaN, +Inf, -Inf) counts of the tensors `nf_index` names.
     pub nf_counts: Vec<[i64; 3]>,
     /// Whether the dump has the `fingerprint` column (schema 4).
     pub has_fingerprints: bool,
@@ -38,11 +42,13 @@ pub struct Tensors {
     /// null, so a tensor without one costs one index. Both empty when the
     /// dump has none.
     pub sketch_start: Vec<u32>,
+    /// The sketches, back to back (see `sketch_start`).
     pub sketch_values: Vec<f64>,
     /// Ids in [`Dump::texts`] of the capture file (its path) and the key of
     /// the tensor in it (`OPDUMP_CAPTURE`); both empty when no call of the
     /// dump was captured, `NO_ID` for tensors without a capture.
     pub capture_file: Vec<u32>,
+    /// See `capture_file`: the tensor's key in its capture file.
     pub capture_key: Vec<u32>,
 }
 
@@ -63,10 +69,12 @@ impl Default for Tensors {
 }
 
 impl Tensors {
+    /// How many tensors there are.
     pub fn len(&self) -> usize {
         self.rows.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
@@ -84,6 +92,7 @@ impl Tensors {
             .get_range(range.start as usize..range.end as usize, out);
     }
 
+    /// Input, output, or no tensor (the row of an op without tensors).
     pub fn role(&self, t: u32) -> Role {
         self.row(t).role
     }
@@ -93,6 +102,7 @@ impl Tensors {
         self.row(t).has_values()
     }
 
+    /// How many elements tensor `t` has.
     pub fn numel(&self, t: u32) -> i64 {
         self.shapes.numel(self.row(t).shape)
     }
@@ -140,9 +150,11 @@ impl Tensors {
 pub struct Dump {
     /// The directory given on the command line.
     pub path: PathBuf,
+    /// The rank read.
     pub rank: u32,
     /// The files read, and the process they came from.
     pub files: usize,
+    /// The process whose calls were kept, when the files say.
     pub pid: Option<i64>,
     /// `float32` when some device accumulated statistics in float32 (their
     /// own rounding then needs a tolerance), else `float64`.
@@ -163,6 +175,7 @@ pub struct Dump {
     pub names: Interner,
     /// `args`, `error`, `module`, `source` and tensor `name` texts.
     pub texts: Interner,
+    /// The dtypes named by the tensor rows.
     pub dtypes: Vec<DType>,
 
     // Op calls, in seq order.
@@ -172,25 +185,33 @@ pub struct Dump {
     /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
     /// that is not in the dump).
     pub parent: Vec<u32>,
+    /// Per call: the id of its op's name in `names`.
     pub op: Vec<u32>,
+    /// Per call: the id of its overload's name in `names`.
     pub overload: Vec<u32>,
+    /// Per call: its first tensor.
     pub t_start: Vec<u32>,
+    /// Per call: how many tensors it has.
     pub t_len: Vec<u32>,
     /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
     /// seq order.
     pub child_start: Vec<u32>,
+    /// See `child_start`.
     pub children: Vec<u32>,
     /// Op calls without a parent, in seq order.
     pub roots: Vec<u32>,
 
+    /// The tensors of every call.
     pub tensors: Tensors,
 }
 
 impl Dump {
+    /// How many op calls there are.
     pub fn len(&self) -> usize {
         self.parent.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.parent.is_empty()
     }
@@ -200,18 +221,22 @@ impl Dump {
         self.ops.get(i as usize)
     }
 
+    /// The seq of call `i`: its order of entry in the run.
     pub fn seq(&self, i: u32) -> i64 {
         self.op_row(i).seq
     }
 
+    /// The training step of call `i`.
     pub fn step(&self, i: u32) -> i64 {
         self.op_row(i).step
     }
 
+    /// Forward, backward or optimizer.
     pub fn phase(&self, i: u32) -> Phase {
         self.op_row(i).phase
     }
 
+    /// How deep call `i` ran below other recorded calls (0: a root).
     pub fn depth(&self, i: u32) -> i32 {
         self.op_row(i).depth
     }
@@ -231,10 +256,12 @@ impl Dump {
         (lo < self.len() && self.seq(lo as u32) == s).then_some(lo as u32)
     }
 
+    /// `aten::add`.
     pub fn op_name(&self, i: u32) -> &str {
         self.names.get(self.op[i as usize])
     }
 
+    /// `Tensor`; empty for the unnamed overload.
     pub fn overload_name(&self, i: u32) -> &str {
         self.names.get(self.overload[i as usize])
     }
@@ -249,10 +276,12 @@ impl Dump {
         }
     }
 
+    /// The call's non-tensor arguments, as text.
     pub fn args_text(&self, i: u32) -> &str {
         self.texts.get(self.op_row(i).args)
     }
 
+    /// What the op raised, when it did.
     pub fn error_text(&self, i: u32) -> Option<&str> {
         let e = self.op_row(i).error;
         (e != NO_ID).then(|| self.texts.get(e))
@@ -264,6 +293,7 @@ impl Dump {
         (m != NO_ID).then(|| self.texts.get(m))
     }
 
+    /// The user's source line of the call (`OPDUMP_SOURCE=1`).
     pub fn source_of(&self, i: u32) -> Option<&str> {
         let s = self.op_row(i).source;
         (s != NO_ID).then(|| self.texts.get(s))
@@ -309,11 +339,13 @@ impl Dump {
         (n != NO_ID).then(|| self.texts.get(n))
     }
 
+    /// The tensors of call `i`.
     pub fn tensors_of(&self, i: u32) -> std::ops::Range<u32> {
         let s = self.t_start[i as usize];
         s..s + self.t_len[i as usize]
     }
 
+    /// The calls made by call `i`, in seq order.
     pub fn children_of(&self, i: u32) -> &[u32] {
         let (s, e) = (
             self.child_start[i as usize],
@@ -322,6 +354,7 @@ impl Dump {
         &self.children[s as usize..e as usize]
     }
 
+    /// The call that made call `i`, when it is in the dump.
     pub fn parent_of(&self, i: u32) -> Option<u32> {
         let p = self.parent[i as usize];
         (p != NONE).then_some(p)
@@ -339,6 +372,7 @@ impl Dump {
         out
     }
 
+    /// The dtype of tensor `t`.
     pub fn dtype(&self, t: u32) -> &DType {
         self.dtype_of(&self.tensors.row(t))
     }
@@ -348,14 +382,17 @@ impl Dump {
         &self.dtypes[r.dtype as usize]
     }
 
+    /// The shape of tensor `t`.
     pub fn shape(&self, t: u32) -> &[i64] {
         self.tensors.shapes.get(self.tensors.row(t).shape)
     }
 
+    /// The name of the argument tensor `t` was passed as (`self`, `other`).
     pub fn arg_name(&self, t: u32) -> &str {
         self.names.get(self.tensors.row(t).arg)
     }
 
+    /// The index of tensor `t` in its argument, when that is a list.
     pub fn list_index(&self, t: u32) -> Option<i32> {
         let v = self.tensors.row(t).list_index;
         (v >= 0).then_some(v)

@@ -30,6 +30,7 @@ pub struct Measure {
     /// see `metrics` for how far it is trusted), when both tensors have a
     /// sketch of the same length; and that length.
     pub sketch_estimate: Option<f64>,
+    /// The sketches' length, when they gave an estimate.
     pub sketch_k: usize,
     /// Both tensors' values were captured: the bounds are the exact norms.
     pub exact: bool,
@@ -38,6 +39,7 @@ pub struct Measure {
 /// A tensor of a dump and its row.
 pub type Row<'a> = (u32, &'a TensorRow);
 
+/// A source of evidence about how far two tensors differ: statistics, fingerprints, sketches, captured values.
 pub trait Evidence: Sync {
     /// Whether both dumps carry what this source needs.
     fn available(&self, a: &Dump, b: &Dump) -> bool;

@@ -28,25 +28,37 @@ use opdump_format::capture::SavedTensor;
 /// and null in JSON.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ExactMetrics {
+    /// Elements compared.
     pub numel: u64,
     /// Every element bitwise equal.
     pub identical: bool,
+    /// max |a - b|.
     pub max_abs: f64,
     /// ||a - b||.
     pub diff_l2: f64,
+    /// max |a - b| / max(|a|, tiny).
     pub max_rel: f64,
+    /// ||a - b|| / ||a||.
     pub rel_l2: f64,
+    /// a.b / (||a|| ||b||).
     pub cosine: f64,
     /// None when the dtypes differ (no common ULP).
     pub ulp_median: Option<f64>,
+    /// 99th percentile of the ULP distance.
     pub ulp_p99: Option<f64>,
+    /// Largest ULP distance.
     pub ulp_max: Option<f64>,
+    /// Elements with |a - b| > tolerance * (|a| + rms(a)).
     pub beyond_tolerance: u64,
+    /// The tolerance `beyond_tolerance` used.
     pub tolerance: f64,
+    /// Elements NaN on one side only.
     pub nan_mismatch: u64,
     /// Index of the worst element, one entry per dimension.
     pub worst_index: Vec<u64>,
+    /// A's value at the worst element.
     pub worst_a: f64,
+    /// B's value at the worst element.
     pub worst_b: f64,
 }
 

@@ -67,7 +67,9 @@ impl Hasher for FxHasher {
     }
 }
 
+/// The hasher of [`FxMap`].
 pub type FxBuild = BuildHasherDefault<FxHasher>;
+/// A `HashMap` with the Fx hash (keys are ids and hashes, not attacker-chosen strings).
 pub type FxMap<K, V> = HashMap<K, V, FxBuild>;
 
 /// A well-mixed 64-bit combination (splitmix64 finaliser), used to build op
@@ -91,6 +93,7 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     mix(h.finish(), b.len() as u64)
 }
 
+/// No id: a null text.
 pub const NO_ID: u32 = u32::MAX;
 
 /// Distinct strings, each stored once. Lookup goes through the content hash
@@ -106,6 +109,7 @@ pub struct Interner {
 }
 
 impl Interner {
+    /// The id of `s`, added when new.
     pub fn intern(&mut self, s: &str) -> u32 {
         let h = hash_bytes(s.as_bytes());
         let mut id = self.first.get(&h).copied().unwrap_or(NO_ID);
@@ -134,10 +138,12 @@ impl Interner {
         self.hashes.get(id as usize).copied().unwrap_or(0)
     }
 
+    /// How many distinct strings there are.
     pub fn len(&self) -> usize {
         self.strs.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.strs.is_empty()
     }
@@ -157,6 +163,7 @@ pub struct ShapeInterner {
 }
 
 impl ShapeInterner {
+    /// An interner holding nothing but the empty shape.
     pub fn new() -> Self {
         ShapeInterner {
             offsets: vec![0],
@@ -199,10 +206,12 @@ impl ShapeInterner {
         }
     }
 
+    /// The hash of shape `id` (equal shapes, equal hashes, across dumps).
     pub fn hash(&self, id: u32) -> u64 {
         self.hashes.get(id as usize).copied().unwrap_or(0)
     }
 
+    /// The number of elements of shape `id`.
     pub fn numel(&self, id: u32) -> i64 {
         self.numels.get(id as usize).copied().unwrap_or(0)
     }

@@ -13,6 +13,8 @@
 //! an [`Observer`], and a comparison that cannot be made is a [`Refusal`]
 //! for the caller to word.
 
+#![deny(missing_docs)]
+
 pub mod align;
 pub mod captured;
 pub mod compare;

@@ -120,10 +120,15 @@ const TINY: f64 = 1e-300;
 /// What two tensors of an aligned op pair compare to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorCmp {
+    /// A's tensor, when A has one.
     pub ta: Option<u32>,
+    /// B's tensor, when B has one.
     pub tb: Option<u32>,
+    /// Input or output.
     pub role: Role,
+    /// What the pair compares to.
     pub verdict: TensorVerdict,
+    /// The bounds and estimates the evidence gave.
     pub measure: Measure,
     /// `l2_bound / scale_l2`: a lower bound on ||a-b||_2 / ||a||_2 (with the
     /// floor for outputs, see [`CANCELLATION_FLOOR`]).
@@ -133,8 +138,11 @@ pub struct TensorCmp {
     /// The larger of the two (and of an estimate, when evidence gives one):
     /// what is compared with the tolerance.
     pub rel_err: f64,
+    /// The scale `rel_l2` is relative to.
     pub scale_l2: f64,
+    /// The scale `rel_linf` is relative to.
     pub scale_linf: f64,
+    /// What rounding explains for this tensor (relative).
     pub tolerance: f64,
     /// What the output may differ by: `tolerance` plus the drift its inputs
     /// explain (set by [`Ctx::judge`], outputs only).
@@ -151,6 +159,7 @@ pub struct TensorCmp {
     /// An input's taint is its own error: no producer is known (see
     /// [`Taint`]).
     pub taint_own: bool,
+    /// The two sides' dtypes differ.
     pub dtype_differs: bool,
     /// The strongest evidence used: `stats`, `sketch`, `fingerprint` or
     /// `exact`.
@@ -166,7 +175,9 @@ pub struct TensorCmp {
 /// The comparison of one op pair.
 #[derive(Clone, Debug, Default)]
 pub struct OpCmp {
+    /// Its tensor pairs.
     pub tensors: Vec<TensorCmp>,
+    /// The op's class, once measured.
     pub class: Option<OpClass>,
     /// The least precise float dtype among the op's tensors, both sides.
     pub compute_dtype: Option<DType>,
@@ -179,7 +190,9 @@ pub struct OpCmp {
     /// a diverged output, infinite for a structural divergence): how far
     /// beyond rounding and its inputs an output went.
     pub excess: f64,
+    /// The op's tolerance (relative).
     pub tolerance: f64,
+    /// The largest relative error of an output.
     pub out_err: f64,
     /// Largest error among inputs that had not diverged (drift).
     pub explained_in_err: f64,
@@ -187,7 +200,9 @@ pub struct OpCmp {
     pub diverged_in_err: f64,
     /// The larger of the two.
     pub in_err: f64,
+    /// Output error over input error.
     pub amplification: f64,
+    /// The verdict, once judged.
     pub verdict: Option<OpVerdict>,
     /// Buffers reused across calls: the tensor pairs, and the rows of the
     /// two calls' tensors (read once per call).
@@ -241,9 +256,13 @@ pub struct Taint {
 
 /// What comparing needs besides the two op calls.
 pub struct Ctx<'a> {
+    /// The first dump.
     pub a: &'a Dump,
+    /// The second dump.
     pub b: &'a Dump,
+    /// The tolerance model.
     pub tol: &'a Tolerances,
+    /// The sources of evidence both dumps support.
     pub evidence: Vec<&'static dyn Evidence>,
     /// Some dump accumulated statistics in float32.
     pub stats_f32: bool,
@@ -252,6 +271,7 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// The context of comparing `a` with `b`.
     pub fn new(a: &'a Dump, b: &'a Dump, tol: &'a Tolerances) -> Self {
         Ctx {
             a,

@@ -88,6 +88,7 @@ pub struct Fed {
 }
 
 impl OneSided {
+    /// What the calls only A or only B makes read, from the alignment.
     pub fn new(a: &Dump, b: &Dump, al: &Alignment) -> Self {
         OneSided {
             a: Side::new(a, &al.a_match),

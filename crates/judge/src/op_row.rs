@@ -10,14 +10,19 @@ use crate::intern::NO_ID;
 /// A null seq (`fwd_seq` of a call outside backward).
 pub const NO_SEQ: i64 = i64::MIN;
 
+/// One op call's row.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpRow {
+    /// Order of entry in the run.
     pub seq: i64,
+    /// The training step.
     pub step: i64,
     /// Backward calls: the seq of the forward call that made the autograd
     /// node being run; [`NO_SEQ`] when null.
     pub fwd_seq: i64,
+    /// How deep below other recorded calls (0: a root).
     pub depth: i32,
+    /// Forward, backward or optimizer.
     pub phase: Phase,
     /// Id in the dump's texts of the call's `args`.
     pub args: u32,

@@ -29,20 +29,31 @@
 //! Names are matched without namespace and without a trailing `_` (in-place)
 //! so `aten::normal_` and `aten::normal` are both random.
 
+/// What kind of computation an op does, for its tolerance and verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpClass {
+    /// Anything not named below.
     Plain,
+    /// Random: outputs may differ between runs.
     Rng,
+    /// Discontinuous in its inputs (comparisons, rounding, argmax): a small input error may change an output completely.
     Discontinuous,
+    /// Matrix products and convolutions: a reduction over the contracted dimension.
     Contraction,
+    /// Normalizations and softmax: a reduction along a row.
     Normalization,
+    /// Sums: may cancel.
     Sum,
+    /// Means.
     Mean,
+    /// Moves or copies elements without computing.
     Movement,
+    /// Smooth element-wise functions (see the module's notes).
     Elementwise,
 }
 
 impl OpClass {
+    /// The class's name in reports.
     pub fn as_str(self) -> &'static str {
         match self {
             OpClass::Plain => "plain",
@@ -425,6 +436,7 @@ pub fn base_name(op: &str) -> &str {
     }
 }
 
+/// The class of op `op` (`aten::gelu`, with or without namespace or trailing `_`).
 pub fn classify(op: &str) -> OpClass {
     let base = base_name(op);
     let bare = base.trim_matches('_');

@@ -59,6 +59,7 @@ pub fn key_of_rows(
     (mix(ha, side_hash_of_row(b, tb, rb)), ha)
 }
 
+/// Which aligned pair produced each tensor, by its statistics, and the taint it carried.
 #[derive(Default)]
 pub struct Provenance {
     /// Pair identity -> its taint when produced (0 when nothing upstream
@@ -82,12 +83,14 @@ pub struct Found {
     /// Else found by A's side alone, and `b_produced` is the tensor B's
     /// aligned producer made (`NONE` when unknown).
     pub by_pair: bool,
+    /// See `by_pair`.
     pub b_produced: u32,
     /// The aligned pair (index into the alignment's pairs) that produced it.
     pub producer: u32,
 }
 
 impl Provenance {
+    /// An empty map with room for about `n` tensors.
     pub fn with_capacity(n: usize) -> Self {
         Provenance {
             produced: FxMap::with_capacity_and_hasher(n, Default::default()),

@@ -22,12 +22,19 @@ pub struct TensorRow {
     /// Id in [`crate::dump::Dump::texts`] of the parameter or buffer the
     /// tensor is (`fc1.weight`); `NO_ID` when none or unknown.
     pub name: u32,
+    /// Minimum (statistics columns, as the dump holds them).
     pub min: f64,
+    /// Maximum.
     pub max: f64,
+    /// Mean.
     pub mean: f64,
+    /// Standard deviation.
     pub std: f64,
+    /// L2 norm.
     pub l2: f64,
+    /// Largest absolute value.
     pub absmax: f64,
+    /// Elements equal to zero.
     pub zero: i64,
     /// The `fingerprint` column (schema 4); 0 when null or absent.
     pub fingerprint: u64,

@@ -43,10 +43,12 @@ const ELEMENTWISE_SHARE: f64 = 4.0;
 /// Unit roundoff of float32, for statistics accumulated in float32.
 const U32: f64 = (f32::EPSILON / 2.0) as f64;
 
+/// The tolerance model: what rounding explains, per dtype and reduction length, and how much an op may amplify an error.
 #[derive(Clone, Debug)]
 pub struct Tolerances {
     /// `--rtol` overrides, by canonical dtype name.
     pub overrides: Vec<(String, f64)>,
+    /// How many times an op may amplify its inputs' error (see the module).
     pub min_amplification: f64,
 }
 

@@ -30,6 +30,7 @@ pub enum TensorVerdict {
 }
 
 impl TensorVerdict {
+    /// Every verdict, in report order.
     pub const ALL: [TensorVerdict; 10] = [
         TensorVerdict::Identical,
         TensorVerdict::StatsEqual,
@@ -43,6 +44,7 @@ impl TensorVerdict {
         TensorVerdict::Unpaired,
     ];
 
+    /// The verdict's name in reports.
     pub fn as_str(self) -> &'static str {
         match self {
             TensorVerdict::Identical => "identical",
@@ -102,6 +104,7 @@ pub enum OpVerdict {
 }
 
 impl OpVerdict {
+    /// Every verdict, in report order.
     pub const ALL: [OpVerdict; 6] = [
         OpVerdict::Ok,
         OpVerdict::Introduced,
@@ -111,6 +114,7 @@ impl OpVerdict {
         OpVerdict::Absorbed,
     ];
 
+    /// The verdict's name in reports.
     pub fn as_str(self) -> &'static str {
         match self {
             OpVerdict::Ok => "ok",
@@ -122,6 +126,7 @@ impl OpVerdict {
         }
     }
 
+    /// Whether an output diverged (introduced, inherited or absorbed).
     pub fn diverged(self) -> bool {
         matches!(self, OpVerdict::Introduced | OpVerdict::Inherited)
     }
@@ -142,6 +147,7 @@ pub struct OpErrors {
     pub out_diverged: bool,
     /// Some output of a random / discontinuous op differs.
     pub legit_rng: bool,
+    /// Some output of a discontinuous op differs.
     pub legit_discontinuous: bool,
     /// How much the op may concentrate its inputs' relative error: above 1
     /// for a selection (`metrics::concentration`), else 1.
