@@ -146,6 +146,16 @@ impl Tensors {
     }
 }
 
+/// An op and its overload as every report names them: `aten::add.Tensor`;
+/// the unnamed overload (`default`, or empty) prints without a suffix.
+pub fn full_op_name(op: &str, overload: &str) -> String {
+    if overload.is_empty() || overload == "default" {
+        op.to_string()
+    } else {
+        format!("{op}.{overload}")
+    }
+}
+
 /// One rank of one dump.
 pub struct Dump {
     /// The directory given on the command line.
@@ -266,14 +276,9 @@ impl Dump {
         self.names.get(self.overload[i as usize])
     }
 
-    /// `aten::add.Tensor`; the unnamed overload prints without a suffix.
+    /// `aten::add.Tensor` (see [`full_op_name`]).
     pub fn full_name(&self, i: u32) -> String {
-        let (op, ov) = (self.op_name(i), self.overload_name(i));
-        if ov.is_empty() || ov == "default" {
-            op.to_string()
-        } else {
-            format!("{op}.{ov}")
-        }
+        full_op_name(self.op_name(i), self.overload_name(i))
     }
 
     /// The call's non-tensor arguments, as text.

@@ -42,7 +42,7 @@ pub use align::{align, Alignment, Filter, Pair};
 pub use captured::{CapturedValues, NoCaptures};
 pub use compare::{compare_dumps, CompareSettings, Compared, Outcome, UnmatchedChange};
 pub use dtype::DType;
-pub use dump::{Dump, Tensors, NONE};
+pub use dump::{full_op_name, Dump, Tensors, NONE};
 pub use intern::{Interner, ShapeInterner, NO_ID};
 pub use observer::{Observer, Silent};
 pub use op_row::{OpRow, NO_SEQ};

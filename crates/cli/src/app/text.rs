@@ -97,6 +97,12 @@ impl fmt::Display for Clean<'_> {
     }
 }
 
+/// An op and its overload as a text report prints them (see
+/// `opdump_judge::full_op_name`), escaped: they come from the dump.
+pub fn op_label(op: &str, overload: &str) -> String {
+    clean(&opdump_judge::full_op_name(op, overload)).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,8 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use opdump_judge::full_op_name;
+
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
 use super::terminal::{num, thousands};
 use opdump_judge::verdict::OpVerdict;
@@ -44,14 +46,6 @@ pub fn esc(s: &str) -> String {
         }
     }
     o
-}
-
-fn full(op: &str, ov: &str) -> String {
-    if ov == "default" || ov.is_empty() {
-        op.to_string()
-    } else {
-        format!("{op}.{ov}")
-    }
 }
 
 /// The worst verdict in a column of the plot, in the order it is drawn over.
@@ -699,20 +693,20 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         .map(|a| {
             format!(
                 "{} <span class=\"dim\">(seq {})</span>",
-                esc(&full(&a.op, &a.overload)),
+                esc(&full_op_name(&a.op, &a.overload)),
                 a.seq_a
             )
         })
         .chain(std::iter::once(format!(
             "<b>{}</b>",
-            esc(&full(&r.op, &r.overload))
+            esc(&full_op_name(&r.op, &r.overload))
         )))
         .collect();
     let _ = write!(
         out,
         "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
          <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
-        esc(&full(&r.op, &r.overload)),
+        esc(&full_op_name(&r.op, &r.overload)),
         chain.join(" &rsaquo; "),
         v = r.verdict.as_str(),
     );
@@ -721,7 +715,7 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b, &r.args_b),
     ] {
         let parent = parent.as_ref().map_or("top-level".into(), |p| {
-            format!("{} (seq {})", full(&p.op, &p.overload), p.seq)
+            format!("{} (seq {})", full_op_name(&p.op, &p.overload), p.seq)
         });
         let _ = write!(
             out,
@@ -800,7 +794,7 @@ impl Shown {
         let Some(op) = r else {
             return op_section(out, title, r);
         };
-        let call = (op.seq_a, op.seq_b, full(&op.op, &op.overload));
+        let call = (op.seq_a, op.seq_b, full_op_name(&op.op, &op.overload));
         if let Some((_, first_title)) = self.calls.iter().find(|(c, _)| *c == call) {
             let _ = write!(
                 out,
@@ -898,7 +892,7 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td></tr>",
-            esc(&full(&c.op, &c.overload)),
+            esc(&full_op_name(&c.op, &c.overload)),
             c.count
         );
     }
@@ -950,11 +944,11 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
         if r.headline.is_some() { "introduced" } else { "" },
         match (&r.headline, r.divergence) {
             _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
-                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full(&o.op, &o.overload)), o.seq),
+                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full_op_name(&o.op, &o.overload)), o.seq),
                 None => "first introduced by calls only in B".into(),
             },
-            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
-            (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
+            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full_op_name(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
+            (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full_op_name(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
             (None, true) => "diverged, no op introduced it (exit status 3)".into(),
             (None, false) => "no divergence".into(),
         }
@@ -983,7 +977,7 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
                 o,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
                 k + 1,
-                esc(&full(&t.op, &t.overload)),
+                esc(&full_op_name(&t.op, &t.overload)),
                 t.seq_a,
                 t.seq_b,
                 t.step_a,

@@ -3,20 +3,11 @@
 use std::fmt::Write;
 
 use super::terminal::{num, thousands};
-use crate::app::text::{clean, Clean};
+use crate::app::text::{clean, op_label, Clean};
 use crate::report::summary::{OpSite, RankSummary, SummaryReport};
 
 const TOP_OPS: usize = 30;
 const TOP_MODULES: usize = 40;
-
-/// `op.overload` as printed: from the dump, so escaped (see `text`).
-fn full(op: &str, ov: &str) -> String {
-    if ov == "default" || ov.is_empty() {
-        clean(op).into_owned()
-    } else {
-        format!("{}.{}", Clean(op), Clean(ov))
-    }
-}
 
 fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
     let Some(s) = s else {
@@ -27,7 +18,7 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
     let _ = writeln!(
         out,
         "  {title}: {}  (seq {}, step {}, {}, depth {})",
-        full(&o.op, &o.overload),
+        op_label(&o.op, &o.overload),
         o.seq,
         o.step,
         o.phase,
@@ -46,7 +37,7 @@ fn site(out: &mut String, title: &str, s: &Option<OpSite>) {
         let chain: Vec<String> = s
             .ancestors
             .iter()
-            .map(|a| format!("{} (seq {})", full(&a.op, &a.overload), a.seq))
+            .map(|a| format!("{} (seq {})", op_label(&a.op, &a.overload), a.seq))
             .collect();
         let _ = writeln!(out, "    inside  {}", chain.join(" > "));
     }
@@ -171,7 +162,7 @@ fn rank(out: &mut String, r: &RankSummary) {
             out,
             "    {:>12}  {}",
             thousands(o.calls),
-            full(&o.op, &o.overload)
+            op_label(&o.op, &o.overload)
         );
     }
     if r.per_op.len() > TOP_OPS {
@@ -199,7 +190,7 @@ fn rank(out: &mut String, r: &RankSummary) {
             let _ = writeln!(
                 out,
                 "    {:<40} {:>10} {:>10} {:>10} {:>10}",
-                full(&o.op, &o.overload),
+                op_label(&o.op, &o.overload),
                 o.calls_nan_out,
                 o.calls_inf_out,
                 o.calls_nonfinite_in,

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::model::{
     CompareReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
 };
-use crate::app::text::{clean, Clean};
+use crate::app::text::{clean, op_label, Clean};
 
 /// `1234567` -> `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -93,7 +93,7 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
         .by_op
         .iter()
         .take(6)
-        .map(|c| format!("{} x{}", full_name(&c.op, &c.overload), thousands(c.count)))
+        .map(|c| format!("{} x{}", op_label(&c.op, &c.overload), thousands(c.count)))
         .collect();
     let _ = write!(
         out,
@@ -109,15 +109,6 @@ fn only_line(out: &mut String, side: &str, o: &OnlyIn) {
     out.push('\n');
     if !o.steps.is_empty() {
         let _ = writeln!(out, "    steps only in {side}: {:?}", o.steps);
-    }
-}
-
-/// `op.overload` as printed: from the dump, so escaped (see `text`).
-fn full_name(op: &str, overload: &str) -> String {
-    if overload == "default" || overload.is_empty() {
-        clean(op).into_owned()
-    } else {
-        format!("{}.{}", Clean(op), Clean(overload))
     }
 }
 
@@ -291,7 +282,7 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
     let _ = writeln!(
         out,
         "{title}: {}  [{}]",
-        full_name(&r.op, &r.overload),
+        op_label(&r.op, &r.overload),
         r.verdict.as_str()
     );
     for (side, seq, step, phase, parent) in [
@@ -299,7 +290,7 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
         ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b),
     ] {
         let parent = match parent {
-            Some(p) => format!("parent {} (seq {})", full_name(&p.op, &p.overload), p.seq),
+            Some(p) => format!("parent {} (seq {})", op_label(&p.op, &p.overload), p.seq),
             None => "top-level".into(),
         };
         let _ = writeln!(
@@ -315,11 +306,11 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
             .iter()
             .map(|x| {
                 let b = x.seq_b.map_or("-".into(), |s| s.to_string());
-                format!("{} (seq {}/{b})", full_name(&x.op, &x.overload), x.seq_a)
+                format!("{} (seq {}/{b})", op_label(&x.op, &x.overload), x.seq_a)
             })
             .chain(std::iter::once(format!(
                 "{} (seq {}/{})",
-                full_name(&r.op, &r.overload),
+                op_label(&r.op, &r.overload),
                 r.seq_a,
                 r.seq_b
             )))
@@ -371,7 +362,7 @@ fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
             let _ = writeln!(
                 out,
                 "First introduced: {}  [introduced, only in B]",
-                full_name(&o.op, &o.overload)
+                op_label(&o.op, &o.overload)
             );
             let parent = match (&o.parent_op, o.parent_seq) {
                 (Some(p), Some(s)) => format!("parent {} (seq {s})", Clean(p)),
@@ -398,7 +389,7 @@ fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
         out,
         "  changed  input {} of {} (seq A {}, seq B {}) by rel {} > tol {}; A passes it on unchanged",
         Clean(&c.arg),
-        full_name(&c.op, &c.overload),
+        op_label(&c.op, &c.overload),
         c.seq_a,
         c.seq_b,
         num(u.rel_change),
@@ -479,7 +470,7 @@ pub fn render(r: &CompareReport) -> String {
             let _ = writeln!(
                 out,
                 "First introduced: {} (seq A {}, seq B {}), the first divergence above",
-                full_name(&i.op, &i.overload),
+                op_label(&i.op, &i.overload),
                 i.seq_a,
                 i.seq_b
             );
@@ -510,7 +501,7 @@ pub fn render(r: &CompareReport) -> String {
                 out,
                 "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}  {}",
                 k + 1,
-                full_name(&t.op, &t.overload),
+                op_label(&t.op, &t.overload),
                 t.seq_a,
                 t.seq_b,
                 t.step_a,
@@ -530,7 +521,7 @@ pub fn render(r: &CompareReport) -> String {
                     Some(o) => writeln!(
                         out,
                         "Verdict: DIVERGED. First introduced at {}{} (only in B, seq B {}, step {}).",
-                        full_name(&o.op, &o.overload),
+                        op_label(&o.op, &o.overload),
                         in_module(&o.module),
                         o.seq,
                         o.step
@@ -538,7 +529,7 @@ pub fn render(r: &CompareReport) -> String {
                     None => writeln!(
                         out,
                         "Verdict: DIVERGED. First introduced by calls only in B before {} (seq A {}, seq B {}).",
-                        full_name(&u.consumer.op, &u.consumer.overload),
+                        op_label(&u.consumer.op, &u.consumer.overload),
                         u.consumer.seq_a,
                         u.consumer.seq_b
                     ),
@@ -554,7 +545,7 @@ pub fn render(r: &CompareReport) -> String {
                 } else {
                     "First introduced"
                 },
-                full_name(&i.op, &i.overload),
+                op_label(&i.op, &i.overload),
                 in_module(&i.module),
                 i.seq_a,
                 i.seq_b,
