@@ -29,6 +29,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderB
 use parquet::arrow::ProjectionMask;
 
 use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
+use opdump_judge::tree::{call_tree, NO_PARENT};
 use opdump_judge::{NONE, NO_ID, NO_SEQ};
 
 use crate::captures::CaptureCache;
@@ -248,38 +249,6 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &dyn Observer, label: &str) 
     Ok(d)
 }
 
-/// A call cannot be its own ancestor. A corrupt or hostile file can say it
-/// is (a call that is its own parent, two calls each the other's parent),
-/// and every walk up or down the call tree would then loop forever. One
-/// pass: each chain of parents is walked until a root or a call already
-/// known to lead to one.
-fn check_acyclic(parent: &[u32], seq: &[i64], path: &Path) -> Result<()> {
-    const ON_PATH: u8 = 1;
-    const DONE: u8 = 2;
-    let mut state = vec![0u8; parent.len()];
-    let mut walk = Vec::new();
-    for start in 0..parent.len() as u32 {
-        let mut cur = start;
-        while cur != NONE && state[cur as usize] == 0 {
-            state[cur as usize] = ON_PATH;
-            walk.push(cur);
-            cur = parent[cur as usize];
-        }
-        if cur != NONE && state[cur as usize] == ON_PATH {
-            return Err(Error::new(format!(
-                "{}: corrupt dump: the call at seq {} is its own ancestor (its parent_seq chain loops)",
-                path.display(),
-                seq[cur as usize]
-            )));
-        }
-        for &i in &walk {
-            state[i as usize] = DONE;
-        }
-        walk.clear();
-    }
-    Ok(())
-}
-
 /// Accumulates rows of several files.
 struct Builder {
     names: Interner,
@@ -304,8 +273,6 @@ struct Builder {
     /// capture columns from then on.
     has_captures: bool,
 }
-
-const NO_PARENT: i64 = i64::MIN;
 
 /// String columns read as dictionaries.
 const DICT_COLUMNS: [&str; 14] = [
@@ -1101,40 +1068,15 @@ impl Builder {
             }
             self.ops = sorted;
         }
-        // Parents by seq; a parent missing from the dump (filtered out, or
-        // in a file that was lost) makes its child a root.
-        let mut parent = Vec::with_capacity(n);
-        for &ps in &self.parent_seq {
-            parent.push(if ps == NO_PARENT {
-                NONE
-            } else {
-                self.seq.binary_search(&ps).map_or(NONE, |i| i as u32)
-            });
-        }
+        // The one builder of the call tree, shared with Dump::from_records.
+        let tree = call_tree(&self.seq, &self.parent_seq).map_err(|l| {
+            Error::new(format!(
+                "{}: corrupt dump: the call at seq {} is its own ancestor (its parent_seq chain loops)",
+                path.display(),
+                l.seq
+            ))
+        })?;
         drop(std::mem::take(&mut self.parent_seq));
-        check_acyclic(&parent, &self.seq, &path)?;
-        let mut count = vec![0u32; n + 1];
-        for &p in &parent {
-            if p != NONE {
-                count[p as usize + 1] += 1;
-            }
-        }
-        for i in 0..n {
-            count[i + 1] += count[i];
-        }
-        let child_start = count;
-        let mut fill = child_start.clone();
-        let mut children = vec![0u32; child_start[n] as usize];
-        let mut roots = Vec::new();
-        for (i, &p) in parent.iter().enumerate() {
-            if p == NONE {
-                roots.push(i as u32);
-            } else {
-                let slot = &mut fill[p as usize];
-                children[*slot as usize] = i as u32;
-                *slot += 1;
-            }
-        }
         Ok(Dump {
             path,
             rank,
@@ -1149,14 +1091,14 @@ impl Builder {
             texts: self.texts,
             dtypes: self.dtypes,
             ops: Box::new(self.ops),
-            parent,
+            parent: tree.parent,
             op: self.op,
             overload: self.overload,
             t_start: self.t_start,
             t_len: self.t_len,
-            child_start,
-            children,
-            roots,
+            child_start: tree.child_start,
+            children: tree.children,
+            roots: tree.roots,
             tensors: Tensors {
                 rows: Box::new(self.t_rows),
                 ..self.t
