@@ -404,11 +404,27 @@ fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
     stats_row(out, "after ", &Some(u.after.clone()));
 }
 
+/// The text report of a comparison: the dumps, what aligned and how it
+/// compared, the first divergence and the first introduced one, the top
+/// list, the verdict and the next step.
 pub fn render(r: &CompareReport) -> String {
     let mut out = String::new();
+    header(&mut out, r);
+    first_blocks(&mut out, r);
+    top_list(&mut out, r);
+    out.push('\n');
+    verdict_line(&mut out, r);
+    if let Some(n) = &r.next {
+        next_block(&mut out, n);
+    }
+    out
+}
+
+/// The dumps, what aligned, and the verdict counts.
+fn header(out: &mut String, r: &CompareReport) {
     out.push_str("opdump compare\n");
-    dump_line(&mut out, "A", &r.dump_a);
-    dump_line(&mut out, "B", &r.dump_b);
+    dump_line(out, "A", &r.dump_a);
+    dump_line(out, "B", &r.dump_b);
     let _ = writeln!(
         out,
         "  aligned: {} op calls ({} top-level), {} tensor pairs{}",
@@ -424,8 +440,8 @@ pub fn render(r: &CompareReport) -> String {
             String::new()
         }
     );
-    only_line(&mut out, "A", &r.only_in_a);
-    only_line(&mut out, "B", &r.only_in_b);
+    only_line(out, "A", &r.only_in_a);
+    only_line(out, "B", &r.only_in_b);
     if r.aligned.ignored_a + r.aligned.ignored_b > 0 {
         let _ = writeln!(
             out,
@@ -454,16 +470,20 @@ pub fn render(r: &CompareReport) -> String {
         let _ = writeln!(out, "  note: {}", Clean(n));
     }
     out.push('\n');
+}
 
+/// The first divergence and the first introduced one (once when they are
+/// the same call), and the headline when a later op dominates.
+fn first_blocks(out: &mut String, r: &CompareReport) {
     match &r.first_divergence {
-        Some(d) => op_block(&mut out, "First divergence", d),
+        Some(d) => op_block(out, "First divergence", d),
         None => out.push_str("First divergence: none\n"),
     }
     out.push('\n');
     match (&r.first_introduced, &r.first_divergence) {
         _ if r.first_introduced_unmatched.is_some() => {
             if let Some(u) = &r.first_introduced_unmatched {
-                unmatched_block(&mut out, u);
+                unmatched_block(out, u);
             }
         }
         (Some(i), Some(d)) if i.seq_a == d.seq_a => {
@@ -475,13 +495,13 @@ pub fn render(r: &CompareReport) -> String {
                 i.seq_b
             );
         }
-        (Some(i), _) => op_block(&mut out, "First introduced", i),
+        (Some(i), _) => op_block(out, "First introduced", i),
         (None, _) => out.push_str("First introduced: none\n"),
     }
     if let (Some(h), Some("dominant")) = (&r.headline, r.headline_rule) {
         out.push('\n');
         op_block(
-            &mut out,
+            out,
             &format!(
                 "Strongest introduced (the headline: it goes at least {:.0} times further beyond its allowance than the first)",
                 opdump_judge::compare::HEADLINE_DOMINANCE
@@ -489,6 +509,11 @@ pub fn render(r: &CompareReport) -> String {
             h,
         );
     }
+}
+
+/// Introduced divergences without an introduced descendant, by
+/// amplification.
+fn top_list(out: &mut String, r: &CompareReport) {
     if !r.top_introduced.is_empty() {
         out.push_str("\nIntroduced divergences by amplification:\n");
         let _ = writeln!(
@@ -513,7 +538,10 @@ pub fn render(r: &CompareReport) -> String {
             );
         }
     }
-    out.push('\n');
+}
+
+/// The one-line verdict.
+fn verdict_line(out: &mut String, r: &CompareReport) {
     match (&r.headline, r.divergence) {
         _ if r.first_introduced_unmatched.is_some() => {
             if let Some(u) = &r.first_introduced_unmatched {
@@ -559,10 +587,6 @@ pub fn render(r: &CompareReport) -> String {
             out.push_str("Verdict: no divergence: every aligned op agrees within tolerance.\n")
         }
     }
-    if let Some(n) = &r.next {
-        next_block(&mut out, n);
-    }
-    out
 }
 
 /// The commands that take the first introduced call to a reproduction.
