@@ -146,6 +146,13 @@ macro_rules! declare_columns {
             }, )*
         ];
 
+        /// The float64 statistics columns, in file order: a reader that
+        /// decodes them takes this list, so a new one is not forgotten.
+        pub const FLOAT_STATS: &[&str] = &[ $( col::$FCONST, )* ];
+
+        /// The int64 element-count columns, in file order.
+        pub const COUNT_STATS: &[&str] = &[ $( col::$CCONST, )* ];
+
         /// Each `col` constant's identifier and value, to test that one is
         /// the other in capitals.
         #[cfg(test)]

@@ -3,6 +3,7 @@
 //! read through it).
 //!
 //! - [`read`]: finds a dump's files ([`scan`]) and loads one rank ([`load`]);
+//! - [`rank_keys`]: the rows the ranks vote needs, in windows of steps;
 //! - [`spill`]: where a large dump's rows wait, out of memory;
 //! - [`captures`]: the capture files a dump names, opened on first use;
 //! - [`panic_guard`]: a decoder's panic on a malformed file becomes an error.
@@ -12,6 +13,7 @@
 pub mod captures;
 pub mod error;
 pub mod panic_guard;
+pub mod rank_keys;
 pub mod read;
 mod row_bytes;
 pub mod spill;

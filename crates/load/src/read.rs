@@ -20,7 +20,8 @@ use std::sync::Arc;
 use arrow_array::{
     Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray, RecordBatch, StringArray,
 };
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use opdump_format::columns::{ColType, COLUMNS, COUNT_STATS, FLOAT_STATS};
 use opdump_format::reader::{list_files, open_batches, open_regular, DumpFile};
 use opdump_format::schema::{col, meta};
 use opdump_format::SCHEMA_VERSION;
@@ -28,8 +29,8 @@ use opdump_format::{Phase, Role, StatsStatus};
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 
-use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
 use opdump_judge::tree::{call_tree, NO_PARENT};
+use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
 use opdump_judge::{NONE, NO_ID, NO_SEQ};
 
 use crate::captures::CaptureCache;
@@ -37,9 +38,10 @@ use crate::error::{Error, Result};
 use crate::panic_guard;
 use crate::spill::Spill;
 
-/// Columns read for every op call / tensor. Others (pid, thread, times,
-/// stride, tensor_device) are never decoded.
-const REQUIRED: [&str; 25] = [
+/// Columns of the op call and tensor read from every file, besides the
+/// statistics ([`FLOAT_STATS`], [`COUNT_STATS`]). Others (pid, thread,
+/// times, stride, tensor_device) are never decoded.
+const REQUIRED: [&str; 15] = [
     col::SEQ,
     col::PARENT_SEQ,
     col::DEPTH,
@@ -55,17 +57,13 @@ const REQUIRED: [&str; 25] = [
     col::SHAPE,
     col::NUMEL,
     col::STATS_STATUS,
-    col::MIN,
-    col::MAX,
-    col::MEAN,
-    col::STD,
-    col::L2,
-    col::ABSMAX,
-    col::NAN_COUNT,
-    col::POSINF_COUNT,
-    col::NEGINF_COUNT,
-    col::ZERO_COUNT,
 ];
+
+/// The float statistics, as many as the format's table lists: a new one
+/// fails to compile where the reader takes them apart.
+const FLOATS: usize = FLOAT_STATS.len();
+/// The element counts, likewise.
+const COUNTS: usize = COUNT_STATS.len();
 
 /// Read when present: `error` (schema 1 has it), where in the model a call
 /// ran (schema 2), and evidence columns that later schema versions add.
@@ -274,23 +272,61 @@ struct Builder {
     has_captures: bool,
 }
 
-/// String columns read as dictionaries.
-const DICT_COLUMNS: [&str; 14] = [
-    col::CAPTURE_FILE,
-    col::CAPTURE_KEY,
-    col::MODULE,
-    col::SOURCE,
-    col::NAME,
-    col::PHASE,
-    col::OP,
-    col::OVERLOAD,
-    col::ARGS,
-    col::ERROR,
-    col::ROLE,
-    col::ARG,
-    col::DTYPE,
-    col::STATS_STATUS,
-];
+/// A file opened for reading (the format crate checks its schema version
+/// first), every string column of the table asked for as a dictionary: the
+/// writer dictionary-encodes them, so each distinct value is then looked at
+/// once per batch. Also the file's schema, to choose columns by name.
+pub(crate) fn open_dictionaries(
+    path: &Path,
+) -> Result<(ParquetRecordBatchReaderBuilder<File>, SchemaRef)> {
+    let file_schema = open_batches(path)?.schema().clone();
+    let is_string = |name: &str| {
+        COLUMNS
+            .iter()
+            .any(|c| c.name == name && c.ty == ColType::Utf8)
+    };
+    let hint = Arc::new(Schema::new(
+        file_schema
+            .fields()
+            .iter()
+            .map(|f| {
+                if is_string(f.name()) && f.data_type() == &DataType::Utf8 {
+                    Arc::new(Field::new(
+                        f.name(),
+                        DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                        f.is_nullable(),
+                    ))
+                } else {
+                    f.clone()
+                }
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let file: File = open_regular(path)?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
+        file,
+        ArrowReaderOptions::new().with_schema(hint),
+    )
+    .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+    Ok((builder, file_schema))
+}
+
+/// The indices of the columns `names` in `schema`; an error names the
+/// first one missing.
+pub(crate) fn required_roots<'a>(
+    path: &Path,
+    schema: &Schema,
+    names: impl IntoIterator<Item = &'a &'a str>,
+) -> Result<Vec<usize>> {
+    names
+        .into_iter()
+        .map(|name| {
+            schema
+                .index_of(name)
+                .map_err(|_| Error::new(format!("{}: column {name:?} is missing", path.display())))
+        })
+        .collect()
+}
 
 fn dtype_id(dtypes: &mut Vec<DType>, name: &str) -> Result<u16> {
     if let Some(i) = dtypes.iter().position(|d| &*d.name == name) {
@@ -306,13 +342,13 @@ fn dtype_id(dtypes: &mut Vec<DType>, name: &str) -> Result<u16> {
 /// A string column of one batch. The reader asks for dictionary arrays
 /// (the writer dictionary-encodes these columns), so each distinct value is
 /// looked at once per batch, not once per row.
-enum StrCol<'a> {
+pub(crate) enum StrCol<'a> {
     Dict(&'a PrimitiveArray<Int32Type>, &'a StringArray),
     Plain(&'a StringArray),
 }
 
 impl<'a> StrCol<'a> {
-    fn new(path: &Path, b: &'a RecordBatch, name: &str) -> Result<Self> {
+    pub(crate) fn new(path: &Path, b: &'a RecordBatch, name: &str) -> Result<Self> {
         let a = get(path, b, name)?;
         if let Some(d) = a.as_dictionary_opt::<Int32Type>() {
             if let Some(v) = d.values().as_string_opt::<i32>() {
@@ -322,6 +358,25 @@ impl<'a> StrCol<'a> {
         a.as_string_opt::<i32>()
             .map(StrCol::Plain)
             .ok_or_else(|| bad_type(path, name, a))
+    }
+
+    /// The column of `name` when the batch has it.
+    pub(crate) fn optional(path: &Path, b: &'a RecordBatch, name: &str) -> Result<Option<Self>> {
+        match b.column_by_name(name) {
+            Some(_) => Self::new(path, b, name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The value of row `i`; `None` for a null.
+    pub(crate) fn get(&self, i: usize) -> Option<&'a str> {
+        match self {
+            StrCol::Dict(k, v) => {
+                let j = k.is_valid(i).then(|| k.value(i) as usize)?;
+                (j < v.len() && v.is_valid(j)).then(|| v.value(j))
+            }
+            StrCol::Plain(s) => s.is_valid(i).then(|| s.value(i)),
+        }
     }
 
     /// One value per row, `null` for a null: `f` maps each distinct string.
@@ -383,20 +438,22 @@ struct Cols<'a> {
     shape: &'a arrow_array::ListArray,
     numel: &'a Int64Array,
     status: StrCol<'a>,
-    f: [&'a Float64Array; 6],
-    c: [&'a Int64Array; 4],
-    fingerprint: Option<&'a PrimitiveArray<UInt64Type>>,
+    /// The columns of [`FLOAT_STATS`], in its order.
+    f: [&'a Float64Array; FLOATS],
+    /// The columns of [`COUNT_STATS`], in its order.
+    c: [&'a Int64Array; COUNTS],
+    fingerprint: Option<Fingerprints<'a>>,
     /// A list of float64 per row.
     sketch: Option<&'a arrow_array::ListArray>,
 }
 
-fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+pub(crate) fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     batch
         .column_by_name(name)
         .ok_or_else(|| Error::new(format!("{}: column {name:?} is missing", path.display())))
 }
 
-fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> Error {
+pub(crate) fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> Error {
     Error::new(format!(
         "{}: column {name:?} has unexpected type {}",
         path.display(),
@@ -422,12 +479,7 @@ impl<'a> Cols<'a> {
                 .ok_or_else(|| bad_type(path, n, a))
         };
         let strc = |n: &str| StrCol::new(path, b, n);
-        let opt_strc = |n: &str| -> Result<Option<StrCol<'a>>> {
-            match b.column_by_name(n) {
-                Some(_) => Ok(Some(strc(n)?)),
-                None => Ok(None),
-            }
-        };
+        let opt_strc = |n: &str| StrCol::optional(path, b, n);
         let shape = {
             let a = get(path, b, col::SHAPE)?;
             let l = a
@@ -464,27 +516,9 @@ impl<'a> Cols<'a> {
             shape,
             numel: i64c(col::NUMEL)?,
             status: strc(col::STATS_STATUS)?,
-            f: [
-                f64c(col::MIN)?,
-                f64c(col::MAX)?,
-                f64c(col::MEAN)?,
-                f64c(col::STD)?,
-                f64c(col::L2)?,
-                f64c(col::ABSMAX)?,
-            ],
-            c: [
-                i64c(col::NAN_COUNT)?,
-                i64c(col::POSINF_COUNT)?,
-                i64c(col::NEGINF_COUNT)?,
-                i64c(col::ZERO_COUNT)?,
-            ],
-            fingerprint: match b.column_by_name(col::FINGERPRINT) {
-                Some(a) => Some(
-                    a.as_primitive_opt::<UInt64Type>()
-                        .ok_or_else(|| bad_type(path, col::FINGERPRINT, a))?,
-                ),
-                None => None,
-            },
+            f: columns(FLOAT_STATS, f64c)?,
+            c: columns(COUNT_STATS, i64c)?,
+            fingerprint: Fingerprints::of(path, b)?,
             sketch: match b.column_by_name(col::SKETCH) {
                 Some(a) => match a.as_list_opt::<i32>() {
                     Some(l) if l.values().data_type() == &DataType::Float64 => Some(l),
@@ -493,6 +527,49 @@ impl<'a> Cols<'a> {
                 None => None,
             },
         })
+    }
+}
+
+/// The columns `names` of a batch, each decoded by `decode`.
+fn columns<'a, T, const N: usize>(
+    names: &[&str],
+    decode: impl Fn(&str) -> Result<&'a T>,
+) -> Result<[&'a T; N]> {
+    let decoded: Vec<&'a T> = names.iter().map(|n| decode(n)).collect::<Result<_>>()?;
+    decoded
+        .try_into()
+        .map_err(|_| Error::new("statistics columns miscounted"))
+}
+
+/// The fingerprint column: UInt64 as written; Int64 (the same bits) read
+/// too.
+pub(crate) enum Fingerprints<'a> {
+    U(&'a PrimitiveArray<UInt64Type>),
+    I(&'a Int64Array),
+}
+
+impl<'a> Fingerprints<'a> {
+    /// The batch's fingerprints, when it has the column.
+    pub(crate) fn of(path: &Path, b: &'a RecordBatch) -> Result<Option<Self>> {
+        let Some(a) = b.column_by_name(col::FINGERPRINT) else {
+            return Ok(None);
+        };
+        if let Some(u) = a.as_primitive_opt::<UInt64Type>() {
+            return Ok(Some(Fingerprints::U(u)));
+        }
+        match a.as_primitive_opt::<Int64Type>() {
+            Some(s) => Ok(Some(Fingerprints::I(s))),
+            None => Err(bad_type(path, col::FINGERPRINT, a)),
+        }
+    }
+
+    /// Row `i`'s fingerprint; `None` for a null (not measured).
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<u64> {
+        match self {
+            Fingerprints::U(u) => u.is_valid(i).then(|| u.value(i)),
+            Fingerprints::I(s) => s.is_valid(i).then(|| s.value(i) as u64),
+        }
     }
 }
 
@@ -685,51 +762,9 @@ impl Builder {
     }
 
     fn read_file(&mut self, path: &Path) -> Result<()> {
-        // The format crate checks the schema version; the file is then
-        // opened again asking for string columns as dictionaries.
-        let checked = open_batches(path)?;
-        let file_schema = checked.schema().clone();
-        drop(checked);
-        let hint = Arc::new(Schema::new(
-            file_schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    if DICT_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8
-                    {
-                        Arc::new(Field::new(
-                            f.name(),
-                            DataType::Dictionary(
-                                Box::new(DataType::Int32),
-                                Box::new(DataType::Utf8),
-                            ),
-                            f.is_nullable(),
-                        ))
-                    } else {
-                        f.clone()
-                    }
-                })
-                .collect::<Vec<_>>(),
-        ));
-        let file: File = open_regular(path)?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
-            file,
-            ArrowReaderOptions::new().with_schema(hint),
-        )
-        .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
-        let arrow_schema = file_schema;
-        let mut roots = Vec::new();
-        for name in REQUIRED {
-            match arrow_schema.index_of(name) {
-                Ok(i) => roots.push(i),
-                Err(_) => {
-                    return Err(Error::new(format!(
-                        "{}: column {name:?} is missing",
-                        path.display()
-                    )))
-                }
-            }
-        }
+        let (builder, arrow_schema) = open_dictionaries(path)?;
+        let required = REQUIRED.iter().chain(FLOAT_STATS).chain(COUNT_STATS);
+        let mut roots = required_roots(path, &arrow_schema, required)?;
         let metadata = builder.metadata().clone();
         let absent = |n: &str| {
             NULL_AS_ABSENT.contains(&n)
@@ -1001,10 +1036,7 @@ impl Builder {
                 l2: fval(fl2, i),
                 absmax: fval(fabs, i),
                 zero: ival(czero, i),
-                fingerprint: match c.fingerprint {
-                    Some(a) if !a.is_null(i) => a.value(i),
-                    _ => 0,
-                },
+                fingerprint: c.fingerprint.as_ref().and_then(|f| f.get(i)).unwrap_or(0),
             })?;
         }
         if !codes.capture_file.is_empty() && !self.has_captures {
@@ -1056,6 +1088,7 @@ impl Builder {
             apply(&mut self.t_start, &perm);
             apply(&mut self.t_len, &perm);
             if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
+                Err::<(), i64>(w[0]).unwrap(); // PLANTED
                 return Err(Error::new(format!(
                     "{}: seq {} appears twice in rank {rank} (two runs written into one directory?)",
                     path.display(),
@@ -1104,5 +1137,32 @@ impl Builder {
                 ..self.t
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `push_tensors` takes the statistics apart by position, so the
+    /// table's order must be the one it names.
+    #[test]
+    fn statistics_are_taken_apart_in_the_tables_order() {
+        let floats = [
+            col::MIN,
+            col::MAX,
+            col::MEAN,
+            col::STD,
+            col::L2,
+            col::ABSMAX,
+        ];
+        assert_eq!(FLOAT_STATS, floats);
+        let counts = [
+            col::NAN_COUNT,
+            col::POSINF_COUNT,
+            col::NEGINF_COUNT,
+            col::ZERO_COUNT,
+        ];
+        assert_eq!(COUNT_STATS, counts);
     }
 }
