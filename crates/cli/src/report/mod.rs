@@ -4,6 +4,7 @@ pub(crate) mod html;
 pub(crate) mod json;
 pub(crate) mod model;
 pub(crate) mod parquet;
+pub(crate) mod ranks;
 pub(crate) mod summary;
 pub(crate) mod summary_text;
 pub(crate) mod terminal;
