@@ -33,6 +33,40 @@ bool covers_storage(const at::Tensor& t) {
          static_cast<size_t>(t.numel()) * t.itemsize() >= t.storage().nbytes();
 }
 
+// set_'s source, before: whether it holds no values. set_() leaves an empty
+// storage; set_ to a Storage has no version counter of its own to check.
+bool set_source_uninitialized(const c10::IValue* src) {
+  if (src == nullptr || src->isNone()) return true;
+  if (src->isTensor()) return still_uninitialized(src->toTensor());
+  if (src->isStorage()) return storage_uninitialized(src->toStorage().unsafeGetStorageImpl());
+  return false;
+}
+
+// The state before the op of each tensor of `src` (a Tensor or a list), one
+// entry per output; whether any of them makes the op carry memory without
+// values.
+bool note_sources(const c10::IValue& src, CarryKind kind, c10::SmallVector<Carries::Before, 4>& before) {
+  bool any = false;
+  for_each_tensor(src, [&](const at::Tensor& t) {
+    Carries::Before b;
+    b.src_uninitialized = still_uninitialized(t);
+    if (kind == CarryKind::Resize && t.has_storage()) b.nbytes = t.storage().nbytes();
+    any = any || b.src_uninitialized || kind == CarryKind::Resize;
+    before.push_back(b);
+  });
+  return any;
+}
+
+// Whether each tensor a copy writes into (`dst`, pairwise with the sources)
+// held no values before it.
+void note_destinations(const c10::IValue& dst, c10::SmallVector<Carries::Before, 4>& before) {
+  size_t j = 0;
+  for_each_tensor(dst, [&](const at::Tensor& t) {
+    if (j < before.size()) before[j].dst_uninitialized = still_uninitialized(t);
+    ++j;
+  });
+}
+
 }  // namespace
 
 Carries Carries::judge(std::string_view op, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
@@ -53,37 +87,16 @@ Carries Carries::judge(std::string_view op, const c10::FunctionSchema& schema, c
   if (src == nullptr && spec.kind == CarryKind::CopyInto) src = arg("other");  // copy_.Tensor
   bool any = false;
   if (spec.kind == CarryKind::Set) {
-    // set_() leaves an empty storage; set_ to a Storage has no version
-    // counter of its own to check.
-    bool none = false;
-    if (src == nullptr || src->isNone())
-      none = true;
-    else if (src->isTensor())
-      none = still_uninitialized(src->toTensor());
-    else if (src->isStorage())
-      none = storage_uninitialized(src->toStorage().unsafeGetStorageImpl());
-    c.before.push_back(Before{none, false, 0});
-    any = none;
+    any = set_source_uninitialized(src);
+    c.before.push_back(Before{any, false, 0});
   } else if (src != nullptr) {
-    for_each_tensor(*src, [&](const at::Tensor& t) {
-      Before b;
-      b.src_uninitialized = still_uninitialized(t);
-      if (spec.kind == CarryKind::Resize && t.has_storage()) b.nbytes = t.storage().nbytes();
-      any = any || b.src_uninitialized || spec.kind == CarryKind::Resize;
-      c.before.push_back(b);
-    });
-    if (const c10::IValue* dst = arg(spec.dst); dst != nullptr && spec.kind == CarryKind::CopyInto) {
-      size_t j = 0;
-      for_each_tensor(*dst, [&](const at::Tensor& t) {
-        if (j < c.before.size()) c.before[j].dst_uninitialized = still_uninitialized(t);
-        ++j;
-      });
-    }
+    any = note_sources(*src, spec.kind, c.before);
+    if (const c10::IValue* dst = arg(spec.dst); dst != nullptr && spec.kind == CarryKind::CopyInto)
+      note_destinations(*dst, c.before);
   }
   if (any) c.kind = spec.kind;
   return c;
 }
-
 
 Carry Carries::decide(const at::Tensor& out, int32_t list_index, bool versioned) const {
   const size_t i = list_index < 0 ? 0 : static_cast<size_t>(list_index);

@@ -38,7 +38,6 @@ struct DeviceResult {
   std::vector<Waiter> waiters;
 };
 
-
 namespace devstats {
 
 // Staging: one float64 buffer per open batch, and at a batch's close a few

@@ -44,6 +44,47 @@ std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stre
   return g.open.end();
 }
 
+namespace {
+
+// The statistics rows of batch `b` on the device, as flat blocks: the rows
+// of the pieces, then those of the staged segments.
+std::vector<at::Tensor> stats_blocks(Batch& b) {
+  std::vector<at::Tensor> blocks;
+  b.piece_rows = static_cast<int64_t>(b.rows.size());
+  if (!b.rows.empty()) blocks.push_back(at::stack(b.rows));
+  b.rows.clear();
+  if (!b.lengths.empty()) {
+    // The lengths go to the device from host memory that the batch keeps
+    // until its event: pinned on CUDA, so that the copy does not wait.
+    const auto n = static_cast<int64_t>(b.lengths.size());
+    b.lengths_host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
+    std::copy(b.lengths.begin(), b.lengths.end(), b.lengths_host.mutable_data_ptr<int64_t>());
+    const at::Tensor lengths = b.lengths_host.to(b.device, /*non_blocking=*/true);
+    blocks.push_back(segment_rows(b.stage.narrow(0, 0, b.staged), lengths));
+    b.stage.reset();  // back to the allocator, in stream order
+  }
+  for (auto& block : blocks) block = block.reshape({-1});
+  return blocks;
+}
+
+// One flat host copy: the statistics rows, then the signature rows; and the
+// event that says it has arrived.
+void copy_to_host(Batch& b, std::vector<at::Tensor> blocks) {
+  b.stats_values = 0;
+  for (const auto& block : blocks) b.stats_values += block.numel();
+  if (!b.sig_rows.empty()) blocks.push_back(at::cat(b.sig_rows));
+  b.sig_rows.clear();
+  b.device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);
+  if (b.device_rows.scalar_type() != at::kDouble) b.device_rows = b.device_rows.to(at::kDouble);
+  b.host = at::empty(b.device_rows.sizes(),
+                     at::TensorOptions().dtype(at::kDouble).pinned_memory(b.device.is_cuda()));
+  b.host.copy_(b.device_rows, /*non_blocking=*/true);
+  b.event.emplace(b.device.type());
+  b.event->record(b.stream);
+}
+
+}  // namespace
+
 // Launches the stacking, the copy to the host and the event of the open
 // batch `it` on its own stream, and hands it to opdump-device. There must be
 // room in flight.
@@ -57,33 +98,7 @@ void close(std::vector<std::unique_ptr<Batch>>::iterator it) {
     // outside measure(): at a flush.
     c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
     c10::StreamGuard guard(b->stream);
-    std::vector<at::Tensor> blocks;
-    b->piece_rows = static_cast<int64_t>(b->rows.size());
-    if (!b->rows.empty()) blocks.push_back(at::stack(b->rows));
-    b->rows.clear();
-    if (!b->lengths.empty()) {
-      // The lengths go to the device from host memory that the batch keeps
-      // until its event: pinned on CUDA, so that the copy does not wait.
-      const auto n = static_cast<int64_t>(b->lengths.size());
-      b->lengths_host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(b->device.is_cuda()));
-      std::copy(b->lengths.begin(), b->lengths.end(), b->lengths_host.mutable_data_ptr<int64_t>());
-      const at::Tensor lengths = b->lengths_host.to(b->device, /*non_blocking=*/true);
-      blocks.push_back(segment_rows(b->stage.narrow(0, 0, b->staged), lengths));
-      b->stage.reset();  // back to the allocator, in stream order
-    }
-    // One flat host copy: the statistics rows, then the signature rows.
-    for (auto& block : blocks) block = block.reshape({-1});
-    b->stats_values = 0;
-    for (const auto& block : blocks) b->stats_values += block.numel();
-    if (!b->sig_rows.empty()) blocks.push_back(at::cat(b->sig_rows));
-    b->sig_rows.clear();
-    b->device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);
-    if (b->device_rows.scalar_type() != at::kDouble) b->device_rows = b->device_rows.to(at::kDouble);
-    b->host = at::empty(b->device_rows.sizes(),
-                        at::TensorOptions().dtype(at::kDouble).pinned_memory(b->device.is_cuda()));
-    b->host.copy_(b->device_rows, /*non_blocking=*/true);
-    b->event.emplace(b->device.type());
-    b->event->record(b->stream);
+    copy_to_host(*b, stats_blocks(*b));
   } catch (const std::exception& e) {
     b->failed = true;
     warn(rust::Str(std::string("sending device statistics to the host failed: ") + e.what()));
