@@ -1088,7 +1088,6 @@ impl Builder {
             apply(&mut self.t_start, &perm);
             apply(&mut self.t_len, &perm);
             if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
-                Err::<(), i64>(w[0]).unwrap(); // PLANTED
                 return Err(Error::new(format!(
                     "{}: seq {} appears twice in rank {rank} (two runs written into one directory?)",
                     path.display(),
