@@ -1,7 +1,7 @@
 """OPDUMP_CAPTURE and opdump repro: the full tensors and typed arguments of
 chosen calls (crates/engine/src/capture.rs, cpp/saved_call.cpp,
 crates/format/src/capture.rs), the exact metrics compare takes from them
-(crates/cli/src/exact.rs), and the repro folder (crates/cli/src/repro.rs,
+(crates/judge/src/exact.rs), and the repro folder (crates/cli/src/commands/repro.rs,
 repro.py)."""
 
 import contextlib
@@ -334,7 +334,7 @@ print(json.dumps(torch.ops.opdump.capture_stats()))
 
 def load_repro_module():
     """repro.py as `opdump repro` writes it, imported once for every call."""
-    spec = importlib.util.spec_from_file_location("opdump_repro_script", ROOT / "crates" / "cli" / "src" / "repro.py")
+    spec = importlib.util.spec_from_file_location("opdump_repro_script", ROOT / "crates" / "cli" / "src" / "commands" / "repro.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

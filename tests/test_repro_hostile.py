@@ -3,7 +3,7 @@ metadata names something that is not an operator, or another op than the
 dump's row, or is malformed; a default repro folder that another user made
 or can write, or that is a link; modules planted beside repro.py. Nothing in
 a capture file may run as code, and each refusal is one line with exit
-status 2 (crates/cli/src/repro.rs, crates/cli/src/repro.py)."""
+status 2 (crates/cli/src/commands/repro.rs, crates/cli/src/commands/repro.py)."""
 
 import json
 import os

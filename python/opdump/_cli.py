@@ -21,7 +21,7 @@ class OpdumpError(RuntimeError):
     a status that is no verdict (2: bad input or usage), or it printed no JSON
     report. The message is its ``opdump:`` line where it printed one."""
 
-# The exit statuses that carry a report, per command (crates/cli/src/cli.rs).
+# The exit statuses that carry a report, per command (crates/cli/src/app/error.rs).
 _VERDICTS = {"compare": (0, 1, 3), "summary": (0,)}
 
 

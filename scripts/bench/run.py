@@ -837,7 +837,7 @@ def writer_bench(args, tmp: Path) -> list[str]:
 
 def compare_bench(args, tmp: Path) -> list[str]:
     lines = [f"### opdump compare on two synthetic dumps of {args.compare_ops:,} op calls each", ""]
-    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-cli", "--example", "synth",
+    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-testkit", "--example", "synth",
                         "--bin", "opdump"], cwd=str(ROOT), capture_output=True, text=True, env=cargo_env())
     if b.returncode != 0:
         return lines + [f"not run: build of the synth example failed: {_last_line(b.stderr)}", ""]
@@ -869,7 +869,7 @@ def compare_bench(args, tmp: Path) -> list[str]:
     codes = sorted({c for _, _, c in runs})
     SUMMARY["compare"] = (secs, rss, args.compare_ops)
     lines += [
-        f"`synth A B {args.compare_ops}` (crates/cli/examples/synth.rs) wrote {rows[0]:,} + {rows[1]:,} rows "
+        f"`synth A B {args.compare_ops}` (crates/testkit/examples/synth.rs) wrote {rows[0]:,} + {rows[1]:,} rows "
         f"({size / 2**20:.0f} MiB of Parquet) in {gen_s:.1f} s; then `/usr/bin/time -v opdump compare A B`, "
         f"{args.compare_runs} runs:",
         "",

@@ -351,158 +351,102 @@ impl<'a> Ctx<'a> {
         a.tensors.rows_of(a.tensors_of(ia), &mut rows_a);
         b.tensors.rows_of(b.tensors_of(ib), &mut rows_b);
         let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
-        let row_a = |t: u32| &rows_a[(t - start_a) as usize];
-        let row_b = |t: u32| &rows_b[(t - start_b) as usize];
+        let call_a = CallRows::new(&rows_a, start_a);
+        let call_b = CallRows::new(&rows_b, start_b);
         self.pair_tensors((ia, &rows_a), (ib, &rows_b), &mut pairs);
         cmp.tensors.clear();
 
         let op = a.op_name(ia);
-        let mut class = self
-            .classes
-            .get(a.op[ia as usize] as usize)
-            .copied()
-            .unwrap_or(OpClass::Plain);
-        if class == OpClass::Plain && args_make_discontinuous(op, a.args_text(ia)) {
-            class = OpClass::Discontinuous;
-        }
-
-        // The compute dtype, the inputs' scale, and whether any input is a
-        // float (an integer output of float inputs is a discontinuity).
-        let mut compute: Option<&DType> = None;
-        let mut any_float_input = false;
-        let mut in_rms: f64 = 0.0;
-        let mut in_absmax: f64 = 0.0;
-        // The same over the gradient arguments of a backward kernel.
-        let (mut grad_rms, mut grad_absmax) = (0.0f64, 0.0f64);
-        // The input being reduced: the largest float input; and the two
-        // largest, the factors of a product.
-        let (mut reduced_numel, mut reduced_rms) = (0i64, 0.0f64);
-        let mut reduced_norms = (0.0f64, 0.0f64);
-        let mut factors = [(0i64, 0.0f64); 2];
-        let consider = |dt: &'a DType, compute: &mut Option<&'a DType>| {
-            if dt.is_float() && compute.is_none_or(|c| dt.unit_roundoff > c.unit_roundoff) {
-                *compute = Some(dt);
-            }
-        };
-        for &(ta, tb) in &pairs {
-            if let Some(t) = ta {
-                let r = row_a(t);
-                consider(a.dtype_of(r), &mut compute);
-                if r.role == Role::Input && a.dtype_of(r).is_float() {
-                    any_float_input = true;
-                    let n = a.tensors.shapes.numel(r.shape);
-                    if r.has_values() && n > 0 {
-                        let rms = r.l2 / (n as f64).sqrt();
-                        if rms.is_finite() {
-                            in_rms = in_rms.max(rms);
-                            if n > reduced_numel {
-                                (reduced_numel, reduced_rms) = (n, rms);
-                                reduced_norms = (r.l2, r.absmax);
-                            }
-                            if n > factors[1].0 && is_factor(op, a.names.get(r.arg)) {
-                                factors[1] = (n, rms);
-                                if n > factors[0].0 {
-                                    factors.swap(0, 1);
-                                }
-                            }
-                        }
-                        if r.absmax.is_finite() {
-                            in_absmax = in_absmax.max(r.absmax);
-                        }
-                        if is_gradient_arg(a.names.get(r.arg)) {
-                            if rms.is_finite() {
-                                grad_rms = grad_rms.max(rms);
-                            }
-                            if r.absmax.is_finite() {
-                                grad_absmax = grad_absmax.max(r.absmax);
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(t) = tb {
-                let r = row_b(t);
-                consider(b.dtype_of(r), &mut compute);
-                if r.role == Role::Input && b.dtype_of(r).is_float() {
-                    any_float_input = true;
-                }
-            }
-        }
+        let class = self.class_of(ia);
+        let inputs = Inputs::scan(self, op, &pairs, call_a, call_b);
         let k = reduction_length_of(a, ia, &rows_a, class);
-        let tolerance = self.tol.rtol(compute, k);
+        let tolerance = self.tol.rtol(inputs.compute, k);
         // The scale of the terms an output is made of, which its rounding
         // is relative to when it cancels (see `term_scale`).
-        let (term_rms, term_absmax) =
-            term_scale(class, op, (in_rms, in_absmax), (grad_rms, grad_absmax));
+        let (term_rms, term_absmax) = term_scale(
+            class,
+            op,
+            (inputs.rms, inputs.absmax),
+            (inputs.grad_rms, inputs.grad_absmax),
+        );
         let products = if is_product(op) {
-            product_floor(k, factors[0].1, factors[1].1)
+            product_floor(k, inputs.factors[0].1, inputs.factors[1].1)
         } else {
             0.0
         };
 
         for &(ta, tb) in &pairs {
             let role = match (ta, tb) {
-                (Some(t), _) => row_a(t).role,
-                (None, Some(t)) => row_b(t).role,
+                (Some(t), _) => call_a.row(t).role,
+                (None, Some(t)) => call_b.row(t).role,
                 (None, None) => continue,
             };
             let floor = match (role, ta) {
                 (Role::Output, Some(t)) => {
-                    // Each output element reduces this many of the input's.
-                    let k_out =
-                        reduced_numel as f64 / a.tensors.shapes.numel(row_a(t).shape).max(1) as f64;
-                    // A norm's weight and bias gradients sum the
-                    // gradient's terms over the rows.
-                    let (sum_class, sum_rms) = if has_gradient_terms(op) && grad_rms > 0.0 {
-                        (OpClass::Sum, grad_rms)
-                    } else {
-                        (class, reduced_rms)
-                    };
-                    let rms = output_floor(sum_class, term_rms, sum_rms, k_out).max(products);
-                    (rms, (CANCELLATION_FLOOR * term_absmax).max(rms))
+                    let numel = a.tensors.shapes.numel(call_a.row(t).shape);
+                    inputs.output_floor(op, class, (term_rms, term_absmax), products, numel)
                 }
                 _ => (0.0, 0.0),
             };
             let mut tc = self.compare_tensors(
-                ta.map(|t| (t, row_a(t))),
-                tb.map(|t| (t, row_b(t))),
+                ta.map(|t| (t, call_a.row(t))),
+                tb.map(|t| (t, call_b.row(t))),
                 role,
                 tolerance,
                 floor,
             );
-            tc.legit = if role != Role::Output {
-                None
-            } else if class == OpClass::Rng {
-                Some(TensorVerdict::Rng)
-            } else if class == OpClass::Discontinuous
-                || (ta.is_some_and(|t| a.dtype_of(row_a(t)).is_discrete()) && any_float_input)
-            {
-                // Comparisons, rounding, and integer outputs of float
-                // inputs (argmax, topk indices, casts to int).
-                Some(TensorVerdict::Discontinuous)
-            } else {
-                None
-            };
+            let discrete_output = ta.is_some_and(|t| a.dtype_of(call_a.row(t)).is_discrete());
+            tc.legit = legit_verdict(role, class, discrete_output && inputs.any_float);
             cmp.tensors.push(tc);
         }
-        cmp.concentration = 1.0;
-        if class == OpClass::Movement {
-            for t in a.tensors_of(ia) {
-                let r = row_a(t);
-                if r.role == Role::Output && r.has_values() {
-                    let c = concentration(a, t, reduced_numel, reduced_norms);
-                    cmp.concentration = cmp.concentration.max(c);
-                }
-            }
-        }
+        cmp.concentration = if class == OpClass::Movement {
+            self.concentration_of(ia, call_a, &inputs)
+        } else {
+            1.0
+        };
         cmp.class = Some(class);
-        cmp.compute_dtype = compute.cloned();
+        cmp.compute_dtype = inputs.compute.cloned();
         cmp.k = k;
         cmp.tolerance = tolerance;
         cmp.verdict = None;
         cmp.scratch = pairs;
         (cmp.rows_a, cmp.rows_b) = (rows_a, rows_b);
         (cmp.start_a, cmp.start_b) = (start_a, start_b);
+    }
+
+    /// The class of call `ia` of A: by its op's name, or discontinuous where
+    /// its arguments make it so.
+    fn class_of(&self, ia: u32) -> OpClass {
+        let a = self.a;
+        let class = self
+            .classes
+            .get(a.op[ia as usize] as usize)
+            .copied()
+            .unwrap_or(OpClass::Plain);
+        if class == OpClass::Plain && args_make_discontinuous(a.op_name(ia), a.args_text(ia)) {
+            OpClass::Discontinuous
+        } else {
+            class
+        }
+    }
+
+    /// How much a movement op may concentrate its input's relative error:
+    /// the largest over its outputs (see [`concentration`]).
+    fn concentration_of(&self, ia: u32, call_a: CallRows<'_>, inputs: &Inputs<'_>) -> f64 {
+        let a = self.a;
+        let mut c = 1.0f64;
+        for t in a.tensors_of(ia) {
+            let r = call_a.row(t);
+            if r.role == Role::Output && r.has_values() {
+                c = c.max(concentration(
+                    a,
+                    t,
+                    inputs.reduced_numel,
+                    inputs.reduced_norms,
+                ));
+            }
+        }
+        c
     }
 
     /// Stage 2: verdicts, given how far each input is *tainted*: 0 when no
@@ -876,4 +820,158 @@ fn reduction_length_of(d: &Dump, i: u32, rows: &[TensorRow], class: OpClass) -> 
         _ => 1.0,
     };
     ratio.max(by_class).max(1.0)
+}
+
+/// The rows of one call's tensors, read once, by tensor index.
+#[derive(Clone, Copy)]
+struct CallRows<'r> {
+    rows: &'r [TensorRow],
+    start: u32,
+}
+
+impl<'r> CallRows<'r> {
+    fn new(rows: &'r [TensorRow], start: u32) -> Self {
+        CallRows { rows, start }
+    }
+
+    fn row(&self, t: u32) -> &'r TensorRow {
+        &self.rows[(t - self.start) as usize]
+    }
+}
+
+/// What an op pair's inputs tell about the rounding of its outputs.
+#[derive(Default)]
+struct Inputs<'d> {
+    /// The compute dtype: the least precise float dtype, both sides.
+    compute: Option<&'d DType>,
+    /// Some input is a float (an integer output of float inputs is a
+    /// discontinuity).
+    any_float: bool,
+    /// The largest rms and absolute value among A's float inputs.
+    rms: f64,
+    absmax: f64,
+    /// The same over the gradient arguments of a backward kernel.
+    grad_rms: f64,
+    grad_absmax: f64,
+    /// The input being reduced: the largest float input, its rms and its
+    /// (L2, max) norms.
+    reduced_numel: i64,
+    reduced_rms: f64,
+    reduced_norms: (f64, f64),
+    /// The two largest factors of a product: (numel, rms).
+    factors: [(i64, f64); 2],
+}
+
+impl<'d> Inputs<'d> {
+    /// Scans the tensor pairs of op `op`.
+    fn scan(
+        ctx: &Ctx<'d>,
+        op: &str,
+        pairs: &[(Option<u32>, Option<u32>)],
+        call_a: CallRows<'_>,
+        call_b: CallRows<'_>,
+    ) -> Self {
+        let (a, b) = (ctx.a, ctx.b);
+        let mut x = Inputs::default();
+        for &(ta, tb) in pairs {
+            if let Some(t) = ta {
+                let r = call_a.row(t);
+                x.consider(a.dtype_of(r));
+                if r.role == Role::Input && a.dtype_of(r).is_float() {
+                    x.any_float = true;
+                    x.add_float_input(a, op, r);
+                }
+            }
+            if let Some(t) = tb {
+                let r = call_b.row(t);
+                x.consider(b.dtype_of(r));
+                if r.role == Role::Input && b.dtype_of(r).is_float() {
+                    x.any_float = true;
+                }
+            }
+        }
+        x
+    }
+
+    /// Keeps the least precise float dtype.
+    fn consider(&mut self, dt: &'d DType) {
+        if dt.is_float()
+            && self
+                .compute
+                .is_none_or(|c| dt.unit_roundoff > c.unit_roundoff)
+        {
+            self.compute = Some(dt);
+        }
+    }
+
+    /// Takes in the scale of one float input of A.
+    fn add_float_input(&mut self, a: &Dump, op: &str, r: &TensorRow) {
+        let n = a.tensors.shapes.numel(r.shape);
+        if !(r.has_values() && n > 0) {
+            return;
+        }
+        let rms = r.l2 / (n as f64).sqrt();
+        if rms.is_finite() {
+            self.rms = self.rms.max(rms);
+            if n > self.reduced_numel {
+                (self.reduced_numel, self.reduced_rms) = (n, rms);
+                self.reduced_norms = (r.l2, r.absmax);
+            }
+            if n > self.factors[1].0 && is_factor(op, a.names.get(r.arg)) {
+                self.factors[1] = (n, rms);
+                if n > self.factors[0].0 {
+                    self.factors.swap(0, 1);
+                }
+            }
+        }
+        if r.absmax.is_finite() {
+            self.absmax = self.absmax.max(r.absmax);
+        }
+        if is_gradient_arg(a.names.get(r.arg)) {
+            if rms.is_finite() {
+                self.grad_rms = self.grad_rms.max(rms);
+            }
+            if r.absmax.is_finite() {
+                self.grad_absmax = self.grad_absmax.max(r.absmax);
+            }
+        }
+    }
+
+    /// The (rms, max) floor of an output of `numel` elements: what rounding
+    /// of the terms it is made of explains when it cancels.
+    fn output_floor(
+        &self,
+        op: &str,
+        class: OpClass,
+        (term_rms, term_absmax): (f64, f64),
+        products: f64,
+        numel: i64,
+    ) -> (f64, f64) {
+        // Each output element reduces this many of the input's.
+        let k_out = self.reduced_numel as f64 / numel.max(1) as f64;
+        // A norm's weight and bias gradients sum the gradient's terms over
+        // the rows.
+        let (sum_class, sum_rms) = if has_gradient_terms(op) && self.grad_rms > 0.0 {
+            (OpClass::Sum, self.grad_rms)
+        } else {
+            (class, self.reduced_rms)
+        };
+        let rms = output_floor(sum_class, term_rms, sum_rms, k_out).max(products);
+        (rms, (CANCELLATION_FLOOR * term_absmax).max(rms))
+    }
+}
+
+/// The verdict a differing output gets instead of diverged: random ops,
+/// and comparisons, rounding and integer outputs of float inputs (argmax,
+/// topk indices, casts to int).
+fn legit_verdict(role: Role, class: OpClass, discrete_of_float: bool) -> Option<TensorVerdict> {
+    if role != Role::Output {
+        None
+    } else if class == OpClass::Rng {
+        Some(TensorVerdict::Rng)
+    } else if class == OpClass::Discontinuous || discrete_of_float {
+        Some(TensorVerdict::Discontinuous)
+    } else {
+        None
+    }
 }
