@@ -837,7 +837,7 @@ def writer_bench(args, tmp: Path) -> list[str]:
 
 def compare_bench(args, tmp: Path) -> list[str]:
     lines = [f"### opdump compare on two synthetic dumps of {args.compare_ops:,} op calls each", ""]
-    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-testkit", "--example", "synth",
+    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-testkit", "-p", "opdump-cli", "--example", "synth",
                         "--bin", "opdump"], cwd=str(ROOT), capture_output=True, text=True, env=cargo_env())
     if b.returncode != 0:
         return lines + [f"not run: build of the synth example failed: {_last_line(b.stderr)}", ""]
