@@ -92,3 +92,31 @@ def test_comments_strings_and_test_modules_make_no_edge(tmp_path):
         [sys.executable, str(SCRIPT), str(src)], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout
+
+
+def dependency_tree(package, edges):
+    """`cargo tree` of one package, without duplicates collapsed."""
+    run = subprocess.run(
+        ["cargo", "tree", "--offline", "-p", package, "-e", edges, "--prefix", "none", "--no-dedupe"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    return {line.split()[0] for line in run.stdout.splitlines() if line.strip()}
+
+
+def test_the_judge_builds_and_tests_without_arrow_or_parquet():
+    # The judge's own build and its tests (dev-dependencies included).
+    crates = dependency_tree("opdump-judge", "normal,dev")
+    assert "opdump-judge" in crates
+    assert not {c for c in crates if c.startswith(("arrow", "parquet"))}, sorted(crates)
+
+
+def test_the_format_without_its_parquet_feature_has_no_arrow():
+    run = subprocess.run(
+        ["cargo", "tree", "--offline", "-p", "opdump-format", "--no-default-features", "-e", "normal",
+         "--prefix", "none"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "opdump-format" in run.stdout
+    assert "arrow" not in run.stdout and "parquet" not in run.stdout, run.stdout
