@@ -22,7 +22,7 @@ use parquet::file::statistics::Statistics;
 
 use crate::error::{Error, Result};
 use crate::panic_guard;
-use crate::read::{bad_type, get, open_dictionaries, required_roots, Fingerprints, StrCol};
+use crate::read::{open_dictionaries, primitive, required_roots, Fingerprints, StrCol};
 use crate::read::{DumpIndex, FileInfo};
 
 const BATCH_ROWS: usize = 64 * 1024;
@@ -300,18 +300,6 @@ fn read_file(f: &RankFile, rank: u32, win: (i64, i64), sink: &mut Sink<'_>) -> R
     Ok(())
 }
 
-/// A primitive column of a batch.
-fn ints<'a, T: arrow_array::ArrowPrimitiveType>(
-    path: &Path,
-    b: &'a RecordBatch,
-    name: &str,
-) -> Result<&'a PrimitiveArray<T>> {
-    let a = get(path, b, name)?;
-    a.as_any()
-        .downcast_ref::<PrimitiveArray<T>>()
-        .ok_or_else(|| bad_type(path, name, a))
-}
-
 /// The key columns of one batch.
 struct KeyCols<'a> {
     name: StrCol<'a>,
@@ -342,9 +330,9 @@ impl<'a> KeyCols<'a> {
             role: s(col::ROLE)?,
             arg: s(col::ARG)?,
             module: StrCol::optional(path, b, col::MODULE)?,
-            seq: ints::<Int64Type>(path, b, col::SEQ)?,
-            step: ints::<Int64Type>(path, b, col::STEP)?,
-            list_index: ints::<Int32Type>(path, b, col::LIST_INDEX)?,
+            seq: primitive::<Int64Type>(path, b, col::SEQ)?,
+            step: primitive::<Int64Type>(path, b, col::STEP)?,
+            list_index: primitive::<Int32Type>(path, b, col::LIST_INDEX)?,
             fp: Fingerprints::of(path, b)?,
         }))
     }

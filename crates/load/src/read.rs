@@ -18,7 +18,8 @@ use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::{
-    Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray, RecordBatch, StringArray,
+    Array, ArrayRef, ArrowPrimitiveType, Float64Array, Int64Array, PrimitiveArray, RecordBatch,
+    StringArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use opdump_format::columns::{ColType, COLUMNS, COUNT_STATS, FLOAT_STATS};
@@ -447,13 +448,13 @@ struct Cols<'a> {
     sketch: Option<&'a arrow_array::ListArray>,
 }
 
-pub(crate) fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+fn get<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     batch
         .column_by_name(name)
         .ok_or_else(|| Error::new(format!("{}: column {name:?} is missing", path.display())))
 }
 
-pub(crate) fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> Error {
+fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> Error {
     Error::new(format!(
         "{}: column {name:?} has unexpected type {}",
         path.display(),
@@ -463,21 +464,9 @@ pub(crate) fn bad_type(path: &Path, name: &str, a: &ArrayRef) -> Error {
 
 impl<'a> Cols<'a> {
     fn new(path: &Path, b: &'a RecordBatch) -> Result<Self> {
-        let i64c = |n: &str| -> Result<&'a Int64Array> {
-            let a = get(path, b, n)?;
-            a.as_primitive_opt::<Int64Type>()
-                .ok_or_else(|| bad_type(path, n, a))
-        };
-        let i32c = |n: &str| -> Result<&'a arrow_array::Int32Array> {
-            let a = get(path, b, n)?;
-            a.as_primitive_opt::<Int32Type>()
-                .ok_or_else(|| bad_type(path, n, a))
-        };
-        let f64c = |n: &str| -> Result<&'a Float64Array> {
-            let a = get(path, b, n)?;
-            a.as_primitive_opt::<Float64Type>()
-                .ok_or_else(|| bad_type(path, n, a))
-        };
+        let i64c = |n: &str| primitive::<Int64Type>(path, b, n);
+        let i32c = |n: &str| primitive::<Int32Type>(path, b, n);
+        let f64c = |n: &str| primitive::<Float64Type>(path, b, n);
         let strc = |n: &str| StrCol::new(path, b, n);
         let opt_strc = |n: &str| StrCol::optional(path, b, n);
         let shape = {
@@ -528,6 +517,17 @@ impl<'a> Cols<'a> {
             },
         })
     }
+}
+
+/// The column `name` of a batch, of Arrow type `T`.
+pub(crate) fn primitive<'a, T: ArrowPrimitiveType>(
+    path: &Path,
+    b: &'a RecordBatch,
+    name: &str,
+) -> Result<&'a PrimitiveArray<T>> {
+    let a = get(path, b, name)?;
+    a.as_primitive_opt::<T>()
+        .ok_or_else(|| bad_type(path, name, a))
 }
 
 /// The columns `names` of a batch, each decoded by `decode`.
