@@ -282,3 +282,40 @@ fn bad_options() {
     expect_error(&["compare", g], "DUMP_B");
     expect_error(&["frobnicate"], "frobnicate");
 }
+
+/// A dump of one phase: a `gelu` per step.
+fn one_phase_dump(dir: &Path, phase: opdump_format::Phase, steps: std::ops::Range<i64>) {
+    use opdump_testkit::synth::{input, output, DumpWriter};
+    let mut w = DumpWriter::new(dir, 0, "cpu");
+    w.phase = phase;
+    for step in steps {
+        w.step = step;
+        w.leaf(
+            "aten::gelu",
+            "default",
+            "",
+            vec![input("self", "float32", &[4], 1.0)],
+            vec![output(0, "float32", &[4], 1.0)],
+        )
+        .unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn no_phase_in_common_says_what_each_dump_has_and_what_to_do() {
+    use opdump_format::Phase;
+    let t = tmp();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    one_phase_dump(&a, Phase::Forward, 0..3);
+    one_phase_dump(&b, Phase::Optimizer, 5..8);
+    expect_error(
+        &["compare", path_str(&a), path_str(&b)],
+        "A has steps 0..2, phases taking part: forward; B has steps 5..7, phases taking part: optimizer; dump the same steps and ops on both sides, or widen --steps and --ignore",
+    );
+    // An --ignore that leaves nothing: no phase takes part on either side.
+    expect_error(
+        &["compare", path_str(&a), path_str(&a), "--ignore", "gelu"],
+        "A has steps 0..2, phases taking part: none; B has steps 0..2, phases taking part: none",
+    );
+}

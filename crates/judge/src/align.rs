@@ -45,6 +45,14 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Whether the calls of `op` and `overload` are left out (`--ignore`
+    /// matches `op.overload`).
+    pub fn ignores(&self, op: &str, overload: &str) -> bool {
+        self.ignore
+            .as_ref()
+            .is_some_and(|re| ignores(re, op, overload))
+    }
+
     /// Whether step `s` is among the selected steps.
     pub fn step_selected(&self, s: i64) -> bool {
         self.steps.is_empty() || self.steps.iter().any(|&(lo, hi)| lo <= s && s <= hi)
@@ -133,15 +141,14 @@ fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
         .map(|i| key(i, d.name_signature(i)))
         .collect();
     let mut ignored = vec![false; d.len()];
-    if let Some(re) = &filter.ignore {
+    if let Some(re) = filter.ignore.as_ref() {
         // One regex test per distinct (op, overload), not per call.
         let mut cache: FxMap<(u32, u32), bool> = FxMap::default();
         for (i, ig) in ignored.iter_mut().enumerate() {
             let key = (d.op[i], d.overload[i]);
-            *ig = *cache.entry(key).or_insert_with(|| {
-                let full = format!("{}.{}", d.names.get(key.0), d.names.get(key.1));
-                re.is_match(&full)
-            });
+            *ig = *cache
+                .entry(key)
+                .or_insert_with(|| ignores(re, d.names.get(key.0), d.names.get(key.1)));
         }
     }
     Prepared {
@@ -149,6 +156,10 @@ fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
         loose,
         ignored,
     }
+}
+
+fn ignores(re: &Regex, op: &str, overload: &str) -> bool {
+    re.is_match(&format!("{op}.{overload}"))
 }
 
 /// Roots by (step, phase), in seq order.

@@ -205,7 +205,7 @@ pub fn compare_dumps(
     let alignment = align(&a, &b, &filter, progress);
     progress.stage_done("align", t0);
     let t0 = std::time::Instant::now();
-    check_alignment(&a, &b, &alignment, force, &mut notes)?;
+    check_alignment(&a, &b, &alignment, (&filter, force), &mut notes)?;
 
     let j = {
         let mut judge = Judge::new(&a, &b, &alignment, &tol, top);
@@ -265,7 +265,7 @@ fn check_alignment(
     a: &Dump,
     b: &Dump,
     alignment: &Alignment,
-    force: bool,
+    (filter, force): (&Filter, bool),
     notes: &mut Vec<String>,
 ) -> Result<(), Refusal> {
     let (ca, cb) = (alignment.common_roots_a, alignment.common_roots_b);
@@ -273,6 +273,8 @@ fn check_alignment(
         return Err(Refusal::NoPhaseInCommon {
             steps_a: step_range(a),
             steps_b: step_range(b),
+            phases_a: phase_list(a, filter),
+            phases_b: phase_list(b, filter),
         });
     }
     if alignment.steps_ignored {
@@ -927,5 +929,24 @@ fn step_range(d: &Dump) -> String {
         (Some(f), Some(l)) if f == l => format!("step {f}"),
         (Some(f), Some(l)) => format!("steps {f}..{l}"),
         _ => "no steps".into(),
+    }
+}
+
+/// The phases of the top-level calls of a dump that the filter keeps, in
+/// phase order (`forward, backward`), or `none`.
+fn phase_list(d: &Dump, filter: &Filter) -> String {
+    use opdump_format::Phase;
+    let kept = |r: u32| {
+        filter.step_selected(d.step(r)) && !filter.ignores(d.op_name(r), d.overload_name(r))
+    };
+    let present: Vec<&str> = [Phase::Forward, Phase::Backward, Phase::Optimizer]
+        .into_iter()
+        .filter(|&p| d.roots.iter().any(|&r| d.phase(r) == p && kept(r)))
+        .map(Phase::as_str)
+        .collect();
+    if present.is_empty() {
+        "none".into()
+    } else {
+        present.join(", ")
     }
 }

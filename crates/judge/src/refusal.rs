@@ -41,12 +41,16 @@ pub enum Refusal {
         /// The steps it has, as a range (`steps 0..2`).
         has: String,
     },
-    /// The dumps have no (step, phase) group in common.
+    /// The dumps have no phase in common to align, even ignoring steps.
     NoPhaseInCommon {
-        /// The steps of A and of B, as ranges.
+        /// The steps of A, as a range (`steps 0..2`).
         steps_a: String,
-        /// See `steps_a`.
+        /// The steps of B.
         steps_b: String,
+        /// The phases of A's top-level calls (`forward, backward`).
+        phases_a: String,
+        /// The phases of B's.
+        phases_b: String,
     },
     /// Too few top-level calls align for the dumps to be one program.
     DifferentPrograms {

@@ -70,7 +70,14 @@ impl From<Refusal> for CliError {
                 "{}: no op calls in the selected steps (the dump has {has})",
                 path.display()
             ),
-            Refusal::NoPhaseInCommon { .. } => "the dumps have no phase (forward, backward, optimizer) in common; are they runs of the same program?".to_string(),
+            Refusal::NoPhaseInCommon {
+                steps_a,
+                steps_b,
+                phases_a,
+                phases_b,
+            } => format!(
+                "the dumps have no phase (forward, backward, optimizer) in common to align: A has {steps_a}, phases taking part: {phases_a}; B has {steps_b}, phases taking part: {phases_b}; dump the same steps and ops on both sides, or widen --steps and --ignore"
+            ),
             Refusal::DifferentPrograms { matched, larger } => format!(
                 "the dumps look like different programs: only {matched} of {larger} top-level op calls align (use --force to compare anyway)"
             ),
