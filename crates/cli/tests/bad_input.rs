@@ -204,7 +204,10 @@ fn schema_versions() {
     expect_error(&["compare", path_str(&good), path_str(&newer)], "newer");
     let older = t.path().join("older");
     write_file(&partition(&older).join("part-1-00000.parquet"), "0");
-    expect_error(&["compare", path_str(&older), path_str(&good)], "too old");
+    expect_error(
+        &["compare", path_str(&older), path_str(&good)],
+        "too old: this opdump reads versions 1 to 4; dump the job again with this opdump",
+    );
 }
 
 #[test]

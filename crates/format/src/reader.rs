@@ -150,12 +150,12 @@ fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
         .map_err(|_| Error::format(path, format!("bad opdump.schema_version {v:?}")))?;
     if v < MIN_READABLE_SCHEMA_VERSION {
         return Err(Error::format(path, format!(
-            "dump schema version {v} is too old: this opdump reads versions {MIN_READABLE_SCHEMA_VERSION} to {SCHEMA_VERSION}"
+            "dump schema version {v} is too old: this opdump reads versions {MIN_READABLE_SCHEMA_VERSION} to {SCHEMA_VERSION}; dump the job again with this opdump"
         )));
     }
     if v > SCHEMA_VERSION {
         return Err(Error::format(path, format!(
-            "dump schema version {v} is newer than this opdump (reads up to {SCHEMA_VERSION}); upgrade opdump"
+            "dump schema version {v} is newer than this opdump (reads up to {SCHEMA_VERSION}): compare it with the opdump that wrote it, or upgrade this one"
         )));
     }
     Ok(v)

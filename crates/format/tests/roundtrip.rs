@@ -5,11 +5,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use opdump_format::reader::{file_metadata, list_files};
-use opdump_testkit::records::read_records;
 use opdump_format::schema::meta;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
 };
+use opdump_testkit::records::read_records;
 
 fn tensor(role: Role, arg: &str, v: f64) -> TensorRecord {
     TensorRecord {
@@ -251,7 +251,12 @@ fn reader_rejects_foreign_and_newer_files() {
     assert!(err.contains("not an opdump file"), "{err}");
     let newer = write("b.parquet", Some("99"));
     let err = file_metadata(&newer).unwrap_err().to_string();
-    assert!(err.contains("newer than this opdump"), "{err}");
+    assert!(
+        err.contains(
+            "newer than this opdump (reads up to 4): compare it with the opdump that wrote it"
+        ),
+        "{err}"
+    );
     let truncated = tmp.path().join("c.parquet");
     std::fs::write(&truncated, b"PAR1garbage").unwrap();
     assert!(file_metadata(&truncated).is_err());
