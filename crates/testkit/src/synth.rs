@@ -83,9 +83,10 @@ pub fn with_nan(mut t: TensorRecord, nan: i64) -> TensorRecord {
 
 /// A writer of one partition that hands out `seq`, `depth` and `parent_seq`
 /// like the plugin: seq in entry order, the record written when the op
-/// ends (so a parent's row follows its children's in the file).
+/// ends (so a parent's row follows its children's in the file). Into files,
+/// or kept in memory for a dump built with `Dump::from_records`.
 pub struct DumpWriter {
-    w: RotatingWriter,
+    out: Out,
     seq: i64,
     pid: i32,
     stack: Vec<(i64, i32)>,
@@ -94,6 +95,13 @@ pub struct DumpWriter {
     pub calls: u64,
     /// The module path given to the op calls begun from now on.
     pub module: Option<String>,
+}
+
+/// Where a [`DumpWriter`]'s records go.
+enum Out {
+    Files(RotatingWriter),
+    /// In the order they would be written.
+    Memory(Vec<OpRecord>),
 }
 
 /// An op that has begun and not yet ended.
@@ -128,8 +136,20 @@ impl DumpWriter {
             (meta::DEVICE.to_string(), device.to_string()),
             (meta::STATS_ACCUMULATE.to_string(), "float64".to_string()),
         ];
+        Self::into_out(
+            Out::Files(RotatingWriter::new(dir, format!("part-{pid}"), opts, md)),
+            pid,
+        )
+    }
+
+    /// A writer that keeps its records in memory ([`DumpWriter::records`]).
+    pub fn in_memory() -> Self {
+        Self::into_out(Out::Memory(Vec::new()), 4242)
+    }
+
+    fn into_out(out: Out, pid: i32) -> Self {
         DumpWriter {
-            w: RotatingWriter::new(dir, format!("part-{pid}"), opts, md),
+            out,
             seq: 0,
             pid,
             stack: Vec::new(),
@@ -187,10 +207,16 @@ impl DumpWriter {
     ) -> opdump_format::Result<i64> {
         self.stack.pop();
         open.rec.tensors.extend(outputs);
-        self.w.write_capture(&mut open.rec)?;
-        self.w.append(&open.rec)?;
+        let seq = open.rec.seq;
+        match &mut self.out {
+            Out::Files(w) => {
+                w.write_capture(&mut open.rec)?;
+                w.append(&open.rec)?;
+            }
+            Out::Memory(recs) => recs.push(open.rec),
+        }
         self.calls += 1;
-        Ok(open.rec.seq)
+        Ok(seq)
     }
 
     /// An op without children.
@@ -238,8 +264,19 @@ impl DumpWriter {
     }
 
     pub fn close(mut self) -> opdump_format::Result<u64> {
-        self.w.close_file()?;
+        if let Out::Files(w) = &mut self.out {
+            w.close_file()?;
+        }
         Ok(self.calls)
+    }
+
+    /// The records of an in-memory writer, in write order (none for a
+    /// writer into files).
+    pub fn records(self) -> Vec<OpRecord> {
+        match self.out {
+            Out::Memory(recs) => recs,
+            Out::Files(_) => Vec::new(),
+        }
     }
 }
 
@@ -313,11 +350,21 @@ pub fn write_model(
     side_b: bool,
     max_rows: u64,
 ) -> opdump_format::Result<u64> {
-    let mut run = SyntheticRun::new(root, m, v, side_b, max_rows);
+    let w = DumpWriter::with_rows(root, 0, "cpu", max_rows);
+    let mut run = SyntheticRun::new(w, m, v, side_b);
     for step in 0..m.steps {
         run.training_step(step)?;
     }
     run.w.close()
+}
+
+/// The records [`write_model`] writes, kept in memory.
+pub fn model_records(m: &Model, v: &Variant, side_b: bool) -> Vec<OpRecord> {
+    let mut run = SyntheticRun::new(DumpWriter::in_memory(), m, v, side_b);
+    for step in 0..m.steps {
+        run.training_step(step).expect("in memory");
+    }
+    run.w.records()
 }
 
 /// One side of a synthetic run while it is written. Every op is one method,
@@ -337,14 +384,14 @@ struct SyntheticRun<'a> {
 }
 
 impl<'a> SyntheticRun<'a> {
-    fn new(root: &Path, m: &Model, v: &'a Variant, side_b: bool, max_rows: u64) -> Self {
+    fn new(w: DumpWriter, m: &Model, v: &'a Variant, side_b: bool) -> Self {
         let dtype = if side_b {
             v.dtype.unwrap_or("float32")
         } else {
             "float32"
         };
         SyntheticRun {
-            w: DumpWriter::with_rows(root, 0, "cpu", max_rows),
+            w,
             v,
             side_b,
             dtype,

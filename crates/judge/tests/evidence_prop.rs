@@ -8,8 +8,9 @@
 //! scaled, permuted, or independent). Both tensors' statistics are computed
 //! here as the plugin defines them (`cpp/stats.cpp`: over the finite
 //! elements, population std, `l2` the norm, `absmax = max(|min|, |max|)`,
-//! counts), written to a dump with the real writer, loaded with the CLI's
-//! loader, and measured; the true ||a - b||_2 and ||a - b||_inf are taken
+//! counts), made into a dump in memory (`Dump::from_records`, which holds
+//! what the loader reads from the same records written to Parquet), and
+//! measured; the true ||a - b||_2 and ||a - b||_inf are taken
 //! over the elements finite on both sides.
 //!
 //! Two versions of the statistics are checked:
@@ -23,17 +24,10 @@
 //! A case is a seed plus a few parameters; a failure prints them, so it
 //! can be replayed.
 
-use std::path::Path;
-use std::time::Duration;
-
-use opdump_format::{
-    OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
-};
+use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
 use opdump_judge::dump::Dump;
 use opdump_judge::evidence::{Evidence, Measure, StatsEvidence};
 use opdump_judge::tolerance::Tolerances;
-use opdump_judge::Silent;
-use opdump_load::read::{load, scan};
 use proptest::prelude::*;
 
 /// splitmix64: a deterministic stream of numbers from a case's seed.
@@ -417,18 +411,13 @@ fn tensor(n: usize, stats: Stats) -> TensorRecord {
     }
 }
 
-/// Writes each pair `(a, b)` of statistics as two op calls of one dump,
-/// loads it with the CLI's loader and measures each b against its a.
-fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
-    let part = dir.join("rank=0").join("device=cpu");
-    let opts = RotateOptions {
-        max_age: Duration::from_secs(3600),
-        ..Default::default()
-    };
-    let mut w = RotatingWriter::new(&part, "part-1", opts, vec![]);
+/// Makes each pair `(a, b)` of statistics two op calls of one dump and
+/// measures each b against its a.
+fn measure(n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
     let sides = pairs.iter().flat_map(|&(a, b)| [a, b]);
+    let mut records = Vec::new();
     for (seq, stats) in (1..).zip(sides) {
-        let rec = OpRecord {
+        records.push(OpRecord {
             seq,
             parent_seq: None,
             depth: 0,
@@ -447,11 +436,9 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
             source: None,
             capture: None,
             tensors: vec![tensor(n, stats)],
-        };
-        w.append(&rec).unwrap();
+        });
     }
-    w.close_file().unwrap();
-    let d: Dump = load(&scan(dir).unwrap(), 0, &Silent, "test").unwrap();
+    let d = Dump::from_records("test", 0, &records).unwrap();
     (0..pairs.len() as u32)
         .map(|k| {
             let (ta, tb) = (d.tensors_of(2 * k).start, d.tensors_of(2 * k + 1).start);
@@ -465,7 +452,6 @@ fn measure(dir: &Path, n: usize, pairs: &[(Stats, Stats)]) -> Vec<Measure> {
 
 /// Checks the bounds of one pair with both versions of the statistics.
 fn check(a: &[f64], b: &[f64]) -> Result<(), TestCaseError> {
-    let tmp = tempfile::tempdir().unwrap();
     let (true_l2, true_linf) = true_error(a, b);
     let finite = |x: &[f64]| -> Vec<f64> { x.iter().copied().filter(|v| v.is_finite()).collect() };
     let norm = exact_norm(&finite(a)).max(exact_norm(&finite(b)));
@@ -474,7 +460,7 @@ fn check(a: &[f64], b: &[f64]) -> Result<(), TestCaseError> {
         (exact_stats(a), exact_stats(b)),
         (plugin_stats(a), plugin_stats(b)),
     ];
-    let measures = measure(tmp.path(), n, &pairs);
+    let measures = measure(n, &pairs);
     for ((name, (sa, sb)), m) in ["exact", "plugin"].into_iter().zip(pairs).zip(measures) {
         // The extremes are exact in both versions, and a difference of
         // two of them rounds to at most the rounded true maximum.

@@ -1,13 +1,12 @@
-//! Alignment on synthetic dumps: insertions, deletions, extra copies, a
+//! Alignment on synthetic dumps built in memory: insertions, deletions, extra copies, a
 //! different decomposition at depth 1, a reordered tail, steps, dtypes, and
 //! a long repetitive run. Each test names the exact calls it expects to be
 //! unmatched, by seq.
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
+use opdump_format::OpRecord;
 use opdump_testkit::synth::{input, output, DumpWriter};
 
 /// A call to write: name, tensor size, children.
@@ -30,8 +29,13 @@ fn tree(name: &'static str, size: i64, kids: Vec<N>) -> N {
     N { name, size, kids }
 }
 
-/// Writes steps of calls; returns (name, seq) of every call in preorder.
-fn write(dir: &Path, steps: &[Vec<N>], dtype: &str) -> Vec<(&'static str, i64)> {
+/// Writes steps of calls into `out`; returns (name, seq) of every call in
+/// preorder.
+fn write(
+    out_records: &mut Vec<OpRecord>,
+    steps: &[Vec<N>],
+    dtype: &str,
+) -> Vec<(&'static str, i64)> {
     fn one(w: &mut DumpWriter, n: &N, dtype: &str, out: &mut Vec<(&'static str, i64)>) {
         let o = w.begin(
             n.name,
@@ -46,7 +50,7 @@ fn write(dir: &Path, steps: &[Vec<N>], dtype: &str) -> Vec<(&'static str, i64)> 
         w.end(o, vec![output(0, dtype, &[n.size], 1.0)])
             .expect("write");
     }
-    let mut w = DumpWriter::new(dir, 0, "cpu");
+    let mut w = DumpWriter::in_memory();
     let mut out = Vec::new();
     for (s, calls) in steps.iter().enumerate() {
         w.step = s as i64;
@@ -54,7 +58,7 @@ fn write(dir: &Path, steps: &[Vec<N>], dtype: &str) -> Vec<(&'static str, i64)> 
             one(&mut w, n, dtype, &mut out);
         }
     }
-    w.close().expect("close");
+    *out_records = w.records();
     out
 }
 
@@ -76,12 +80,12 @@ fn abcde() -> Vec<N> {
 
 #[test]
 fn insertion_is_only_in_b() {
-    let t = tmp();
-    let a = write(&t.path().join("a"), &[abcde()], "float32");
+    let mut t = Sides::default();
+    let a = write(t.side("a"), &[abcde()], "float32");
     let mut bl = abcde();
     bl.insert(2, op("aten::extra", 4));
-    let b = write(&t.path().join("b"), &[bl], "float32");
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let b = write(t.side("b"), &[bl], "float32");
+    let (da, db, al) = t.align("a", "b");
     assert_eq!(seqs(&db, &al.only_b), vec![seq_of(&b, "aten::extra", 0)]);
     assert!(al.only_a.is_empty());
     let pairs = seq_pairs(&da, &db, &al);
@@ -96,12 +100,12 @@ fn insertion_is_only_in_b() {
 
 #[test]
 fn deletion_is_only_in_a() {
-    let t = tmp();
-    let a = write(&t.path().join("a"), &[abcde()], "float32");
+    let mut t = Sides::default();
+    let a = write(t.side("a"), &[abcde()], "float32");
     let mut bl = abcde();
     bl.remove(2);
-    write(&t.path().join("b"), &[bl], "float32");
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    write(t.side("b"), &[bl], "float32");
+    let (da, db, al) = t.align("a", "b");
     assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::c", 0)]);
     assert!(al.only_b.is_empty());
     assert_eq!(al.pairs.len(), 4);
@@ -118,13 +122,13 @@ fn copy() -> N {
 
 #[test]
 fn extra_copies_are_only_in_b_with_their_children() {
-    let t = tmp();
-    write(&t.path().join("a"), &[abcde()], "float32");
+    let mut t = Sides::default();
+    write(t.side("a"), &[abcde()], "float32");
     let mut bl = abcde();
     bl.insert(3, copy());
     bl.insert(1, copy());
-    let b = write(&t.path().join("b"), &[bl], "float32");
-    let (_, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let b = write(t.side("b"), &[bl], "float32");
+    let (_, db, al) = t.align("a", "b");
     assert_eq!(
         seqs(&db, &al.only_b),
         vec![
@@ -138,7 +142,7 @@ fn extra_copies_are_only_in_b_with_their_children() {
 
 #[test]
 fn different_decomposition_at_depth_1() {
-    let t = tmp();
+    let mut t = Sides::default();
     let lin_a = tree(
         "aten::linear",
         4,
@@ -150,16 +154,16 @@ fn different_decomposition_at_depth_1() {
         vec![op("aten::t", 4), op("aten::mm", 4), op("aten::add", 4)],
     );
     let a = write(
-        &t.path().join("a"),
+        t.side("a"),
         &[vec![op("aten::x", 4), lin_a, op("aten::y", 4)]],
         "float32",
     );
     let b = write(
-        &t.path().join("b"),
+        t.side("b"),
         &[vec![op("aten::x", 4), lin_b, op("aten::y", 4)]],
         "float32",
     );
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let (da, db, al) = t.align("a", "b");
     let pairs = seq_pairs(&da, &db, &al);
     assert!(pairs.contains(&(seq_of(&a, "aten::linear", 0), seq_of(&b, "aten::linear", 0))));
     assert!(pairs.contains(&(seq_of(&a, "aten::t", 0), seq_of(&b, "aten::t", 0))));
@@ -173,12 +177,12 @@ fn different_decomposition_at_depth_1() {
 
 #[test]
 fn reordered_tail() {
-    let t = tmp();
+    let mut t = Sides::default();
     let names = [
         "aten::a", "aten::b", "aten::c", "aten::d", "aten::e", "aten::f",
     ];
     let a = write(
-        &t.path().join("a"),
+        t.side("a"),
         &[names.iter().map(|n| op(n, 4)).collect()],
         "float32",
     );
@@ -186,11 +190,11 @@ fn reordered_tail() {
         "aten::a", "aten::b", "aten::c", "aten::f", "aten::d", "aten::e",
     ];
     let b = write(
-        &t.path().join("b"),
+        t.side("b"),
         &[order.iter().map(|n| op(n, 4)).collect()],
         "float32",
     );
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let (da, db, al) = t.align("a", "b");
     // The longest common order keeps d, e; the moved f is unmatched on both
     // sides.
     assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::f", 0)]);
@@ -203,12 +207,12 @@ fn reordered_tail() {
 
 #[test]
 fn an_extra_op_in_one_step_does_not_shift_the_next() {
-    let t = tmp();
-    let a = write(&t.path().join("a"), &[abcde(), abcde()], "float32");
+    let mut t = Sides::default();
+    let a = write(t.side("a"), &[abcde(), abcde()], "float32");
     let mut s0 = abcde();
     s0.push(op("aten::a", 4)); // looks like the start of step 1
-    let b = write(&t.path().join("b"), &[s0, abcde()], "float32");
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let b = write(t.side("b"), &[s0, abcde()], "float32");
+    let (da, db, al) = t.align("a", "b");
     assert_eq!(seqs(&db, &al.only_b), vec![seq_of(&b, "aten::a", 1)]);
     let pairs = seq_pairs(&da, &db, &al);
     assert!(pairs.contains(&(seq_of(&a, "aten::a", 1), seq_of(&b, "aten::a", 2))));
@@ -217,20 +221,20 @@ fn an_extra_op_in_one_step_does_not_shift_the_next() {
 
 #[test]
 fn dtypes_do_not_matter_shapes_do() {
-    let t = tmp();
-    write(&t.path().join("a"), &[abcde()], "float32");
-    write(&t.path().join("b"), &[abcde()], "bfloat16");
-    let (_, _, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let mut t = Sides::default();
+    write(t.side("a"), &[abcde()], "float32");
+    write(t.side("b"), &[abcde()], "bfloat16");
+    let (_, _, al) = t.align("a", "b");
     assert_eq!(al.pairs.len(), 5);
     assert!(al.pairs.iter().all(|p| !p.loose));
 
     // Same op names with other shapes pair only loosely (shape mismatch).
-    let t = tmp();
-    write(&t.path().join("a"), &[abcde()], "float32");
+    let mut t = Sides::default();
+    write(t.side("a"), &[abcde()], "float32");
     let mut bl = abcde();
     bl[2].size = 5;
-    write(&t.path().join("b"), &[bl], "float32");
-    let (_, _, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    write(t.side("b"), &[bl], "float32");
+    let (_, _, al) = t.align("a", "b");
     assert_eq!(al.pairs.len(), 5);
     assert_eq!(al.pairs.iter().filter(|p| p.loose).count(), 1);
 }
@@ -258,15 +262,15 @@ fn long_repetitive_run_aligns_layer_by_layer() {
         }
         v
     };
-    let t = tmp();
+    let mut t = Sides::default();
     let a_calls: Vec<N> = (0..layers).flat_map(|_| layer(false, true)).collect();
     let b_calls: Vec<N> = (0..layers)
         .flat_map(|l| layer(l % 7 == 3, l != 1500))
         .collect();
-    let a = write(&t.path().join("a"), &[a_calls], "float32");
-    let b = write(&t.path().join("b"), &[b_calls], "float32");
+    let a = write(t.side("a"), &[a_calls], "float32");
+    let b = write(t.side("b"), &[b_calls], "float32");
     let start = std::time::Instant::now();
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let (da, db, al) = t.align("a", "b");
     assert!(start.elapsed().as_secs() < 20);
     // Only layer 1500's gelu is missing; only the copies are extra.
     assert_eq!(seqs(&da, &al.only_a), vec![seq_of(&a, "aten::gelu", 1500)]);
@@ -288,8 +292,8 @@ fn long_repetitive_run_aligns_layer_by_layer() {
 /// Three layers calling the same op with the same shapes; B lacks layer 0's
 /// call. Module paths decide which calls pair: without them the first two
 /// calls of A would pair with B's two (layer 0 with layer 1).
-fn write_layers(dir: &Path, layers: &[usize], with_modules: bool) {
-    let mut w = DumpWriter::new(dir, 0, "cpu");
+fn write_layers(out: &mut Vec<OpRecord>, layers: &[usize], with_modules: bool) {
+    let mut w = DumpWriter::in_memory();
     for &l in layers {
         w.module = with_modules.then(|| format!("layers.{l}"));
         w.leaf(
@@ -301,24 +305,22 @@ fn write_layers(dir: &Path, layers: &[usize], with_modules: bool) {
         )
         .expect("write");
     }
-    w.close().expect("close");
+    *out = w.records();
 }
 
 #[test]
 fn module_paths_decide_which_calls_pair() {
-    let t = tmp();
-    let (a, b) = (t.path().join("a"), t.path().join("b"));
-    write_layers(&a, &[0, 1, 2], true);
-    write_layers(&b, &[1, 2], true);
-    let (da, db, al) = align_dirs(&a, &b);
+    let mut t = Sides::default();
+    write_layers(t.side("a"), &[0, 1, 2], true);
+    write_layers(t.side("b"), &[1, 2], true);
+    let (da, db, al) = t.align("a", "b");
     assert_eq!(seq_pairs(&da, &db, &al), vec![(1, 0), (2, 1)]);
     assert_eq!(seqs(&da, &al.only_a), vec![0]);
     assert_eq!(da.module_of(al.only_a[0]), Some("layers.0"));
 
     // Without module paths on one side, alignment goes by signature alone.
-    let c = t.path().join("c");
-    write_layers(&c, &[1, 2], false);
-    let (da, dc, al) = align_dirs(&a, &c);
+    write_layers(t.side("c"), &[1, 2], false);
+    let (da, dc, al) = t.align("a", "c");
     assert!(!dc.has_modules);
     assert_eq!(seq_pairs(&da, &dc, &al), vec![(0, 0), (1, 1)]);
 }
@@ -329,7 +331,7 @@ fn module_paths_decide_which_calls_pair() {
 /// down two levels, and every op pairs with its own.
 #[test]
 fn a_flat_compiled_run_aligns_with_the_nested_eager_one() {
-    let t = tmp();
+    let mut t = Sides::default();
     let linear = || {
         tree(
             "aten::linear",
@@ -359,13 +361,13 @@ fn a_flat_compiled_run_aligns_with_the_nested_eager_one() {
         "aten::t",
         "aten::addmm",
     ];
-    let a = write(&t.path().join("a"), &[eager], "float32");
+    let a = write(t.side("a"), &[eager], "float32");
     let b = write(
-        &t.path().join("b"),
+        t.side("b"),
         &[flat.iter().map(|&n| op(n, 8)).collect()],
         "float32",
     );
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
+    let (da, db, al) = t.align("a", "b");
     assert!(al.only_a.is_empty(), "{:?}", seqs(&da, &al.only_a));
     assert!(al.only_b.is_empty(), "{:?}", seqs(&db, &al.only_b));
     let pairs = seq_pairs(&da, &db, &al);
