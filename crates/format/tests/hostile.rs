@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use opdump_format::reader::{file_metadata, list_files};
-use opdump_testkit::records::read_records;
 use opdump_format::schema::meta;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
 };
+use opdump_testkit::records::read_records;
 
 fn record(seq: i64) -> OpRecord {
     let t = |role, arg: &str| TensorRecord {

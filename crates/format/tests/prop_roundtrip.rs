@@ -15,10 +15,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use opdump_format::reader::list_files;
-use opdump_testkit::records::read_records;
 use opdump_format::{
     OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
 };
+use opdump_testkit::records::read_records;
 use proptest::prelude::*;
 
 fn text() -> impl Strategy<Value = String> {

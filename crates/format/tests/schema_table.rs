@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use opdump_testkit::records::read_records;
 use opdump_format::schema::{meta, BatchBuilder, ColType, COLUMNS, SCHEMA_VERSION};
 use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
+use opdump_testkit::records::read_records;
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 

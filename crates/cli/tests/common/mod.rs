@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use opdump_format::reader::list_files;
-use opdump_testkit::records::read_records;
 use opdump_format::{OpRecord, Phase};
 use opdump_judge::align::{align, Alignment, Filter};
 use opdump_judge::dump::Dump;
 use opdump_judge::Silent;
 use opdump_load::read::{load, scan};
+use opdump_testkit::records::read_records;
 use opdump_testkit::synth::{write_model, Model, Variant};
 
 pub fn opdump(args: &[&str]) -> Output {
