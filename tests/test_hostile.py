@@ -128,6 +128,8 @@ def test_closed_and_reused_descriptors_are_never_written_or_closed(tmp_path):
     warn = [l for l in lines if "writing the dump failed" in l]
     assert len(warn) == 1, p.stderr
     assert "descriptor" in warn[0] and "no longer refers" in warn[0], warn[0]
+    # ... and what to do.
+    assert "free space (or raise the limit) under OPDUMP_DIR" in warn[0], warn[0]
     assert r["stats"][2] > 0
     assert lost_in_report(lines) > 0
     # The same job without opdump computes the same result.

@@ -379,7 +379,9 @@ impl Worker {
         self.counters.failed.fetch_add(lost, Ordering::Relaxed);
         eprintln!(
             "opdump: writing the dump failed ({e}); opdump stops recording. \
-             {lost} op calls were lost; the job goes on unchanged"
+             {lost} op calls were lost; the job goes on unchanged. The files written \
+             before stay readable: free space (or raise the limit) under OPDUMP_DIR, or \
+             record less (OPDUMP_STEPS, OPDUMP_INCLUDE, OPDUMP_MAX_RECORDS), and run again"
         );
         (self.setup.on_failure)();
     }
