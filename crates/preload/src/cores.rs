@@ -71,8 +71,11 @@ pub fn choose(
     let supported = bundled.join(", ");
     let Some((found, from)) = running else {
         return Err(format!(
-            "cannot tell the version of the torch in this process, so cannot choose among the cores \
-             for torch {supported}; opdump stays off"
+            "cannot tell the version of the torch in this process (no torch/version.py or \
+             build-version beside its libtorch_cpu.so), so cannot choose among the cores for torch \
+             {supported}; opdump stays off. Build opdump against this torch \
+             (OPDUMP_PYTHON=<its python> cargo build --release --workspace) and load that \
+             target/release/libopdump.so"
         ));
     };
     match bundled.iter().find(|v| v.as_str() == base(found)) {
@@ -124,8 +127,12 @@ mod tests {
         assert!(!why.contains('\n'));
         // A patch release is another version: no core is loaded into it.
         assert!(choose(d.path(), &bundled, Some(("2.15.1", torch)), "2.15.0").is_err());
-        // An unknown torch version cannot pick a core.
-        assert!(choose(d.path(), &bundled, None, "2.15.0").is_err());
+        // An unknown torch version cannot pick a core, and the line says
+        // how to get one that fits.
+        let why = choose(d.path(), &bundled, None, "2.15.0").unwrap_err();
+        assert!(why.contains("cannot tell the version of the torch"), "{why}");
+        assert!(why.contains("Build opdump against this torch"), "{why}");
+        assert!(!why.contains('\n'));
     }
 
     #[test]
