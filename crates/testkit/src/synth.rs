@@ -99,7 +99,7 @@ pub struct DumpWriter {
 
 /// Where a [`DumpWriter`]'s records go.
 enum Out {
-    Files(RotatingWriter),
+    Files(Box<RotatingWriter>),
     /// In the order they would be written.
     Memory(Vec<OpRecord>),
 }
@@ -137,7 +137,12 @@ impl DumpWriter {
             (meta::STATS_ACCUMULATE.to_string(), "float64".to_string()),
         ];
         Self::into_out(
-            Out::Files(RotatingWriter::new(dir, format!("part-{pid}"), opts, md)),
+            Out::Files(Box::new(RotatingWriter::new(
+                dir,
+                format!("part-{pid}"),
+                opts,
+                md,
+            ))),
             pid,
         )
     }
