@@ -679,61 +679,6 @@ fn scratch_differences_inside_an_agreeing_op_are_absorbed() {
 }
 
 #[test]
-fn autocast_redispatch_is_looked_through() {
-    // fp32: linear > [t, addmm]; autocast: linear > [to, to, linear > [t, addmm]].
-    let t = tmp();
-    let write = |dir: &Path, autocast: bool| {
-        let mut w = DumpWriter::new(dir, 0, "cpu");
-        let dt = if autocast { "bfloat16" } else { "float32" };
-        let x = |dt: &str| input("input", dt, &[4, 8], 1.0);
-        let lin = w.begin("aten::linear", "default", "", vec![x("float32")]);
-        let inner = if autocast {
-            for _ in 0..2 {
-                w.leaf(
-                    "aten::to",
-                    "dtype",
-                    "dtype=torch.bfloat16",
-                    vec![x("float32")],
-                    vec![output(0, dt, &[4, 8], 1.0)],
-                )
-                .unwrap();
-            }
-            Some(w.begin("aten::linear", "default", "", vec![x(dt)]))
-        } else {
-            None
-        };
-        w.leaf(
-            "aten::t",
-            "default",
-            "",
-            vec![input("self", dt, &[8, 8], 1.0)],
-            vec![output(0, dt, &[8, 8], 1.0)],
-        )
-        .unwrap();
-        w.leaf(
-            "aten::addmm",
-            "default",
-            "",
-            vec![x(dt)],
-            vec![output(0, dt, &[4, 8], 1.0)],
-        )
-        .unwrap();
-        if let Some(inner) = inner {
-            w.end(inner, vec![output(0, dt, &[4, 8], 1.0)]).unwrap();
-        }
-        w.end(lin, vec![output(0, dt, &[4, 8], 1.0)]).unwrap();
-        w.close().unwrap();
-    };
-    write(&t.path().join("a"), false);
-    write(&t.path().join("b"), true);
-    let (da, db, al) = align_dirs(&t.path().join("a"), &t.path().join("b"));
-    let names: Vec<String> = al.pairs.iter().map(|p| da.full_name(p.a)).collect();
-    assert_eq!(names, vec!["aten::linear", "aten::t", "aten::addmm"]);
-    assert_eq!(seqs(&db, &al.only_b), vec![1, 2]);
-    assert!(al.only_a.is_empty());
-}
-
-#[test]
 fn an_error_hidden_from_the_statistics_is_still_inherited() {
     // mul is 1e-3 off; the next op's output hides it from its statistics
     // (a lower bound), and a sum reveals it again: the sum inherited it.

@@ -389,3 +389,60 @@ fn a_flat_compiled_run_aligns_with_the_nested_eager_one() {
     // Counted on the lists as dissolved: all 7 calls of each side pair.
     assert_eq!(al.roots_matched_of_larger(), (7, 7));
 }
+
+/// A child that re-dispatches its parent's op (autocast) is looked
+/// through.
+#[test]
+fn autocast_redispatch_is_looked_through() {
+    // fp32: linear > [t, addmm]; autocast: linear > [to, to, linear > [t, addmm]].
+    let mut t = Sides::default();
+    let write = |out: &mut Vec<OpRecord>, autocast: bool| {
+        let mut w = DumpWriter::in_memory();
+        let dt = if autocast { "bfloat16" } else { "float32" };
+        let x = |dt: &str| input("input", dt, &[4, 8], 1.0);
+        let lin = w.begin("aten::linear", "default", "", vec![x("float32")]);
+        let inner = if autocast {
+            for _ in 0..2 {
+                w.leaf(
+                    "aten::to",
+                    "dtype",
+                    "dtype=torch.bfloat16",
+                    vec![x("float32")],
+                    vec![output(0, dt, &[4, 8], 1.0)],
+                )
+                .unwrap();
+            }
+            Some(w.begin("aten::linear", "default", "", vec![x(dt)]))
+        } else {
+            None
+        };
+        w.leaf(
+            "aten::t",
+            "default",
+            "",
+            vec![input("self", dt, &[8, 8], 1.0)],
+            vec![output(0, dt, &[8, 8], 1.0)],
+        )
+        .unwrap();
+        w.leaf(
+            "aten::addmm",
+            "default",
+            "",
+            vec![x(dt)],
+            vec![output(0, dt, &[4, 8], 1.0)],
+        )
+        .unwrap();
+        if let Some(inner) = inner {
+            w.end(inner, vec![output(0, dt, &[4, 8], 1.0)]).unwrap();
+        }
+        w.end(lin, vec![output(0, dt, &[4, 8], 1.0)]).unwrap();
+        *out = w.records();
+    };
+    write(t.side("a"), false);
+    write(t.side("b"), true);
+    let (da, db, al) = t.align("a", "b");
+    let names: Vec<String> = al.pairs.iter().map(|p| da.full_name(p.a)).collect();
+    assert_eq!(names, vec!["aten::linear", "aten::t", "aten::addmm"]);
+    assert_eq!(seqs(&db, &al.only_b), vec![1, 2]);
+    assert!(al.only_a.is_empty());
+}
