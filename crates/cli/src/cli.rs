@@ -82,9 +82,14 @@ pub(crate) struct CompareArgs {
     pub dump_a: PathBuf,
     /// The dump under test.
     pub dump_b: PathBuf,
-    /// Rank to compare (default: the lowest rank both dumps have).
-    #[arg(long)]
-    pub rank: Option<u32>,
+    /// Rank to compare (default: the lowest rank both dumps have); `all`,
+    /// or a set like `0-7,37`, compares each rank pair both dumps have.
+    #[arg(long, value_parser = parse_rank_choice)]
+    pub rank: Option<RankChoice>,
+    /// Rank pairs compared at once with `--rank all` or a set (default: the
+    /// number of cores); each loads two dumps.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs: Option<u32>,
     /// Steps to compare: `3`, `0-2`, `0-2,5`.
     #[arg(long, value_name = "RANGES")]
     pub steps: Option<String>,
@@ -144,6 +149,30 @@ pub(crate) fn parse_steps(s: &str) -> Result<Vec<(i64, i64)>> {
         })
 }
 
+/// The ranks `compare --rank` names.
+#[derive(Clone, Debug)]
+pub(crate) enum RankChoice {
+    /// One rank pair, as before sets existed.
+    One(u32),
+    /// Every rank both dumps have.
+    All,
+    /// The ranks of a set that both dumps have: `0-7,37`.
+    Set(IntSet),
+}
+
+/// `5` -> one rank; `all`; `0-7,37` -> a set, in the syntax of `--steps`.
+fn parse_rank_choice(s: &str) -> std::result::Result<RankChoice, String> {
+    if let Ok(r) = s.parse::<u32>() {
+        return Ok(RankChoice::One(r));
+    }
+    if s == "all" {
+        return Ok(RankChoice::All);
+    }
+    IntSet::parse(s)
+        .map(RankChoice::Set)
+        .map_err(|why| format!("{why}; expected a rank like 5, `all`, or ranks like 0-7,37"))
+}
+
 /// What to compare, and how.
 pub(crate) struct CompareOptions {
     pub dump_a: PathBuf,
@@ -179,7 +208,10 @@ impl CompareArgs {
         Ok(CompareOptions {
             dump_a: self.dump_a.clone(),
             dump_b: self.dump_b.clone(),
-            rank: self.rank,
+            rank: match self.rank {
+                Some(RankChoice::One(r)) => Some(r),
+                _ => None,
+            },
             filter: filter(self)?,
             tol: tolerances(&self.rtol, self.min_amplification)?,
             top: self.top,
@@ -253,6 +285,18 @@ mod tests {
         assert!(parse_steps("2-1").is_err());
         assert!(parse_steps("x").is_err());
         assert!(parse_steps("").is_err());
+    }
+
+    #[test]
+    fn rank_choices() {
+        assert!(matches!(parse_rank_choice("5"), Ok(RankChoice::One(5))));
+        assert!(matches!(parse_rank_choice("all"), Ok(RankChoice::All)));
+        let Ok(RankChoice::Set(set)) = parse_rank_choice("0-7,37") else {
+            panic!("a set");
+        };
+        assert_eq!(set.ranges(), &[(0, 7), (37, 37)]);
+        assert!(parse_rank_choice("x").is_err());
+        assert!(parse_rank_choice("-1").is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::{timing, Progress};
-use crate::cli::{CompareArgs, CompareOptions};
+use crate::cli::{CompareArgs, CompareOptions, RankChoice};
 use crate::report::model::{AlignedPairs, CompareReport};
 use crate::report::{html, json, parquet, terminal};
 
@@ -71,14 +71,26 @@ fn choose_rank(
 
 pub(crate) fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared> {
     let t0 = std::time::Instant::now();
-    let mut notes = Vec::new();
     progress.phase("reading footers");
     let ia = scan(&opts.dump_a)?;
     let ib = scan(&opts.dump_b)?;
-    let (rank_a, rank_b) = choose_rank(&ia, &ib, opts.rank, &mut notes)?;
+    run_scanned(&ia, &ib, opts, progress, t0)
+}
+
+/// As [`run`], on dumps already scanned (a fleet compare scans each dump
+/// once for all its ranks).
+pub(crate) fn run_scanned(
+    ia: &DumpIndex,
+    ib: &DumpIndex,
+    opts: CompareOptions,
+    progress: &Progress,
+    t0: std::time::Instant,
+) -> Result<Compared> {
+    let mut notes = Vec::new();
+    let (rank_a, rank_b) = choose_rank(ia, ib, opts.rank, &mut notes)?;
     let (a, b) = std::thread::scope(|s| {
-        let ha = s.spawn(|| load(&ia, rank_a, progress, "A"));
-        let b = load(&ib, rank_b, progress, "B");
+        let ha = s.spawn(|| load(ia, rank_a, progress, "A"));
+        let b = load(ib, rank_b, progress, "B");
         (ha.join(), b)
     });
     let a = match a {
@@ -121,6 +133,9 @@ pub(crate) fn run(opts: CompareOptions, progress: &Progress) -> Result<Compared>
 /// `opdump compare`: compares, writes the report files asked for, prints
 /// the report; returns the exit status.
 pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
+    if matches!(a.rank, Some(RankChoice::All | RankChoice::Set(_))) {
+        return crate::commands::fleet::execute(a);
+    }
     let opts = a.options()?;
     let progress = Progress::auto();
     let t0 = std::time::Instant::now();

@@ -2,6 +2,7 @@
 //! reading dumps through `opdump_load` and judging through `opdump_judge`.
 
 pub(crate) mod compare;
+pub(crate) mod fleet;
 pub(crate) mod ranks;
 pub(crate) mod repro;
 pub(crate) mod summary;

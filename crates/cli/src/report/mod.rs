@@ -1,5 +1,6 @@
 //! Reports: the data model, and its forms (text, JSON, HTML, Parquet).
 
+pub(crate) mod fleet;
 pub(crate) mod html;
 pub(crate) mod json;
 pub(crate) mod model;
