@@ -7,13 +7,16 @@
 //! planted fault has its statistics scaled the same way, as a real scaled
 //! tensor would.
 
+#[cfg(feature = "parquet")]
 use std::path::{Path, PathBuf};
+#[cfg(feature = "parquet")]
 use std::time::Duration;
 
+#[cfg(feature = "parquet")]
 use opdump_format::schema::meta;
-use opdump_format::{
-    OpRecord, Phase, Role, RotateOptions, RotatingWriter, Stats, StatsStatus, TensorRecord,
-};
+#[cfg(feature = "parquet")]
+use opdump_format::{RotateOptions, RotatingWriter};
+use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
 
 /// Statistics of a tensor of `numel` elements at scale `x`.
 pub fn stats_for(numel: i64, x: f64) -> Stats {
@@ -99,6 +102,7 @@ pub struct DumpWriter {
 
 /// Where a [`DumpWriter`]'s records go.
 enum Out {
+    #[cfg(feature = "parquet")]
     Files(Box<RotatingWriter>),
     /// In the order they would be written.
     Memory(Vec<OpRecord>),
@@ -110,16 +114,19 @@ pub struct Open {
 }
 
 impl DumpWriter {
+    #[cfg(feature = "parquet")]
     /// Writes into `root/rank=<rank>/device=<device>/`.
     pub fn new(root: &Path, rank: u32, device: &str) -> Self {
         Self::with_rows(root, rank, device, 500_000)
     }
 
+    #[cfg(feature = "parquet")]
     /// As `new`, rotating files every `max_rows` rows.
     pub fn with_rows(root: &Path, rank: u32, device: &str, max_rows: u64) -> Self {
         Self::with_pid(root, rank, device, max_rows, 4242)
     }
 
+    #[cfg(feature = "parquet")]
     /// As `with_rows`, as process `pid`.
     pub fn with_pid(root: &Path, rank: u32, device: &str, max_rows: u64, pid: i32) -> Self {
         let dir: PathBuf = root
@@ -214,6 +221,7 @@ impl DumpWriter {
         open.rec.tensors.extend(outputs);
         let seq = open.rec.seq;
         match &mut self.out {
+            #[cfg(feature = "parquet")]
             Out::Files(w) => {
                 w.write_capture(&mut open.rec)?;
                 w.append(&open.rec)?;
@@ -268,7 +276,9 @@ impl DumpWriter {
         self.seq = seq;
     }
 
-    pub fn close(mut self) -> opdump_format::Result<u64> {
+    /// Closes the last file; returns the calls written.
+    pub fn close(#[allow(unused_mut)] mut self) -> opdump_format::Result<u64> {
+        #[cfg(feature = "parquet")]
         if let Out::Files(w) = &mut self.out {
             w.close_file()?;
         }
@@ -280,6 +290,7 @@ impl DumpWriter {
     pub fn records(self) -> Vec<OpRecord> {
         match self.out {
             Out::Memory(recs) => recs,
+            #[cfg(feature = "parquet")]
             Out::Files(_) => Vec::new(),
         }
     }
@@ -348,6 +359,7 @@ fn jitter(k: u64) -> f64 {
 
 /// Writes one synthetic training run: `side_b` false writes the reference
 /// A, true writes B with the differences of `v`.
+#[cfg(feature = "parquet")]
 pub fn write_model(
     root: &Path,
     m: &Model,

@@ -4,10 +4,12 @@
 //! the plugin does (`sketch.rs`). Side B may add rounding noise to every
 //! output (a second correct device) and change one op's output (a fault).
 
+#[cfg(feature = "parquet")]
 use std::path::Path;
 
 use opdump_format::{Role, Stats, StatsStatus, TensorRecord};
 
+#[cfg(feature = "parquet")]
 use crate::synth::DumpWriter;
 use opdump_judge::sketch::{fingerprint_f32, fmix32, sketch};
 
@@ -99,6 +101,7 @@ pub const LAYER_OPS: [&str; 4] = ["aten::mul", "aten::tanh", "aten::roll", "aten
 
 /// Writes side A (`side_b` false) or B of `c` under `root`; returns the
 /// seq of each op, in call order (the same on both sides).
+#[cfg(feature = "parquet")]
 pub fn write_chain(root: &Path, c: &Chain, side_b: bool) -> opdump_format::Result<Vec<i64>> {
     let mut w = DumpWriter::new(root, 0, "cpu");
     let k = c.sketch_k;
@@ -182,6 +185,7 @@ pub fn write_chain(root: &Path, c: &Chain, side_b: bool) -> opdump_format::Resul
 
 /// Writes both sides under `root/a` and `root/b`; returns the seqs of the
 /// ops in call order.
+#[cfg(feature = "parquet")]
 pub fn write_pair(root: &Path, c: &Chain) -> opdump_format::Result<Vec<i64>> {
     write_chain(&root.join("a"), c, false)?;
     write_chain(&root.join("b"), c, true)
