@@ -14,9 +14,9 @@ use std::time::Duration;
 
 #[cfg(feature = "parquet")]
 use opdump_format::schema::meta;
+use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
 #[cfg(feature = "parquet")]
 use opdump_format::{RotateOptions, RotatingWriter};
-use opdump_format::{OpRecord, Phase, Role, Stats, StatsStatus, TensorRecord};
 
 /// Statistics of a tensor of `numel` elements at scale `x`.
 pub fn stats_for(numel: i64, x: f64) -> Stats {
