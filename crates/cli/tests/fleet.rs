@@ -348,26 +348,50 @@ fn jobs_do_not_change_the_report() {
     assert_eq!(r.code, 2);
 }
 
+/// `--html` writes the per-rank table; `--out` (one pair's tables) is
+/// refused in one line.
 #[test]
-fn report_files_are_refused_with_a_set_of_ranks() {
+fn the_html_page_has_a_row_per_rank_and_out_is_refused() {
     let t = tmp();
-    let (a, b) = fleet_pair(t.path(), 2, 2, |_| Variant::default());
+    let (a, b) = fleet_pair(t.path(), 3, 3, |r| {
+        if r == 1 {
+            fault(1, 3)
+        } else {
+            Variant::default()
+        }
+    });
     let html = t.path().join("r.html");
+    let (a_s, b_s, h_s) = (path_str(&a), path_str(&b), path_str(&html));
+    let r = run(&["compare", a_s, b_s, "--rank", "all", "--html", h_s]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let page = std::fs::read_to_string(&html).expect("page");
+    let rows: Vec<&str> = page.split("<tr class=\"").skip(1).collect();
+    assert_eq!(rows.len(), 3, "{page}");
+    assert!(rows[0].starts_with("agree\"><td>0</td>"), "{page}");
+    assert!(rows[1].starts_with("introduced\"><td>1</td>"), "{page}");
+    assert!(
+        rows[1].contains("<code>aten::addmm</code></td><td class=\"l\">layers.3</td><td>1</td>"),
+        "{page}"
+    );
+    assert!(rows[2].starts_with("agree\"><td>2</td>"), "{page}");
+    assert!(page.contains("; on rank 1 only"), "{page}");
+
+    let out = t.path().join("out");
     let r = run(&[
         "compare",
-        path_str(&a),
-        path_str(&b),
+        a_s,
+        b_s,
         "--rank",
         "all",
-        "--html",
-        path_str(&html),
+        "--out",
+        path_str(&out),
     ]);
     assert_eq!(r.code, 2);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
     assert!(
-        r.stderr.contains("--html and --out report one rank pair"),
+        r.stderr.contains("--out writes one rank pair's tables"),
         "{}",
         r.stderr
     );
-    assert!(!html.exists());
+    assert!(!out.exists());
 }

@@ -15,11 +15,13 @@ use opdump_format::ranges::IntSet;
 use opdump_load::{scan, DumpIndex};
 
 use crate::app::error::{CliError, Result};
+use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::{CompareArgs, RankChoice};
 use crate::commands::compare;
 use crate::report::fleet::{self, FleetReport, RankRow};
+use crate::report::html;
 use crate::report::model::CompareReport;
 
 /// The arguments, and both dumps' files (scanned once for every rank).
@@ -87,9 +89,9 @@ fn default_jobs() -> usize {
 
 /// `opdump compare --rank all|SET`: returns the exit status.
 pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
-    if a.html.is_some() || a.out.is_some() {
+    if a.out.is_some() {
         return Err(CliError::new(
-            "--html and --out report one rank pair: with --rank all or a set of ranks use the text or --json report, or choose one rank with --rank N",
+            "--out writes one rank pair's tables: with --rank all or a set of ranks use --json or --html, or choose one rank with --rank N",
         ));
     }
     // Parse the options once up front, so a bad one is one usage error, not
@@ -123,6 +125,9 @@ pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
         p.only_in_b,
         wanted.is_some(),
     );
+    if let Some(path) = &a.html {
+        output::write_bytes(path, html::render_fleet(&report).as_bytes())?;
+    }
     print_report(a.json, &report, fleet::render)?;
     Ok(report.exit_status)
 }

@@ -357,11 +357,12 @@ pub fn render(r: &FleetReport) -> String {
             let _ = writeln!(out, "only in {side} ({kind}): {}", ranks_text(ranks));
         }
     }
-    out.push_str(&fleet_line(r));
+    out.push_str(&verdict_text(r));
     out
 }
 
-fn fleet_line(r: &FleetReport) -> String {
+/// The fleet verdict, with the ranks by verdict unless all agree.
+pub fn verdict_text(r: &FleetReport) -> String {
     let f = &r.fleet;
     let judged = r.ranks.len() - f.error.len();
     let mut line = match &f.first_introduced {

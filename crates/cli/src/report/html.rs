@@ -16,6 +16,7 @@ use std::fmt::Write;
 
 use opdump_judge::full_op_name;
 
+use super::fleet::{self, FleetReport, RankRow};
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
 use super::terminal::{num, thousands};
 use opdump_judge::verdict::OpVerdict;
@@ -1010,4 +1011,72 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
     }
     o.push_str("</body></html>\n");
     o
+}
+
+/// The page of `compare --rank all` (or a set of ranks): the fleet verdict
+/// and one table row per rank pair; no plot, since each pair has its own
+/// (`--rank R --html`).
+pub fn render_fleet(r: &FleetReport) -> String {
+    let mut o = String::from(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare: ranks</title><style>\
+         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
+         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
+         th{background:#f5f5f5}td.l{text-align:left}.introduced td{background:#fff0ee}\
+         .drift td{background:#fffbe6}.error td{background:#fde}pre{white-space:pre-wrap}</style></head><body>",
+    );
+    let _ = write!(
+        o,
+        "<h1>opdump compare: {} rank pairs</h1><p>A (reference) <code>{}</code><br>B (under test) <code>{}</code></p>",
+        r.ranks.len(),
+        esc(&r.dump_a),
+        esc(&r.dump_b)
+    );
+    let _ = write!(o, "<pre>{}</pre>", esc(&fleet::verdict_text(r)));
+    o.push_str(
+        "<table><tr><th>rank</th><th>verdict</th><th>op</th><th>module</th><th>step</th><th>seq A</th>\
+         <th>error</th><th>tolerance</th><th>why not compared</th></tr>",
+    );
+    for row in &r.ranks {
+        fleet_row(&mut o, row);
+    }
+    o.push_str("</table>");
+    for (side, ranks) in [("A", &r.only_in_a), ("B", &r.only_in_b)] {
+        if !ranks.is_empty() {
+            let _ = write!(
+                o,
+                "<p>Only in {side}: ranks {}</p>",
+                fleet::rank_list(ranks)
+            );
+        }
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+fn fleet_row(o: &mut String, row: &RankRow) {
+    let _ = write!(
+        o,
+        "<tr class=\"{}\"><td>{}</td><td class=\"l\">{}</td>",
+        row.verdict, row.rank, row.verdict
+    );
+    match &row.headline {
+        Some(s) => {
+            let _ = write!(
+                o,
+                "<td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                esc(&s.op),
+                esc(s.module.as_deref().unwrap_or("")),
+                s.step,
+                s.seq_a,
+                num(s.rel_err),
+                num(s.tolerance)
+            );
+        }
+        None => o.push_str("<td></td><td></td><td></td><td></td><td></td><td></td>"),
+    }
+    let _ = write!(
+        o,
+        "<td class=\"l\">{}</td></tr>",
+        esc(row.error.as_deref().unwrap_or(""))
+    );
 }
