@@ -453,11 +453,23 @@ impl Alignment {
     /// The pairs in groups of one (step, phase) of A's calls each, in
     /// order: ranges of [`Alignment::pairs`], for [`crate::Judge::push`].
     pub fn groups(&self, a: &Dump) -> Vec<std::ops::Range<usize>> {
+        // A call runs in its root's step and phase: only roots are read,
+        // once per run of pairs under one root.
+        let root_of = |mut i: u32| {
+            while let Some(p) = a.parent_of(i) {
+                i = p;
+            }
+            i
+        };
         let mut out = Vec::new();
-        let mut start = 0;
-        let mut key = None;
+        let (mut start, mut key, mut last_root) = (0, None, NONE);
         for (k, p) in self.pairs.iter().enumerate() {
-            let row = a.op_row(p.a);
+            let r = root_of(p.a);
+            if r == last_root {
+                continue;
+            }
+            last_root = r;
+            let row = a.op_row(r);
             let this = Some((row.step, row.phase));
             if key != this {
                 if k > start {

@@ -207,13 +207,16 @@ pub fn compare_dumps(
     let t0 = std::time::Instant::now();
     check_alignment(&a, &b, &alignment, (&filter, force), &mut notes)?;
 
-    let j = {
+    let groups = alignment.groups(&a);
+    // Measuring runs ahead of judging on a second thread, over all groups.
+    let j = std::thread::scope(|s| {
         let mut judge = Judge::new(&a, &b, &alignment, &tol, top);
-        for group in alignment.groups(&a) {
+        judge.measure_ahead(s);
+        for group in groups {
             judge.push(group, progress);
         }
         judge.finish()
-    };
+    });
     progress.finish();
     progress.stage_done("measure", t0);
     Ok(Compared {
@@ -371,6 +374,36 @@ pub struct Judge<'d> {
     one_sided: OneSided,
     /// Pairs judged so far: the next group starts here.
     next: usize,
+    /// The pairs a second thread measures ahead ([`Judge::measure_ahead`]);
+    /// without it, each pair is measured when it is judged, into `inline`.
+    ahead: Option<Ahead>,
+    inline: OpCmp,
+}
+
+/// Pairs measured ahead by a second thread, in order, a batch at a time.
+struct Ahead {
+    rx: std::sync::mpsc::Receiver<Vec<OpCmp>>,
+    /// Judged batches go back to be refilled: no allocation per pair.
+    back: std::sync::mpsc::Sender<Vec<OpCmp>>,
+    batch: Vec<OpCmp>,
+    pos: usize,
+}
+
+impl Ahead {
+    /// The next pair measured; `None` when the thread has stopped.
+    fn next(&mut self) -> Option<&mut OpCmp> {
+        if self.pos == self.batch.len() {
+            let judged = std::mem::take(&mut self.batch);
+            if !judged.is_empty() {
+                // Kept whole: the next batch reuses each OpCmp's buffers.
+                let _ = self.back.send(judged);
+            }
+            self.batch = self.rx.recv().ok()?;
+            self.pos = 0;
+        }
+        self.pos += 1;
+        self.batch.get_mut(self.pos - 1)
+    }
 }
 
 impl<'d> Judge<'d> {
@@ -404,73 +437,95 @@ impl<'d> Judge<'d> {
             prov: Provenance::with_capacity(a.tensors.len() / 2),
             one_sided: OneSided::new(a, b, alignment),
             next: 0,
+            ahead: None,
+            inline: OpCmp::default(),
         }
     }
 
-    /// Measures and judges the pairs of one group (a range of the
-    /// alignment's pairs, as [`Alignment::groups`] gives them). Groups come
-    /// in order; pairs before `group.end` that an earlier push left out
-    /// are judged now, and pairs judged already are not judged again.
-    /// Measuring needs no order and runs ahead on a second thread.
+    /// Measures the pairs not judged yet on a second thread of `scope`,
+    /// ahead of the pushes that judge them (measuring needs no order).
+    /// Finish the judge inside the scope: the thread waits for it to take
+    /// what it measured.
+    pub fn measure_ahead<'scope, 'env>(&mut self, scope: &'scope std::thread::Scope<'scope, 'env>)
+    where
+        'd: 'scope,
+    {
+        let pairs = &self.alignment.pairs[self.next..];
+        let (a, b, tol) = (self.ctx.a, self.ctx.b, self.ctx.tol);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
+        let (back, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
+        scope.spawn(move || {
+            let ctx = Ctx::new(a, b, tol);
+            for chunk in pairs.chunks(MEASURE_BATCH) {
+                let mut batch = back_rx.try_recv().unwrap_or_default();
+                batch.resize_with(chunk.len(), OpCmp::default);
+                for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
+                    cmp.reset();
+                    ctx.measure(p.a, p.b, cmp);
+                }
+                if tx.send(batch).is_err() {
+                    return;
+                }
+            }
+        });
+        self.ahead = Some(Ahead {
+            rx,
+            back,
+            batch: Vec::new(),
+            pos: 0,
+        });
+    }
+
+    /// Judges the pairs of one group (a range of the alignment's pairs, as
+    /// [`Alignment::groups`] gives them), measured ahead or here. Groups
+    /// come in order; pairs before `group.end` that an earlier push left
+    /// out are judged now, and pairs judged already are not judged again.
     pub fn push(&mut self, group: std::ops::Range<usize>, progress: &dyn Observer) {
-        let end = group.end.min(self.alignment.pairs.len());
+        let n = self.alignment.pairs.len();
+        let end = group.end.min(n);
         if end <= self.next {
             return;
         }
-        let (start, n) = (self.next, self.alignment.pairs.len());
-        let pairs = &self.alignment.pairs[start..end];
         let Judge {
             ctx,
+            alignment,
             judged: j,
             prov,
             one_sided,
+            next,
+            ahead,
+            inline,
             ..
         } = self;
-        let ctx = &*ctx;
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
-            // Judged batches go back to be refilled: no allocation per pair.
-            let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
-            s.spawn(move || {
-                for chunk in pairs.chunks(MEASURE_BATCH) {
-                    let mut batch = back_rx.try_recv().unwrap_or_default();
-                    batch.resize_with(chunk.len(), OpCmp::default);
-                    for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
-                        cmp.reset();
-                        ctx.measure(p.a, p.b, cmp);
-                    }
-                    if tx.send(batch).is_err() {
-                        return;
-                    }
+        // Set from inside `judge`'s callback, which may not mutate.
+        let first_change = Cell::new(j.unmatched_change);
+        let consumed_tainted = RefCell::new(std::mem::take(&mut j.consumed_tainted));
+        for k in *next..end {
+            let cmp = match ahead.as_mut().and_then(Ahead::next) {
+                Some(cmp) => cmp,
+                None => {
+                    let p = alignment.pairs[k];
+                    inline.reset();
+                    ctx.measure(p.a, p.b, inline);
+                    &mut *inline
                 }
+            };
+            ctx.judge(cmp, |tc| {
+                let found = find_producer(prov, tc);
+                if let Some(f) = found.filter(|f| f.taint > 0.0) {
+                    consumed_tainted.borrow_mut().push((k as u32, f.producer));
+                }
+                input_taint_from(ctx, found, one_sided, tc, k, &first_change)
             });
-            let mut k = start;
-            // Set from inside `judge`'s callback, which may not mutate.
-            let first_change = Cell::new(j.unmatched_change);
-            let consumed_tainted = RefCell::new(std::mem::take(&mut j.consumed_tainted));
-            for mut batch in rx {
-                for cmp in batch.iter_mut() {
-                    ctx.judge(cmp, |tc| {
-                        let found = find_producer(prov, tc);
-                        if let Some(f) = found.filter(|f| f.taint > 0.0) {
-                            consumed_tainted.borrow_mut().push((k as u32, f.producer));
-                        }
-                        input_taint_from(ctx, found, one_sided, tc, k, &first_change)
-                    });
-                    j.record(k, cmp, prov);
-                    register_outputs(ctx, cmp, one_sided);
-                    if k.is_multiple_of(65536) {
-                        progress.update(&|| format!("measuring: {k}/{n} op pairs"));
-                    }
-                    k += 1;
-                }
-                // Kept whole: the next batch reuses each OpCmp's buffers.
-                let _ = back_tx.send(batch);
+            j.record(k, cmp, prov);
+            register_outputs(ctx, cmp, one_sided);
+            if k.is_multiple_of(65536) {
+                progress.update(&|| format!("measuring: {k}/{n} op pairs"));
             }
-            j.unmatched_change = first_change.get();
-            j.consumed_tainted = consumed_tainted.into_inner();
-        });
-        self.next = end;
+        }
+        j.unmatched_change = first_change.get();
+        j.consumed_tainted = consumed_tainted.into_inner();
+        *next = end;
     }
 
     /// Judges what no push reached, then finds what a report names: the
@@ -478,6 +533,8 @@ impl<'d> Judge<'d> {
     /// the headline and the top list.
     pub fn finish(mut self) -> Judgement {
         self.push(0..self.alignment.pairs.len(), &crate::observer::Silent);
+        // Lets a measuring thread that ran ahead end.
+        self.ahead = None;
         let Judge {
             ctx,
             alignment,
