@@ -105,6 +105,9 @@ pub struct Alignment {
     pub diff_stats: DiffStats,
     /// The dumps share no step number, so steps were not used to group.
     pub steps_ignored: bool,
+    /// The first root of A of each (step, phase) group taking part, in
+    /// call order: where [`Alignment::groups`] cuts the pairs.
+    pub group_starts: Vec<u32>,
 }
 
 /// Per dump: signature of every op, the looser key of loose pairs, and
@@ -451,35 +454,23 @@ fn roots_matched_of_larger(ca: [u64; 3], cb: [u64; 3], exact: [u64; 3]) -> (u64,
 
 impl Alignment {
     /// The pairs in groups of one (step, phase) of A's calls each, in
-    /// order: ranges of [`Alignment::pairs`], for [`crate::Judge::push`].
-    pub fn groups(&self, a: &Dump) -> Vec<std::ops::Range<usize>> {
-        // A call runs in its root's step and phase: only roots are read,
-        // once per run of pairs under one root.
-        let root_of = |mut i: u32| {
-            while let Some(p) = a.parent_of(i) {
-                i = p;
-            }
-            i
-        };
+    /// order: ranges of [`Alignment::pairs`], for [`crate::Judge::push`]. A
+    /// group runs from the first root of its (step, phase) to the next
+    /// group's; every pair is in one range.
+    pub fn groups(&self) -> Vec<std::ops::Range<usize>> {
+        let mut cuts: Vec<usize> = self
+            .group_starts
+            .iter()
+            .map(|&first| self.pairs.partition_point(|p| p.a < first))
+            .collect();
+        cuts.push(self.pairs.len());
         let mut out = Vec::new();
-        let (mut start, mut key, mut last_root) = (0, None, NONE);
-        for (k, p) in self.pairs.iter().enumerate() {
-            let r = root_of(p.a);
-            if r == last_root {
-                continue;
+        let mut start = 0;
+        for cut in cuts {
+            if cut > start {
+                out.push(start..cut);
+                start = cut;
             }
-            last_root = r;
-            let row = a.op_row(r);
-            let this = Some((row.step, row.phase));
-            if key != this {
-                if k > start {
-                    out.push(start..k);
-                }
-                (start, key) = (k, this);
-            }
-        }
-        if self.pairs.len() > start {
-            out.push(start..self.pairs.len());
         }
         out
     }
@@ -644,6 +635,11 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
         pb: &pb,
     };
     let (ga, gb, steps_ignored) = root_groups(&sides, filter);
+    let group_starts = sorted_unique(
+        ga.values()
+            .filter_map(|roots| roots.first().copied())
+            .collect(),
+    );
     let (steps_only_a, steps_only_b) = if steps_ignored {
         (Vec::new(), Vec::new())
     } else {
@@ -715,5 +711,6 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
         ignored_b: ignored(b, &pb),
         diff_stats: m.stats,
         steps_ignored,
+        group_starts,
     }
 }

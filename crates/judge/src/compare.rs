@@ -207,12 +207,12 @@ pub fn compare_dumps(
     let t0 = std::time::Instant::now();
     check_alignment(&a, &b, &alignment, (&filter, force), &mut notes)?;
 
-    let groups = alignment.groups(&a);
-    // Measuring runs ahead of judging on a second thread, over all groups.
+    // Measuring runs ahead of judging on a second thread, over all groups
+    // (and while this one finds them).
     let j = std::thread::scope(|s| {
         let mut judge = Judge::new(&a, &b, &alignment, &tol, top);
         judge.measure_ahead(s);
-        for group in groups {
+        for group in alignment.groups() {
             judge.push(group, progress);
         }
         judge.finish()

@@ -42,7 +42,9 @@ pub mod vote;
 
 pub use align::{align, Alignment, Filter, Pair};
 pub use captured::{CapturedValues, NoCaptures};
-pub use compare::{compare_dumps, CompareSettings, Compared, Outcome, UnmatchedChange};
+pub use compare::{
+    compare_dumps, CompareSettings, Compared, Judge, Judgement, Outcome, UnmatchedChange,
+};
 pub use dtype::DType;
 pub use dump::{full_op_name, Dump, Tensors, NONE};
 pub use from_records::RecordsError;
