@@ -203,6 +203,11 @@ fn filter(a: &CompareArgs) -> Result<Filter> {
 }
 
 impl CompareArgs {
+    /// `--rank all` or a set of ranks: every pair, and the fleet verdict.
+    pub(crate) fn several_ranks(&self) -> bool {
+        matches!(self.rank, Some(RankChoice::All | RankChoice::Set(_)))
+    }
+
     /// What to compare and how.
     pub(crate) fn options(&self) -> Result<CompareOptions> {
         Ok(CompareOptions {

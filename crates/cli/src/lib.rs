@@ -70,6 +70,7 @@ fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode 
         }
     };
     let r = match cli.cmd {
+        Cmd::Compare(a) if a.several_ranks() => commands::fleet::execute(a),
         Cmd::Compare(a) => commands::compare::execute(a),
         Cmd::Summary(a) => commands::summary::execute(a),
         Cmd::Repro(a) => commands::repro::execute(a),

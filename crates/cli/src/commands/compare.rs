@@ -8,7 +8,7 @@ use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::{timing, Progress};
-use crate::cli::{CompareArgs, CompareOptions, RankChoice};
+use crate::cli::{CompareArgs, CompareOptions};
 use crate::report::model::{AlignedPairs, CompareReport};
 use crate::report::{html, json, parquet, terminal};
 
@@ -133,9 +133,6 @@ pub(crate) fn run_scanned(
 /// `opdump compare`: compares, writes the report files asked for, prints
 /// the report; returns the exit status.
 pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
-    if matches!(a.rank, Some(RankChoice::All | RankChoice::Set(_))) {
-        return crate::commands::fleet::execute(a);
-    }
     let opts = a.options()?;
     let progress = Progress::auto();
     let t0 = std::time::Instant::now();
