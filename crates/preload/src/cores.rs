@@ -130,7 +130,10 @@ mod tests {
         // An unknown torch version cannot pick a core, and the line says
         // how to get one that fits.
         let why = choose(d.path(), &bundled, None, "2.15.0").unwrap_err();
-        assert!(why.contains("cannot tell the version of the torch"), "{why}");
+        assert!(
+            why.contains("cannot tell the version of the torch"),
+            "{why}"
+        );
         assert!(why.contains("Build opdump against this torch"), "{why}");
         assert!(!why.contains('\n'));
     }
