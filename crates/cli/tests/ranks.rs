@@ -47,7 +47,8 @@ fn ranks_that_agree_exit_0_and_buffers_are_not_judged() {
             extra_calls: true,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let (code, j, err) = ranks_json(t.path());
     assert_eq!(code, 0, "{j:#}\n{err}");
     assert!(j["first"].is_null());
@@ -83,7 +84,8 @@ fn a_flipped_gradient_names_its_rank_step_and_parameter() {
             extra_calls: true,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let (code, j, err) = ranks_json(t.path());
     assert_eq!(code, 1, "{j:#}\n{err}");
     let f = &j["first"];
@@ -136,7 +138,8 @@ fn rank_0_can_be_the_odd_one() {
             }),
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let (code, j, _) = ranks_json(t.path());
     assert_eq!(code, 1);
     assert_eq!(j["first"]["odd_ranks"], serde_json::json!([0]));
@@ -154,7 +157,8 @@ fn two_ranks_that_differ_are_named_together() {
             ranks: 2,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let (code, j, _) = ranks_json(t.path());
     assert_eq!(code, 0, "a buffer that differs is no finding: {j:#}");
     assert_eq!(j["tensors"]["not_judged"], 3);
@@ -171,7 +175,8 @@ fn two_ranks_that_differ_are_named_together() {
             }),
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let (code, j, _) = ranks_json(t.path());
     assert_eq!(code, 1);
     let f = &j["first"];
@@ -200,7 +205,8 @@ fn missing_fingerprints_are_a_clear_error() {
             no_fingerprints: true,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let r = run(&["ranks", path_str(t.path())]);
     assert_eq!(r.code, 2, "{}", r.stdout);
     assert!(r.stdout.is_empty());
@@ -219,7 +225,8 @@ fn missing_fingerprints_are_a_clear_error() {
             ranks: 2,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     strip_to_schema_3(t.path());
     let r = run(&["ranks", path_str(t.path())]);
     assert_eq!(r.code, 2);
@@ -232,13 +239,13 @@ fn missing_fingerprints_are_a_clear_error() {
 
 /// Ranks `0..ranks` with fingerprints, then `blind` more without.
 fn write_job_with_blind_ranks(root: &Path, job: &Job, blind: u32) {
-    write_job(root, job);
+    write_job(root, job).unwrap();
     let without = Job {
         no_fingerprints: true,
         ..*job
     };
     for r in job.ranks..job.ranks + blind {
-        write_rank(root, r, &without);
+        write_rank(root, r, &without).unwrap();
     }
 }
 
@@ -304,7 +311,8 @@ fn one_rank_or_no_dump_is_a_usage_error() {
             ranks: 1,
             ..Job::default()
         },
-    );
+    )
+    .unwrap();
     let r = run(&["ranks", path_str(t.path())]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("only rank 0"), "{}", r.stderr);

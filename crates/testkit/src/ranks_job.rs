@@ -52,7 +52,7 @@ fn listed(mut t: TensorRecord, i: usize) -> TensorRecord {
 /// One rank's run. A parameter's fingerprint evolves with the gradients it
 /// is given, so a flipped gradient makes the rank's parameters differ from
 /// then on, as in a real job.
-pub fn write_rank(root: &Path, rank: u32, job: &Job) {
+pub fn write_rank(root: &Path, rank: u32, job: &Job) -> opdump_format::Result<()> {
     let mut w = DumpWriter::new(root, rank, "cpu");
     let mut params: Vec<u64> = (0..LAYERS).map(|l| h(1, l as u64)).collect();
     for step in 0..STEPS {
@@ -73,8 +73,7 @@ pub fn write_rank(root: &Path, rank: u32, job: &Job) {
                 "",
                 vec![x, weight],
                 vec![output(0, "float32", &[2, 4], 1.0)],
-            )
-            .unwrap();
+            )?;
             if job.extra_calls && rank == 3 && step == 1 && l == 1 {
                 w.leaf(
                     "aten::detach",
@@ -82,16 +81,14 @@ pub fn write_rank(root: &Path, rank: u32, job: &Job) {
                     "",
                     vec![input("self", "float32", &[4], 1.0)],
                     vec![],
-                )
-                .unwrap();
+                )?;
                 let again = named(
                     input("self", "float32", &[4, 4], 1.0),
                     &format!("fc{l}.weight"),
                     p,
                     job,
                 );
-                w.leaf("aten::alias", "default", "", vec![again], vec![])
-                    .unwrap();
+                w.leaf("aten::alias", "default", "", vec![again], vec![])?;
             }
         }
         // A buffer each rank updates from its own data: it differs on all.
@@ -108,8 +105,7 @@ pub fn write_rank(root: &Path, rank: u32, job: &Job) {
             "",
             vec![buf],
             vec![],
-        )
-        .unwrap();
+        )?;
         w.module = None;
         w.phase = Phase::Backward;
         w.leaf(
@@ -118,8 +114,7 @@ pub fn write_rank(root: &Path, rank: u32, job: &Job) {
             "",
             vec![input("self", "float32", &[4, 4], 1.0)],
             vec![output(0, "float32", &[4, 4], 1.0)],
-        )
-        .unwrap();
+        )?;
         w.phase = Phase::Optimizer;
         let grads: Vec<u64> = (0..LAYERS)
             .map(|l| {
@@ -147,15 +142,16 @@ pub fn write_rank(root: &Path, rank: u32, job: &Job) {
             o.role = opdump_format::Role::Output;
             outs.push(listed(o, l));
         }
-        w.leaf("aten::_foreach_add_", "List", "alpha=-0.1", ins, outs)
-            .unwrap();
+        w.leaf("aten::_foreach_add_", "List", "alpha=-0.1", ins, outs)?;
     }
-    w.close().unwrap();
+    w.close()?;
+    Ok(())
 }
 
 /// Every rank of `job`.
-pub fn write_job(root: &Path, job: &Job) {
+pub fn write_job(root: &Path, job: &Job) -> opdump_format::Result<()> {
     for r in 0..job.ranks {
-        write_rank(root, r, job);
+        write_rank(root, r, job)?;
     }
+    Ok(())
 }

@@ -256,7 +256,8 @@ mod tests {
                 }),
                 ..Job::default()
             },
-        );
+        )
+        .unwrap();
         let whole = run_with_budget(t.path(), &Progress::new(false), u64::MAX).unwrap();
         let small = run_with_budget(t.path(), &Progress::new(false), 1).unwrap();
         let a = serde_json::to_value(&whole).unwrap();
