@@ -75,7 +75,11 @@ done
 
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
-maturin build --release --quiet --auditwheel skip --out "$raw" >&2
+# maturin builds the command in a target dir of its own: its build differs
+# from the workspace build (it strips), and building in the shared one would
+# replace target/release/opdump while tests or users run it.
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/maturin" \
+  maturin build --release --quiet --auditwheel skip --out "$raw" >&2
 mkdir -p "$out"
 wheel=$(ls "$raw"/*.whl)
 auditwheel repair --exclude 'libc10.so' --exclude 'libtorch_cpu.so' --exclude 'libtorch.so' \

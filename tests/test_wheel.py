@@ -8,8 +8,9 @@ with its CUDA libraries is about 6 GB unpacked, and a copy for every run
 filled CI's disk. pip counts it as installed, so the wheel's torch
 requirement is checked against it.
 
-The wheel is built from the release build the set-up made (about 15 s), the
-venv in about 30 s; the venv is removed when the module's tests end."""
+The wheel packs the plugin the set-up built; maturin builds the command in
+its own target dir (about 2 min the first time on two cores), the venv takes
+about 30 s; the venv is removed when the module's tests end."""
 
 import json
 import os
