@@ -367,8 +367,39 @@ pub fn write_model(
     side_b: bool,
     max_rows: u64,
 ) -> opdump_format::Result<u64> {
-    let w = DumpWriter::with_rows(root, 0, "cpu", max_rows);
+    write_model_rank(root, &RankOf::default(), m, v, side_b, max_rows)
+}
+
+/// One rank of a synthetic data-parallel run, for `opdump compare --rank
+/// all` and `opdump ranks` at scale.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RankOf {
+    /// The partition written, `rank=<rank>`.
+    pub rank: u32,
+    /// Name the parameters (the linear weights read in forward, and the
+    /// optimizer's parameters and gradients) and give them fingerprints,
+    /// the rows `opdump ranks` votes on.
+    pub fingerprints: bool,
+    /// This rank's gradient of the optimizer's first parameter differs at
+    /// this step: the odd rank out.
+    pub odd_grad_at: Option<i64>,
+}
+
+/// [`write_model`] as one rank of a multi-rank run.
+#[cfg(feature = "parquet")]
+pub fn write_model_rank(
+    root: &Path,
+    rank: &RankOf,
+    m: &Model,
+    v: &Variant,
+    side_b: bool,
+    max_rows: u64,
+) -> opdump_format::Result<u64> {
+    // Each rank its own pid, as processes of one job have.
+    let pid = 4242 + rank.rank as i32;
+    let w = DumpWriter::with_pid(root, rank.rank, "cpu", max_rows, pid);
     let mut run = SyntheticRun::new(w, m, v, side_b);
+    run.rank = *rank;
     for step in 0..m.steps {
         run.training_step(step)?;
     }
@@ -398,6 +429,8 @@ struct SyntheticRun<'a> {
     hidden: i64,
     /// Values made so far: each new value draws its own noise.
     values_made: u64,
+    /// Which rank this is, and whether parameters carry names.
+    rank: RankOf,
 }
 
 impl<'a> SyntheticRun<'a> {
@@ -416,7 +449,24 @@ impl<'a> SyntheticRun<'a> {
             tokens: m.tokens,
             hidden: m.hidden,
             values_made: 0,
+            rank: RankOf::default(),
         }
+    }
+
+    /// `t` named `name` with the fingerprint `fp`, when this rank writes
+    /// fingerprints; unchanged otherwise.
+    fn named(&self, mut t: TensorRecord, name: String, fp: u64) -> TensorRecord {
+        if self.rank.fingerprints {
+            t.name = Some(name);
+            t.fingerprint = Some(fp);
+        }
+        t
+    }
+
+    /// A parameter's fingerprint at a step: the same on every rank and
+    /// side (the parameters are never updated in value, only in name).
+    fn param_fp(id: u64, step: i64) -> u64 {
+        opdump_judge::intern::mix(id, step as u64)
     }
 
     /// The shape of an activation.
@@ -498,7 +548,7 @@ impl<'a> SyntheticRun<'a> {
         }
         self.w.module = None;
         self.w.phase = Phase::Optimizer;
-        self.optimizer(grad)
+        self.optimizer(step, grad)
     }
 
     /// layer_norm, the qkv linear, attention, the proj linear, the residual
@@ -639,7 +689,11 @@ impl<'a> SyntheticRun<'a> {
             "",
             vec![
                 self.input_of("input", &act, cur),
-                self.input_of("weight", &wgt, PARAMS),
+                self.named(
+                    self.input_of("weight", &wgt, PARAMS),
+                    format!("layers.{layer}.{which}.weight"),
+                    Self::param_fp((layer * 2 + usize::from(which == "proj")) as u64, step),
+                ),
                 self.input_of("bias", &[h], PARAMS),
             ],
         );
@@ -898,7 +952,7 @@ impl<'a> SyntheticRun<'a> {
     }
 
     /// One foreach op over a list of parameters: p - lr * g.
-    fn optimizer(&mut self, grad: Val) -> opdump_format::Result<()> {
+    fn optimizer(&mut self, step: i64, grad: Val) -> opdump_format::Result<()> {
         let wgt = self.wgt();
         let n_params = 4;
         // The update's relative error is a small part of the gradient's.
@@ -911,11 +965,28 @@ impl<'a> SyntheticRun<'a> {
             t.list_index = Some(p);
             t
         };
-        let params = (0..n_params).map(|p| listed(self.input_of("self", &wgt, PARAMS), p));
-        let grads = (0..n_params).map(|p| listed(self.input_of("other", &wgt, grad), p));
+        // Ids past the layers' weights (`linear`), so no two names share one.
+        let param_id = |p: i32| (1 << 32) + p as u64;
+        let odd = |p: i32| p == 0 && self.rank.odd_grad_at == Some(step);
+        let param = |p: i32, s: i64, t: TensorRecord| {
+            self.named(t, format!("opt.{p}"), Self::param_fp(param_id(p), s))
+        };
+        let params = (0..n_params).map(|p| {
+            let t = param(p, step, self.input_of("self", &wgt, PARAMS));
+            listed(t, p)
+        });
+        let grads = (0..n_params).map(|p| {
+            let fp = Self::param_fp(param_id(p) ^ (1 << 40), step) ^ u64::from(odd(p));
+            let t = self.named(
+                self.input_of("other", &wgt, grad),
+                format!("opt.{p}.grad"),
+                fp,
+            );
+            listed(t, p)
+        });
         let inputs: Vec<TensorRecord> = params.chain(grads).collect();
         let outputs: Vec<TensorRecord> = (0..n_params)
-            .map(|p| listed(self.output_of("self", &wgt, update), p))
+            .map(|p| listed(param(p, step + 1, self.output_of("self", &wgt, update)), p))
             .collect();
         self.w.leaf(
             "aten::_foreach_add_",
