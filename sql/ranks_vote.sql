@@ -27,8 +27,9 @@
 --             majority_fingerprint, majority_ranks (how many), ranks_measured,
 --             reference_rank and reference_seq (the lowest rank of the
 --             majority, of all ranks for `split`). First finding first (by
---             step, then the reference rank's call order): its rank is the
---             odd rank out.
+--             step, then the reference rank's call order, then within one
+--             call inputs before outputs, by list index and argument name):
+--             its rank is the odd rank out.
 --   by_rank   rank, odd (tensors on which it left the majority),
 --             first_step.
 
@@ -117,7 +118,7 @@ ORDER BY verdict;
 -- result: findings
 SELECT *
 FROM opdump_rank_findings
-ORDER BY step, reference_seq, rank;
+ORDER BY step, reference_seq, role, list_index, arg, rank;
 
 -- result: by_rank
 SELECT rank, count(*) AS odd, min(step) AS first_step
