@@ -227,7 +227,8 @@ fn ranks_that_agree_exit_0() {
 #[test]
 fn ranks_in_one_dump_only_are_named_and_do_not_hide_the_others() {
     let t = tmp();
-    let (a, b) = fleet_pair(t.path(), 4, 2, |r| {
+    // A has 8 ranks, B has 4.
+    let (a, b) = fleet_pair(t.path(), 8, 4, |r| {
         if r == 1 {
             fault(1, 3)
         } else {
@@ -236,24 +237,37 @@ fn ranks_in_one_dump_only_are_named_and_do_not_hide_the_others() {
     });
     let r = run(&["compare", path_str(&a), path_str(&b), "--rank", "all"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stdout.contains("4 rank pairs"), "{}", r.stdout);
     assert!(
-        r.stdout.contains("\nonly in A (left out): ranks 2-3\n"),
+        r.stdout.contains("\nonly in A (left out): ranks 4-7\n"),
         "{}",
         r.stdout
     );
     assert!(r.stdout.contains("on rank 1 only"), "{}", r.stdout);
+    let (_, j, _) = compare_json(&a, &b, &["--rank", "all"]);
+    assert_eq!(
+        verdicts(&j),
+        vec![
+            (0, "agree".into()),
+            (1, "introduced".into()),
+            (2, "agree".into()),
+            (3, "agree".into())
+        ]
+    );
+    assert_eq!(ranks_of(&j["only_in_a"]), vec![4, 5, 6, 7]);
+    assert_eq!(ranks_of(&j["only_in_b"]), Vec::<u64>::new());
 
-    let (code, j, err) = compare_json(&a, &b, &["--rank", "0-3"]);
+    let (code, j, err) = compare_json(&a, &b, &["--rank", "0-1,5"]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(
         verdicts(&j),
         vec![(0, "agree".into()), (1, "introduced".into())]
     );
-    assert_eq!(ranks_of(&j["only_in_a"]), vec![2, 3]);
+    assert_eq!(ranks_of(&j["only_in_a"]), vec![5]);
     assert_eq!(j["fleet"]["first_introduced"]["rank"], 1);
-    let r = run(&["compare", path_str(&a), path_str(&b), "--rank", "0-3"]);
+    let r = run(&["compare", path_str(&a), path_str(&b), "--rank", "0-1,5"]);
     assert!(
-        r.stdout.contains("\nonly in A (not compared): ranks 2-3\n"),
+        r.stdout.contains("\nonly in A (not compared): rank 5\n"),
         "{}",
         r.stdout
     );
@@ -264,7 +278,7 @@ fn ranks_in_one_dump_only_are_named_and_do_not_hide_the_others() {
     assert_eq!(j["format"], "opdump-compare", "one rank keeps its report");
     let (code, _, _) = compare_json(&a, &b, &["--rank", "1,0"]);
     assert_eq!(code, 1);
-    let r = run(&["compare", path_str(&a), path_str(&b), "--rank", "5-7"]);
+    let r = run(&["compare", path_str(&a), path_str(&b), "--rank", "8-9"]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("share no rank in --rank"), "{}", r.stderr);
 }
