@@ -77,7 +77,7 @@ def _run_json(command: str, paths: list[str], opts: dict[str, Any]) -> dict[str,
     try:
         p = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace")
     except OSError as e:
-        raise OpdumpError(f"cannot run {cli}: {e}") from e
+        raise OpdumpError(f"cannot run {cli}: {e}; reinstall the opdump wheel") from e
     if p.returncode not in _VERDICTS[command]:
         raise OpdumpError(p.stderr.strip() or f"{CLI_NAME} {command} exited with status {p.returncode}")
     try:

@@ -120,7 +120,7 @@ def load(path: Optional[os.PathLike | str] = None) -> bool:
     try:
         torch.ops.load_library(str(lib))
     except OSError as e:
-        _say(f"cannot load {lib}: {e}; opdump stays off")
+        _say(f"cannot load {lib}: {e}; opdump stays off. Check that the file exists and was built for this torch (python -m opdump info)")
         return False
     return is_loaded()
 

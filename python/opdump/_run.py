@@ -85,7 +85,7 @@ def run(argv: Sequence[str]) -> int:
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        print(f"opdump: cannot run {command[0]!r}: {e}", file=sys.stderr)
+        print(f"opdump: cannot run {command[0]!r}: {e}; check the command after -- (its name, PATH, execute permission)", file=sys.stderr)
         return 127
 
 

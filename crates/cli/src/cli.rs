@@ -197,7 +197,7 @@ fn filter(a: &CompareArgs) -> Result<Filter> {
         ignore: a
             .ignore
             .as_deref()
-            .map(|r| Regex::new(r).map_err(|e| CliError::new(format!("--ignore {r:?}: {e}"))))
+            .map(|r| Regex::new(r).map_err(|e| CliError::new(format!("--ignore {r:?}: {e}; --ignore takes a regular expression searched in op.overload, e.g. 'dropout|rand'"))))
             .transpose()?,
     })
 }
@@ -250,10 +250,11 @@ pub(crate) fn tolerances(specs: &[String], min_amplification: f64) -> Result<Tol
                 "--rtol {s:?}: expected DTYPE=VALUE, e.g. bfloat16=0.05"
             )));
         };
-        let v: f64 = v
-            .trim()
-            .parse()
-            .map_err(|_| CliError::new(format!("--rtol {s:?}: {v:?} is not a number")))?;
+        let v: f64 = v.trim().parse().map_err(|_| {
+            CliError::new(format!(
+                "--rtol {s:?}: {v:?} is not a number; expected DTYPE=VALUE, e.g. bfloat16=0.05"
+            ))
+        })?;
         if !(v.is_finite() && v >= 0.0) {
             return Err(CliError::new(format!(
                 "--rtol {s:?}: the tolerance must be a finite number >= 0"

@@ -71,7 +71,7 @@ impl fmt::Display for Error {
             Error::Format { path, message } => write!(f, "{}: {}", path.display(), message),
             Error::NoDump { path } => write!(
                 f,
-                "{}: no opdump files here (expected rank=<R>/device=<D>/part-*.parquet)",
+                "{}: no opdump files here (expected rank=<R>/device=<D>/part-*.parquet); name the OPDUMP_DIR of a run that recorded (OPDUMP=1 or torch.ops.opdump.enable())",
                 path.display()
             ),
         }

@@ -34,7 +34,7 @@ fn parse_rank(dir: &Path, v: &str) -> Result<u32> {
         Ok(r) if plain => Ok(r),
         _ => Err(Error::format(
             dir,
-            format!("bad partition directory rank={v:?}: expected rank=<number>"),
+            format!("bad partition directory rank={v:?}: expected rank=<number>; move it out of the dump directory, which opdump reads as rank=<R>/device=<D>/part-*.parquet"),
         )),
     }
 }
@@ -44,7 +44,7 @@ fn parse_device<'a>(dir: &Path, v: &'a str) -> Result<&'a str> {
     if v.is_empty() {
         return Err(Error::format(
             dir,
-            "bad partition directory device=: expected device=<name>",
+            "bad partition directory device=: expected device=<name>; move it out of the dump directory, which opdump reads as rank=<R>/device=<D>/part-*.parquet",
         ));
     }
     Ok(v)
@@ -142,12 +142,12 @@ fn check_version(path: &Path, kv: &HashMap<String, String>) -> Result<u32> {
     let Some(v) = kv.get(meta::SCHEMA_VERSION) else {
         return Err(Error::format(
             path,
-            "not an opdump file (no opdump.schema_version in its metadata)",
+            "not an opdump file (no opdump.schema_version in its metadata); point opdump at a directory opdump wrote (OPDUMP_DIR), or move this file out of it",
         ));
     };
     let v: u32 = v
         .parse()
-        .map_err(|_| Error::format(path, format!("bad opdump.schema_version {v:?}")))?;
+        .map_err(|_| Error::format(path, format!("bad opdump.schema_version {v:?}: the file is damaged or not opdump's; move it out of the dump directory, or dump again")))?;
     if v < MIN_READABLE_SCHEMA_VERSION {
         return Err(Error::format(path, format!(
             "dump schema version {v} is too old: this opdump reads versions {MIN_READABLE_SCHEMA_VERSION} to {SCHEMA_VERSION}; dump the job again with this opdump"
@@ -183,7 +183,7 @@ fn check_row_counts(
         return Err(Error::format(
             path,
             format!(
-                "corrupt footer: it claims {claimed} rows, its row groups hold {}",
+                "corrupt footer: it claims {claimed} rows, its row groups hold {}; the file is damaged: move it out of the dump directory, or dump again",
                 in_groups.map_or("an invalid number of".to_string(), |n| n.to_string())
             ),
         ));
@@ -192,7 +192,7 @@ fn check_row_counts(
         kv.get(key)
             .map(|v| {
                 let n = v.parse::<i64>().ok().filter(|n| *n >= 0);
-                n.ok_or_else(|| Error::format(path, format!("bad {key} {v:?}")))
+                n.ok_or_else(|| Error::format(path, format!("bad {key} {v:?}; the file is damaged: move it out of the dump directory, or dump again")))
             })
             .transpose()
     };
@@ -201,7 +201,7 @@ fn check_row_counts(
             return Err(Error::format(
                 path,
                 format!(
-                    "corrupt footer: it claims {claimed} rows, {} says {rows}",
+                    "corrupt footer: it claims {claimed} rows, {} says {rows}; the file is damaged: move it out of the dump directory, or dump again",
                     meta::ROWS
                 ),
             ));
@@ -212,7 +212,7 @@ fn check_row_counts(
             return Err(Error::format(
                 path,
                 format!(
-                    "corrupt footer: it claims {claimed} rows, {} says {calls} op calls",
+                    "corrupt footer: it claims {claimed} rows, {} says {calls} op calls; the file is damaged: move it out of the dump directory, or dump again",
                     meta::OP_CALLS
                 ),
             ));

@@ -46,7 +46,7 @@ pub fn run<T, E: From<Error>>(path: &Path, f: impl FnOnce() -> Result<T, E>) -> 
                 .and_then(|mut l| l.take())
                 .unwrap_or_default();
             Err(Error::new(format!(
-                "{}: cannot decode this file (corrupt or truncated?): {msg}",
+                "{}: cannot decode this file (corrupt or truncated?): {msg}; move it out of the dump directory to compare the rest, or dump again",
                 path.display()
             ))
             .into())

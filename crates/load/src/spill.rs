@@ -179,14 +179,14 @@ impl<T: Record> Spill<T> {
             Some(f) => f,
             None => self.file.insert(tempfile::tempfile().map_err(|e| {
                 Error::new(format!(
-                    "cannot create a temporary file in {} to hold the dump's tensors: {e}",
+                    "cannot create a temporary file in {} to hold the dump's tensors: {e}; point TMPDIR at a writable directory with space",
                     std::env::temp_dir().display()
                 ))
             })?),
         };
         file.write_all(&self.packed[..n]).map_err(|e| {
             Error::new(format!(
-                "cannot write the temporary file that holds the dump's tensors: {e}"
+                "cannot write the temporary file that holds the dump's tensors: {e}; free space under TMPDIR or point it at a larger disk"
             ))
         })?;
         let end = self.at[self.spilled_chunks()] + n as u64;

@@ -64,10 +64,10 @@ impl From<Refusal> for CliError {
     fn from(r: Refusal) -> Self {
         CliError::new(match r {
             Refusal::NoCalls { side, path } => {
-                format!("{}: dump {} holds no op calls", path.display(), side.name())
+                format!("{}: dump {} holds no op calls; run its job with OPDUMP=1 (or torch.ops.opdump.enable()) and check that OPDUMP_INCLUDE, OPDUMP_STEPS and OPDUMP_RANKS let calls through", path.display(), side.name())
             }
             Refusal::NoCallsInSteps { path, has, .. } => format!(
-                "{}: no op calls in the selected steps (the dump has {has})",
+                "{}: no op calls in the selected steps (the dump has {has}); pass --steps within those",
                 path.display()
             ),
             Refusal::NoPhaseInCommon {
@@ -79,7 +79,7 @@ impl From<Refusal> for CliError {
                 "the dumps have no phase (forward, backward, optimizer) in common to align: A has {steps_a}, phases taking part: {phases_a}; B has {steps_b}, phases taking part: {phases_b}; dump the same steps and ops on both sides, or widen --steps and --ignore"
             ),
             Refusal::DifferentPrograms { matched, larger } => format!(
-                "the dumps look like different programs: only {matched} of {larger} top-level op calls align (use --force to compare anyway)"
+                "the dumps look like different programs: only {matched} of {larger} top-level op calls align; dump the same program with the same OPDUMP_* selection on both sides, or use --force to compare anyway"
             ),
         })
     }

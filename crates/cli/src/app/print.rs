@@ -17,7 +17,7 @@ pub(crate) fn print(s: &str) -> Result<()> {
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(CliError::new(format!("writing to stdout: {e}"))),
+        Err(e) => Err(CliError::new(format!("writing to stdout: {e}; the report is cut short: redirect it to a file on a disk with space"))),
     }
 }
 

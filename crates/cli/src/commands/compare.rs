@@ -30,7 +30,7 @@ fn choose_rank(
         for (idx, ranks) in [(ia, &ra), (ib, &rb)] {
             if !ranks.contains(&r) {
                 return Err(CliError::new(format!(
-                    "{}: no rank {r} (ranks present: {})",
+                    "{}: no rank {r} (ranks present: {}); choose one of those with --rank",
                     idx.dir.display(),
                     list(ranks)
                 )));

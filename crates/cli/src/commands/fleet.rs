@@ -109,7 +109,7 @@ pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
     let p = plan(&dumps.a.ranks(), &dumps.b.ranks(), wanted);
     if p.common.is_empty() {
         return Err(CliError::new(format!(
-            "the dumps share no rank{} (A has {}, B has {})",
+            "the dumps share no rank{} (A has {}, B has {}); dump the same ranks on both sides (OPDUMP_RANKS), or name ranks both have with --rank",
             if wanted.is_some() { " in --rank" } else { "" },
             fleet::rank_list(&p.only_in_a),
             fleet::rank_list(&p.only_in_b)

@@ -136,7 +136,7 @@ fn check_readable(dir: &Path, index: &RankIndex) -> Result<()> {
     }
     if !index.any_name {
         return Err(CliError::new(format!(
-            "{shown}: no name column: this dump's schema names no parameters (a newer opdump writes it)"
+            "{shown}: no name column: this dump's schema names no parameters (a newer opdump writes it); dump the job again with this opdump"
         )));
     }
     if !index.any_fingerprint {
@@ -152,12 +152,12 @@ fn check_seen(dir: &Path, seen: &Seen) -> Result<()> {
     let shown = dir.display();
     if seen.named == 0 {
         return Err(CliError::new(format!(
-            "{shown}: no parameter or gradient rows (the name column is empty: the job ran without OPDUMP_MODULES, outside Python, or recorded no optimizer step or forward)"
+            "{shown}: no parameter or gradient rows (the name column is empty: the job ran without OPDUMP_MODULES, outside Python, or recorded no optimizer step or forward); run the Python job again with OPDUMP_MODULES=1 over steps that include a forward and an optimizer step"
         )));
     }
     if seen.with_fp == 0 {
         return Err(CliError::new(format!(
-            "{shown}: no fingerprints: {} parameter and gradient rows, none with a fingerprint (written with OPDUMP_SKETCH=0, or by an opdump that does not compute them yet)",
+            "{shown}: no fingerprints: {} parameter and gradient rows, none with a fingerprint (written with OPDUMP_SKETCH=0, or by an opdump that does not compute them yet); run the job again with OPDUMP_SKETCH=16",
             seen.named
         )));
     }
@@ -213,13 +213,13 @@ fn check_compared(dir: &Path, unmeasured: &[u32], tally: &Tally) -> Result<()> {
     let shown = dir.display();
     if tally.counts.compared == 0 && unmeasured.is_empty() {
         return Err(CliError::new(format!(
-            "{shown}: nothing compared: no parameter or gradient was measured on two ranks at the same step and call"
+            "{shown}: nothing compared: no parameter or gradient was measured on two ranks at the same step and call; record the same steps on every rank (OPDUMP_STEPS, OPDUMP_RANKS)"
         )));
     }
     if tally.total == 0 && !unmeasured.is_empty() {
         let n = unmeasured.len();
         return Err(CliError::new(format!(
-            "{shown}: rank{} {} cannot be compared: {} no fingerprints (written with OPDUMP_SKETCH=0, or recorded no optimizer step or forward); no verdict on the ranks",
+            "{shown}: rank{} {} cannot be compared: {} no fingerprints (written with OPDUMP_SKETCH=0, or recorded no optimizer step or forward); no verdict on the ranks: run the job again with OPDUMP_SKETCH=16 on every rank",
             plural(n),
             list(unmeasured),
             if n == 1 { "it has" } else { "they have" }

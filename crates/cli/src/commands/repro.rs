@@ -83,7 +83,7 @@ fn device_of(file: &CaptureFile, path: &str) -> Result<String> {
         .unwrap_or_else(|| "cpu".into());
     if !is_device_name(&found) {
         return Err(CliError::new(format!(
-            "{path}: its tensors' device {:?} is not a device name; not a capture file opdump wrote",
+            "{path}: its tensors' device {:?} is not a device name; not a capture file opdump wrote: run the job again with the same OPDUMP_CAPTURE to write it anew",
             found.chars().take(80).collect::<String>()
         )));
     }
@@ -110,13 +110,13 @@ fn capture_of_call(d: &Dump, i: u32, path: &str) -> Result<Arc<CaptureFile>> {
     let file = d
         .captures
         .file(path)
-        .ok_or_else(|| CliError::new(format!("{path}: not a readable capture file")))?;
+        .ok_or_else(|| CliError::new(format!("{path}: not a readable capture file; run the job again with the same OPDUMP_CAPTURE to write it anew")))?;
     let named = |key: &str| file.metadata.get(key).map_or("", String::as_str);
     let (op, overload) = (named(meta::OP), named(meta::OVERLOAD));
     if op != d.op_name(i) || overload != d.overload_name(i) {
         return Err(CliError::new(format!(
             "{path}: the capture holds a call of {:?} (overload {:?}), but the dump's call seq {} is {} \
-             (overload {:?}); refusing a capture file that is not of its call",
+             (overload {:?}); refusing a capture file that is not of its call: run the job again with the same OPDUMP_CAPTURE to write it anew",
             op.chars().take(80).collect::<String>(),
             overload.chars().take(80).collect::<String>(),
             d.seq(i),
@@ -156,7 +156,7 @@ fn refusal(e: &DirRefused) -> String {
 /// A folder `--out` names is the user's choice and is not judged.
 fn default_folder(name: &str) -> Result<PathBuf> {
     let mut cwd = fsguard::open_parent_dir(Path::new("."))
-        .map_err(|e| CliError::new(format!("the working directory cannot be opened ({e})")))?;
+        .map_err(|e| CliError::new(format!("the working directory cannot be opened ({e}); run opdump repro from a directory you can read, or name the folder with --out")))?;
     fsguard::enter_dir(&mut cwd, Path::new(""), name, output::DIR_MODE)
         .map_err(|e| CliError::new(refusal(&e)))?;
     Ok(PathBuf::from(name))
@@ -175,7 +175,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
                 .position(|p| p.a == ia)
                 .ok_or_else(|| {
                     CliError::new(format!(
-                        "{s} (seq A {}) has no aligned call in B: nothing to reproduce it against",
+                        "{s} (seq A {}) has no aligned call in B: nothing to reproduce it against; choose a call that `opdump compare` shows in both dumps",
                         c.a.seq(ia)
                     ))
                 })?

@@ -20,9 +20,14 @@ pub fn run(dir: &Path, rank: Option<u32>, progress: &Progress) -> Result<Summary
         Some(r) if index.ranks().contains(&r) => vec![r],
         Some(r) => {
             return Err(CliError::new(format!(
-                "{}: no rank {r} (ranks present: {:?})",
+                "{}: no rank {r} (ranks present: {}); choose one of those with --rank",
                 dir.display(),
-                index.ranks()
+                index
+                    .ranks()
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )))
         }
         None => index.ranks().into_iter().collect(),

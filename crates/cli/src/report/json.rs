@@ -9,6 +9,6 @@ use crate::app::error::{CliError, Result};
 
 pub fn write<T: Serialize>(value: &T, out: &mut impl Write) -> Result<()> {
     serde_json::to_writer_pretty(&mut *out, value)
-        .map_err(|e| CliError::new(format!("writing JSON: {e}")))?;
-    writeln!(out).map_err(|e| CliError::new(format!("writing JSON: {e}")))
+        .map_err(|e| CliError::new(format!("writing JSON: {e}; the report is cut short: redirect it to a file on a disk with space")))?;
+    writeln!(out).map_err(|e| CliError::new(format!("writing JSON: {e}; the report is cut short: redirect it to a file on a disk with space")))
 }
