@@ -194,7 +194,7 @@ fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64
         Cap::Allowed => true,
         Cap::Reached => {
             eprintln!(
-                "opdump: OPDUMP_MAX_RECORDS={} reached; recording stops",
+                "opdump: OPDUMP_MAX_RECORDS={} reached; recording stops. To record more, raise it (0 is no limit)",
                 c.max_records
             );
             false

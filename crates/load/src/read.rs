@@ -1089,7 +1089,7 @@ impl Builder {
             apply(&mut self.t_len, &perm);
             if let Some(w) = self.seq.windows(2).find(|w| w[0] == w[1]) {
                 return Err(Error::new(format!(
-                    "{}: seq {} appears twice in rank {rank} (two runs written into one directory?)",
+                    "{}: seq {} appears twice in rank {rank} (two runs written into one directory?); give each run its own OPDUMP_DIR, or move one run's files out",
                     path.display(),
                     w[0]
                 )));
