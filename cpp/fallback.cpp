@@ -235,6 +235,9 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   // guard comes first.
   Recorder rec;
   ExitGuard exit_guard{&rec};
+  // OPDUMP_ON_DIVERGENCE=stop: the job's own error, raised where its op
+  // would run (the exit guard pairs the entry as for any error).
+  if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
   const bool versioned = from_above_autograd();
   const bool above_autograd = ticket.depth == 0 || versioned;
   if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);

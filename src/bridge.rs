@@ -67,6 +67,9 @@ pub mod ffi {
         source: bool,
         /// Save the call's full tensors and arguments (OPDUMP_CAPTURE).
         capture: bool,
+        /// Raise `stop_message()` instead of running the call
+        /// (OPDUMP_ON_DIVERGENCE=stop).
+        stop: bool,
     }
 
     /// Statistics over the finite elements of a tensor, in float64 (`Stats`
@@ -222,6 +225,8 @@ pub mod ffi {
         fn intern_name(name: &str) -> u32;
         /// One `opdump:` line on stderr; opdump stays on.
         fn warn(what: &str);
+        /// The error a ticket with `stop` raises in the job.
+        fn stop_message() -> String;
         /// The end of an `Optimizer.step` scope on this thread.
         fn optimizer_step_done();
         /// An internal failure in C++: print one line and switch opdump off.
@@ -442,6 +447,7 @@ fn op_enter(
         shortcuts,
         source,
         capture,
+        stop,
     } = t;
     ffi::OpTicket {
         record,
@@ -450,6 +456,7 @@ fn op_enter(
         shortcuts,
         source,
         capture,
+        stop,
     }
 }
 
@@ -531,6 +538,10 @@ fn intern_name(name: &str) -> u32 {
 
 fn warn(what: &str) {
     runtime::warn(what);
+}
+
+fn stop_message() -> String {
+    opdump_engine::online::stop::message()
 }
 
 fn optimizer_step_done() {

@@ -14,8 +14,8 @@
 //! counted and reported at exit.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use opdump_format::selector::Selector;
 
@@ -31,7 +31,32 @@ pub struct Captures {
     captured: AtomicU64,
     skipped: AtomicU64,
     partial: AtomicU64,
+    /// A call named while the job runs (a divergence found against
+    /// `OPDUMP_REFERENCE`), to capture at its next occurrence.
+    armed: Mutex<Option<Armed>>,
+    armed_on: AtomicBool,
+    /// The armed call was captured (its record handed to the writer).
+    armed_taken: AtomicBool,
 }
+
+/// The `index`-th call of an op within a step, in a step after `after`:
+/// the same call of a later step of a training loop, or of the next
+/// forward of an inference loop.
+struct Armed {
+    op: String,
+    overload: Option<String>,
+    index: u64,
+    after: i64,
+    /// The step being counted, and the calls of the op seen in it.
+    step: i64,
+    seen: u64,
+    /// The selector of the captured call, once chosen.
+    chosen: Option<String>,
+}
+
+/// The [`Chosen`] index of the armed call: past any selector's, and within
+/// the bridge's `i32` (a device call's departure carries it).
+const ARMED: usize = i32::MAX as usize;
 
 /// What a ticket says about capturing: the index of the selector that chose
 /// the call.
@@ -48,11 +73,91 @@ impl Captures {
             captured: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             partial: AtomicU64::new(0),
+            armed: Mutex::new(None),
+            armed_on: AtomicBool::new(false),
+            armed_taken: AtomicBool::new(false),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.selectors.is_empty()
+        self.selectors.is_empty() && !self.armed_on.load(Ordering::Relaxed)
+    }
+
+    /// Captures the next call like the one `s` names (an op selector with
+    /// its step): the same op's call with the same index within a step,
+    /// in the first step after `s`'s and after `now` (the job's current
+    /// step) that has one. Replaces what was armed before; a module
+    /// selector arms nothing.
+    pub fn arm(&self, s: &Selector, now: i64) {
+        let Selector::Op {
+            op,
+            overload,
+            step,
+            index,
+        } = s
+        else {
+            return;
+        };
+        if let Ok(mut armed) = self.armed.lock() {
+            let after = step.unwrap_or(i64::MIN).max(now);
+            *armed = Some(Armed {
+                op: op.clone(),
+                overload: overload.clone(),
+                index: *index,
+                after,
+                step: after,
+                seen: 0,
+                chosen: None,
+            });
+            self.armed_on.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the armed call has been captured.
+    pub fn armed_taken(&self) -> bool {
+        self.armed_taken.load(Ordering::SeqCst)
+    }
+
+    /// Counts a call for the armed selector; true when it is the one.
+    fn on_armed_call(&self, op: &str, overload: &str, step: i64) -> bool {
+        if !self.armed_on.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut guard) = self.armed.lock() else {
+            return false;
+        };
+        let Some(a) = guard.as_mut() else {
+            return false;
+        };
+        let matches = Selector::Op {
+            op: a.op.clone(),
+            overload: a.overload.clone(),
+            step: None,
+            index: 0,
+        }
+        .matches_op(op, overload);
+        if !matches || step <= a.after || a.chosen.is_some() {
+            return false;
+        }
+        if step != a.step {
+            a.step = step;
+            a.seen = 0;
+        }
+        a.seen += 1;
+        if a.seen - 1 != a.index {
+            return false;
+        }
+        a.chosen = Some(
+            Selector::Op {
+                op: a.op.clone(),
+                overload: a.overload.clone(),
+                step: Some(step),
+                index: a.index,
+            }
+            .to_string(),
+        );
+        self.armed_on.store(false, Ordering::SeqCst);
+        true
     }
 
     /// A recorded call enters: counts it for every op selector that could
@@ -72,6 +177,9 @@ impl Captures {
                     }
                 }
             }
+        }
+        if self.on_armed_call(op, overload, step) {
+            chosen.get_or_insert(ARMED);
         }
         chosen.or_else(|| MODULE_CHOICE.with(Cell::get))
     }
@@ -104,6 +212,14 @@ impl Captures {
 
     /// The selector's text, for the capture file.
     pub fn selector(&self, chosen: usize) -> String {
+        if chosen == ARMED {
+            return self
+                .armed
+                .lock()
+                .ok()
+                .and_then(|a| a.as_ref()?.chosen.clone())
+                .unwrap_or_default();
+        }
         self.selectors
             .get(chosen)
             .map(ToString::to_string)
@@ -129,9 +245,12 @@ impl Captures {
         fits
     }
 
-    /// A capture was handed to the writer.
-    pub fn count_captured(&self) {
+    /// A capture chosen by `chosen` was handed to the writer.
+    pub fn count_captured(&self, chosen: usize) {
         self.captured.fetch_add(1, Ordering::Relaxed);
+        if chosen == ARMED {
+            self.armed_taken.store(true, Ordering::SeqCst);
+        }
     }
 
     /// [captured calls, calls not captured for the cap, calls whose outputs
@@ -160,7 +279,13 @@ pub fn install(c: Captures) {
     let _ = CAPTURES.set(c);
 }
 
-/// None when `OPDUMP_CAPTURE` is unset: nothing to count.
+/// The process's captures, selectors or not (to arm one).
+pub fn installed() -> Option<&'static Captures> {
+    CAPTURES.get()
+}
+
+/// None when `OPDUMP_CAPTURE` is unset and nothing is armed: nothing to
+/// count.
 pub fn get() -> Option<&'static Captures> {
     CAPTURES.get().filter(|c| !c.is_empty())
 }
@@ -226,7 +351,51 @@ mod tests {
         assert!(!c.reserve(60, false)); // inputs do not fit: not captured
         assert!(c.reserve(40, false));
         assert!(!c.reserve(1, true)); // outputs do not fit: inputs kept
-        c.count_captured();
+        c.count_captured(0);
         assert_eq!(c.counts(), [1, 1, 1, 100]);
+    }
+
+    #[test]
+    fn an_armed_call_is_the_same_call_of_a_later_step() {
+        let c = Captures::new(Vec::new(), 1 << 20);
+        assert!(get_like(&c).is_none());
+        c.arm(&parse_list("aten::gelu@step=3#1").unwrap()[0], 2);
+        let calls = [
+            ("aten::gelu", 3), // step 3 itself: not counted
+            ("aten::gelu", 3),
+            ("aten::mm", 4),
+            ("aten::gelu", 4), // step 4 #0
+            ("aten::gelu", 4), // step 4 #1: chosen
+            ("aten::gelu", 5), // captured once only
+            ("aten::gelu", 5),
+        ];
+        let chosen: Vec<Chosen> = calls
+            .iter()
+            .map(|(op, step)| c.on_call(op, "default", *step))
+            .collect();
+        assert_eq!(chosen, [None, None, None, None, Some(ARMED), None, None]);
+        assert_eq!(c.selector(ARMED), "aten::gelu@step=4#1");
+        assert!(!c.armed_taken());
+        c.count_captured(ARMED);
+        assert!(c.armed_taken());
+    }
+
+    #[test]
+    fn an_armed_call_waits_for_a_step_that_has_it() {
+        let c = Captures::new(Vec::new(), 1 << 20);
+        // Armed while the job is in step 1, past its first add.
+        c.arm(&parse_list("aten::add.Tensor@step=0#2").unwrap()[0], 1);
+        // Step 2 has two adds only; step 3 has the third.
+        let mut chosen = Vec::new();
+        for step in [1, 1, 2, 2, 3, 3, 3] {
+            chosen.push(c.on_call("aten::add", "Tensor", step));
+        }
+        assert_eq!(chosen, [None, None, None, None, None, None, Some(ARMED)]);
+        assert_eq!(c.selector(ARMED), "aten::add.Tensor@step=3#2");
+    }
+
+    /// What [`get`] would say of `c`.
+    fn get_like(c: &Captures) -> Option<&Captures> {
+        Some(c).filter(|c| !c.is_empty())
     }
 }

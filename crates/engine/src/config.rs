@@ -35,6 +35,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_CAPTURE", "(none)", "op calls whose full input and output tensors are saved (safetensors, beside the Parquet files): aten::gelu#0 (the first recorded call of that op), aten::gelu@step=1#2 (the third in step 1), module=blocks.0.mlp#0 (every call inside that module's first forward), several separated by ;"),
     ("OPDUMP_SKETCH", "0", "length K of each tensor's sketch, a power of two from 2 to 32 (16 is the usual choice), with the fingerprint; 0 writes neither (see the README's Fingerprint and sketch)"),
     ("OPDUMP_CAPTURE_MAX_BYTES", "2147483648", "the most bytes of captured tensors a process saves; calls past it are not captured, and counted"),
+    ("OPDUMP_REFERENCE", "(none)", "a dump of the same program on a trusted device, made with the same OPDUMP_* selection: this run is judged against it step by step as it runs, the first introduced divergence is printed, captured in the same run and written to <OPDUMP_DIR>/verdicts/"),
+    ("OPDUMP_ON_DIVERGENCE", "report", "with OPDUMP_REFERENCE, once a divergence is introduced: report (go on dumping and judging) or stop (after its capture is written, the next op call raises an error that names the op, so the job ends with a nonzero status)"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
@@ -47,6 +49,14 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
 pub enum QueueFull {
     Block,
     Drop,
+}
+
+/// What a run judged against a reference does once a divergence is
+/// introduced (OPDUMP_ON_DIVERGENCE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDivergence {
+    Report,
+    Stop,
 }
 
 #[derive(Clone, Debug)]
@@ -82,6 +92,9 @@ pub struct Config {
     /// A forked child records into its own files.
     pub fork_record: bool,
     pub file_mode: u32,
+    /// The dump this run is judged against as it runs (OPDUMP_REFERENCE).
+    pub reference: Option<PathBuf>,
+    pub on_divergence: OnDivergence,
 }
 
 impl Config {
@@ -127,6 +140,8 @@ impl Default for Config {
             sketch: 0,
             fork_record: false,
             file_mode: 0o600,
+            reference: None,
+            on_divergence: OnDivergence::Report,
         }
     }
 }
@@ -179,6 +194,7 @@ const GROUPS: &[fn(&mut Config, &str, &str) -> Outcome] = &[
     set_capture,
     set_output,
     set_queue,
+    set_online,
     read_elsewhere,
 ];
 
@@ -337,6 +353,27 @@ fn set_output(c: &mut Config, name: &str, v: &str) -> Outcome {
     })
 }
 
+/// Judging this run against a reference dump while it runs.
+fn set_online(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_REFERENCE" => take(
+            (!v.trim().is_empty()).then(|| PathBuf::from(v)),
+            |d| c.reference = Some(d),
+            "give the directory of a dump made on a trusted device (OPDUMP_DIR of that run)",
+        ),
+        "OPDUMP_ON_DIVERGENCE" => take(
+            match v.trim() {
+                "report" => Some(OnDivergence::Report),
+                "stop" => Some(OnDivergence::Stop),
+                _ => None,
+            },
+            |o| c.on_divergence = o,
+            "use report (go on dumping and judging) or stop (end the job at the first introduced divergence)",
+        ),
+        _ => return None,
+    })
+}
+
 /// The record channel to the writer thread.
 fn set_queue(c: &mut Config, name: &str, v: &str) -> Outcome {
     Some(match name {
@@ -484,6 +521,13 @@ mod tests {
             ),
             ("OPDUMP_DEVICE_SYNC", "2", "1", "use 1 or 0"),
             ("OPDUMP_FORK", "sometimes", "record", "use off"),
+            (
+                "OPDUMP_REFERENCE",
+                " ",
+                "/tmp/ref",
+                "give the directory of a dump",
+            ),
+            ("OPDUMP_ON_DIVERGENCE", "halt", "stop", "use report"),
             ("OPDUMP_FILE_MODE", "200", "640", "octal permission bits"),
         ];
         for (name, bad, good, accepted) in cases {

@@ -13,6 +13,8 @@
 //! - [`modules`]: the module path of a call, and the forward call behind a
 //!   backward one;
 //! - [`sink`]: the bounded channel and the writer thread;
+//! - [`online`]: this run judged against a reference dump while it runs
+//!   (`OPDUMP_REFERENCE`), on a thread of its own;
 //! - [`runtime`]: process-wide state, signals, fork, exit, and the
 //!   `torch.ops.opdump.*` switches;
 //! - [`host`]: the few things only the torch side can do, handed in by the
@@ -27,6 +29,7 @@ pub mod entry;
 pub mod host;
 pub mod modules;
 pub mod names;
+pub mod online;
 pub mod recorder;
 pub mod runtime;
 pub mod selection;

@@ -35,6 +35,9 @@ pub struct Ticket {
     /// Whether to save the call's full tensors and arguments
     /// (OPDUMP_CAPTURE chose it).
     pub capture: bool,
+    /// Raise `online::stop::message()` instead of running the call
+    /// (OPDUMP_ON_DIVERGENCE=stop).
+    pub stop: bool,
 }
 
 impl Ticket {
@@ -45,6 +48,7 @@ impl Ticket {
         shortcuts: false,
         source: false,
         capture: false,
+        stop: false,
     };
 }
 
@@ -257,8 +261,16 @@ pub(crate) fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) 
                 && phase != Phase::Backward
                 && rt.is_some_and(|rt| rt.config.source),
             capture: chosen.is_some(),
+            stop: depth == 0 && crate::online::stop::take(stop_ready),
         }
     })
+}
+
+/// A stop waits for the capture of the named call. When it never comes
+/// (the run ends first, or it is over the byte cap), the exit status says
+/// it instead (see `runtime::at_exit`).
+fn stop_ready() -> bool {
+    capture::installed().is_some_and(|c| c.armed_taken())
 }
 
 /// The call on top of this thread's stack made the autograd nodes
@@ -309,7 +321,8 @@ pub(crate) fn depart() -> Option<Departure> {
 /// Names the selector of a capture, and gives each tensor row its key in
 /// the capture file, where the file holds that tensor.
 fn finish_capture(chosen: capture::Chosen, call: &mut Call) {
-    let (Some(c), Some(i), Some(cap)) = (capture::get(), chosen, call.capture.as_mut()) else {
+    let (Some(c), Some(i), Some(cap)) = (capture::installed(), chosen, call.capture.as_mut())
+    else {
         call.capture = None;
         return;
     };
@@ -320,7 +333,7 @@ fn finish_capture(chosen: capture::Chosen, call: &mut Call) {
             t.capture_key = Some(key);
         }
     }
-    c.count_captured();
+    c.count_captured(i);
 }
 
 pub(crate) fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {

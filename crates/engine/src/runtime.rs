@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::config::{self, Config};
 use crate::host::{self, Host};
+use crate::online;
 use crate::sink::{Sink, SinkSetup};
 
 /// The longest `flush()` and the exit waits for the writer.
@@ -120,7 +121,7 @@ fn say(line: &str) {
 pub fn fail(what: &str) {
     if !BROKEN.swap(true, Ordering::SeqCst) {
         say(&format!(
-            "{what}; opdump switches itself off, the job goes on"
+            "{what}; opdump switches itself off, the job goes on. This is an opdump bug: please report this line"
         ));
     }
     set_recording(false);
@@ -192,7 +193,65 @@ fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
         forked_from,
         file_mode: rt.config.file_mode,
         dir_mode: rt.config.dir_mode(),
+        // A forked child's calls are not the reference's program.
+        online: forked_from.is_none().then(|| online_setup(rt)).flatten(),
     }
+}
+
+/// Online compare, when OPDUMP_REFERENCE names a reference that can be
+/// read; otherwise one line, and dumping goes on without it.
+fn online_setup(rt: &Runtime) -> Option<online::Setup> {
+    let dir = rt.config.reference.as_ref()?;
+    let reference = match online::reference::Reference::open(dir) {
+        Ok(r) => r,
+        Err(why) => {
+            say(&format!("{why}. This run is dumped without comparing"));
+            return None;
+        }
+    };
+    Some(online::Setup {
+        reference,
+        dir: rt.dir.clone(),
+        rank,
+        pid: pid(),
+        file_mode: rt.config.file_mode,
+        dir_mode: rt.config.dir_mode(),
+        hooks: online::Hooks {
+            say,
+            on_named: divergence_named,
+        },
+    })
+}
+
+/// The online judge named the first introduced divergence: capture the
+/// same call of a later step, and with OPDUMP_ON_DIVERGENCE=stop, stop the
+/// job once it is captured.
+fn divergence_named(call: &online::fold::CallRef, place: &online::VerdictPlace) {
+    if let (Some(c), Ok(list)) = (
+        crate::capture::installed(),
+        opdump_format::selector::parse_list(&call.selector),
+    ) {
+        if let Some(s) = list.first() {
+            // Counted from the next step on: the job may be inside a step
+            // already, past some of the op's calls.
+            c.arm(s, crate::recorder::current_step());
+        }
+    }
+    if get().is_some_and(|rt| rt.config.on_divergence == config::OnDivergence::Stop) {
+        online::stop::request(format!(
+            "opdump: OPDUMP_ON_DIVERGENCE=stop: {} introduced a divergence from OPDUMP_REFERENCE at step {} \
+             ({}); the job is stopped. Verdicts: {}; the capture and the dump: {}",
+            call.label(),
+            call.step,
+            call.error_text(),
+            place.path.display(),
+            rt_dir_display()
+        ));
+    }
+}
+
+fn rt_dir_display() -> String {
+    get().map_or_else(String::new, |rt| rt.dir.display().to_string())
 }
 
 /// After fork, in the child (one thread: the one that forked). By default
@@ -278,7 +337,7 @@ fn start_sink(rt: &Runtime) -> Option<&'static Sink> {
         }
         Err(e) => {
             say(&format!(
-                "cannot start the writer thread ({e}); dumping stays off"
+                "cannot start the writer thread ({e}); dumping stays off. Raise the process's thread or memory limit (ulimit -u, ulimit -v) and run again"
             ));
             None
         }
@@ -403,10 +462,10 @@ extern "C" fn at_exit() {
         let s = started_sink();
         let Some(s) = s else { return };
         if !flush_device() {
-            say("device statistics did not all come back within 60 s at exit; their op calls are missing");
+            say("device statistics did not all come back within 60 s at exit; their op calls are missing. Check that the device is not hung, or measure synchronously with OPDUMP_DEVICE_SYNC=1");
         }
         if !s.shutdown(FLUSH_WAIT) {
-            say("the writer did not finish within 60 s at exit; the last files may be missing");
+            say("the writer did not finish within 60 s at exit; the last files may be missing. The disk under OPDUMP_DIR is slow or hung: use another, or record less (OPDUMP_STEPS, OPDUMP_INCLUDE)");
         }
         let c = &s.counters;
         let (written, dropped, failed) = (
@@ -416,26 +475,36 @@ extern "C" fn at_exit() {
         );
         if dropped > 0 || failed > 0 {
             say(&format!(
-                "{written} op calls written; {dropped} dropped (channel full), {failed} lost (write failures)"
+                "{written} op calls written; {dropped} dropped (channel full), {failed} lost (write failures). To drop none, set OPDUMP_QUEUE_FULL=block with a longer OPDUMP_QUEUE_WAIT_MS, or record less (OPDUMP_STEPS, OPDUMP_INCLUDE)"
             ));
         }
         let [_, dev_dropped, _, _, dev_failed] = device_counts();
         if dev_dropped > 0 || dev_failed > 0 {
             say(&format!(
                 "{dev_dropped} device tensors not measured (status dropped: results pool full), \
-                 {dev_failed} failed on the device (status failed)"
+                 {dev_failed} failed on the device (status failed). To drop none, set OPDUMP_QUEUE_FULL=block with a longer OPDUMP_QUEUE_WAIT_MS"
             ));
         }
         report_captures(c.captures_failed.load(Ordering::Relaxed));
+        if online::stop::requested() {
+            // The job may have caught the raised error, or ended before its
+            // next call: a CI gate still sees the divergence.
+            say("OPDUMP_ON_DIVERGENCE=stop: a divergence was introduced; the process exits with status 1");
+            // SAFETY: ends the process; the files are complete (shut down above).
+            unsafe { libc::_exit(1) };
+        }
     }));
 }
 
 /// What OPDUMP_CAPTURE saved, said once at exit: a selector that matched
 /// nothing is the usual mistake, and calls past the byte cap are counted.
 fn report_captures(failed: u64) {
-    let (Some(c), Some(rt)) = (crate::capture::get(), get()) else {
+    let (Some(c), Some(rt)) = (crate::capture::installed(), get()) else {
         return;
     };
+    if rt.config.capture.is_empty() {
+        return; // a call armed by the online judge is reported by it
+    }
     let [captured, skipped, partial, bytes] = c.counts();
     let written = captured.saturating_sub(failed);
     if captured == 0 && skipped == 0 {
@@ -456,7 +525,7 @@ fn report_captures(failed: u64) {
     if skipped > 0 || partial > 0 {
         line += &format!(
             "; {skipped} more not captured and {partial} without their outputs: \
-             OPDUMP_CAPTURE_MAX_BYTES={} reached",
+             OPDUMP_CAPTURE_MAX_BYTES={} reached: raise it to capture them",
             rt.config.capture_max_bytes
         );
     }
@@ -513,7 +582,7 @@ pub fn control_stats() -> Vec<i64> {
 /// it, bytes saved] (OPDUMP_CAPTURE).
 pub fn control_capture_stats() -> Vec<i64> {
     guarded(vec![0; 4], || {
-        crate::capture::get()
+        crate::capture::installed()
             .map(|c| c.counts().iter().map(|&v| v as i64).collect())
             .unwrap_or_else(|| vec![0; 4])
     })
@@ -522,7 +591,7 @@ pub fn control_capture_stats() -> Vec<i64> {
 /// Takes bytes of captured tensors from the process's budget.
 pub fn capture_reserve(bytes: u64, outputs: bool) -> bool {
     guarded(false, || {
-        crate::capture::get().is_some_and(|c| c.reserve(bytes, outputs))
+        crate::capture::installed().is_some_and(|c| c.reserve(bytes, outputs))
     })
 }
 

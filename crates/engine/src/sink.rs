@@ -18,6 +18,7 @@ use opdump_format::schema::meta;
 use opdump_format::{OpRecord, Role, RotateOptions, RotatingWriter};
 
 use crate::config::{Config, QueueFull};
+use crate::online::Feed;
 
 /// How often the writer wakes up to rotate files by age.
 const TICK: Duration = Duration::from_millis(200);
@@ -74,6 +75,9 @@ pub struct SinkSetup {
     pub forked_from: Option<i32>,
     pub file_mode: u32,
     pub dir_mode: u32,
+    /// Judge the records against a reference as they are written
+    /// (OPDUMP_REFERENCE).
+    pub online: Option<crate::online::Setup>,
 }
 
 pub struct Sink {
@@ -88,8 +92,9 @@ pub struct Sink {
 }
 
 impl Sink {
-    pub fn start(config: &Config, setup: SinkSetup) -> std::io::Result<Sink> {
+    pub fn start(config: &Config, mut setup: SinkSetup) -> std::io::Result<Sink> {
         let (tx, rx) = bounded(config.queue);
+        let feed = setup.online.take().map(Feed::start).transpose()?;
         let counters = Arc::new(Counters::default());
         let opts = RotateOptions {
             max_rows: config.rotate_rows,
@@ -104,6 +109,7 @@ impl Sink {
             writers: HashMap::new(),
             counters: counters.clone(),
             failed: false,
+            feed,
         };
         let handle = std::thread::Builder::new()
             .name("opdump-writer".into())
@@ -134,7 +140,8 @@ impl Sink {
                         if !self.stalled.swap(true, Ordering::Relaxed) {
                             eprintln!(
                                 "opdump: the writer has not taken a record for {} ms (a slow or hung disk?); \
-                                 records are dropped and counted until it catches up",
+                                 records are dropped and counted until it catches up. Point OPDUMP_DIR at a faster disk, \
+                                 or wait longer with OPDUMP_QUEUE_WAIT_MS",
                                 self.wait.as_millis()
                             );
                         }
@@ -191,7 +198,11 @@ struct Worker {
     writers: HashMap<String, RotatingWriter>,
     counters: Arc<Counters>,
     failed: bool,
+    feed: Option<Feed>,
 }
+
+/// How long the last step's judging may take at exit.
+const JUDGE_AT_EXIT: Duration = Duration::from_secs(60);
 
 /// `cuda:0` -> `cuda_0`: a directory name for a device.
 fn device_dir(device: &str) -> String {
@@ -232,6 +243,7 @@ impl Worker {
                     }
                 }
                 self.close_all();
+                self.finish_judging();
                 (self.setup.on_terminated)();
                 return;
             }
@@ -255,6 +267,7 @@ impl Worker {
                         self.write(rec);
                     }
                     self.close_all();
+                    self.finish_judging();
                     return;
                 }
                 Err(TryRecvError::Empty) => {
@@ -326,12 +339,23 @@ impl Worker {
                 == 0
             {
                 eprintln!(
-                    "opdump: writing a capture file failed ({e}); the call's rows name no file"
+                    "opdump: writing a capture file failed ({e}); the call's rows name no file. Free space under OPDUMP_DIR, or lower OPDUMP_CAPTURE_MAX_BYTES"
                 );
             }
         }
         if let Err(e) = result {
-            self.fail(&e);
+            return self.fail(&e);
+        }
+        if let Some(feed) = self.feed.as_mut() {
+            // Judging reads statistics only; the captured bytes are written.
+            rec.capture = None;
+            feed.offer(rec);
+        }
+    }
+
+    fn finish_judging(&mut self) {
+        if let Some(feed) = self.feed.as_mut() {
+            feed.finish(JUDGE_AT_EXIT);
         }
     }
 
@@ -410,6 +434,7 @@ mod tests {
             forked_from: None,
             file_mode: 0o600,
             dir_mode: 0o700,
+            online: None,
         }
     }
 

@@ -454,6 +454,26 @@ pub fn open_dump_root(path: &Path, dir_mode: u32) -> Result<GuardedFd, DirRefuse
     Ok(dir)
 }
 
+/// Opens the existing directory `path`, to read from it, and judges it as
+/// `OPDUMP_DIR` is judged: a directory owned by this user and writable by
+/// no one else (or with the sticky bit). Data from elsewhere, such as a
+/// reference dump, is read only from a place no other user can change.
+pub fn open_trusted_dir(path: &Path) -> Result<GuardedFd, DirRefused> {
+    let refuse = |problem| DirRefused {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let fd = open_parent_dir(path).map_err(|e| {
+        refuse(match e.raw_os_error() {
+            Some(libc::ENOTDIR) => DirProblem::NotDirectory,
+            _ => DirProblem::CannotOpen(e),
+        })
+    })?;
+    let st = fstat(fd.fd).map_err(|e| refuse(DirProblem::CannotOpen(e)))?;
+    judge(&st, 0o700).map_err(refuse)?;
+    Ok(fd)
+}
+
 /// Creates `OPDUMP_DIR` if it is missing and checks that opdump may trust it
 /// (see the module notes): owned by this user, not writable by others, no
 /// file in its place. The error is one sentence that names the directory,

@@ -156,6 +156,27 @@ pub enum Outcome {
     DriftOnly,
 }
 
+impl Outcome {
+    /// The outcome's name in the verdict file: `agree`, `introduced` or
+    /// `drift`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Agree => "agree",
+            Outcome::Introduced => "introduced",
+            Outcome::DriftOnly => "drift",
+        }
+    }
+
+    /// The exit status `opdump compare` gives it: 0, 1 or 3.
+    pub fn exit_status(self) -> u8 {
+        match self {
+            Outcome::Agree => 0,
+            Outcome::Introduced => 1,
+            Outcome::DriftOnly => 3,
+        }
+    }
+}
+
 /// A later introduced op whose error is at least this many times further
 /// beyond what its inputs and rounding explain (`excess`: output error over
 /// the allowed error) than the first one's takes the headline. An order of

@@ -33,6 +33,7 @@ pub mod opclass;
 pub mod provenance;
 pub mod refusal;
 pub mod rows;
+pub mod selector;
 pub mod sketch;
 pub mod tensor_row;
 pub mod tolerance;

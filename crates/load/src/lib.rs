@@ -19,4 +19,4 @@ mod row_bytes;
 pub mod spill;
 
 pub use error::{Error, Result};
-pub use read::{load, scan, DumpIndex, FileInfo};
+pub use read::{load, load_steps, scan, DumpIndex, FileInfo};

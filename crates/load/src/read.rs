@@ -10,6 +10,7 @@
 //! the schema version and says clearly when a dump is too old or too new.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -18,8 +19,8 @@ use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::{
-    Array, ArrayRef, ArrowPrimitiveType, Float64Array, Int64Array, PrimitiveArray, RecordBatch,
-    StringArray,
+    Array, ArrayRef, ArrowPrimitiveType, BooleanArray, Float64Array, Int64Array, PrimitiveArray,
+    RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use opdump_format::columns::{ColType, COLUMNS, COUNT_STATS, FLOAT_STATS};
@@ -27,7 +28,9 @@ use opdump_format::reader::{list_files, open_batches, open_regular, DumpFile};
 use opdump_format::schema::{col, meta};
 use opdump_format::SCHEMA_VERSION;
 use opdump_format::{Phase, Role, StatsStatus};
-use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowFilter,
+};
 use parquet::arrow::ProjectionMask;
 
 use opdump_judge::tree::{call_tree, NO_PARENT};
@@ -185,6 +188,30 @@ fn pid_from_name(path: &Path) -> Option<i64> {
 /// are unrelated, so only the process with the most op calls is kept and the
 /// others are counted in `skipped_other_pids`.
 pub fn load(index: &DumpIndex, rank: u32, progress: &dyn Observer, label: &str) -> Result<Dump> {
+    load_with(index, rank, None, progress, label)
+}
+
+/// Loads the calls of one rank in the steps `steps` only, as [`load`]
+/// would hold them: the same process is chosen, and rows of other steps
+/// are skipped as they are decoded, so memory follows the steps read, not
+/// the dump (a dump compared a step at a time while a job runs).
+pub fn load_steps(
+    index: &DumpIndex,
+    rank: u32,
+    steps: RangeInclusive<i64>,
+    progress: &dyn Observer,
+    label: &str,
+) -> Result<Dump> {
+    load_with(index, rank, Some(steps), progress, label)
+}
+
+fn load_with(
+    index: &DumpIndex,
+    rank: u32,
+    steps: Option<RangeInclusive<i64>>,
+    progress: &dyn Observer,
+    label: &str,
+) -> Result<Dump> {
     let mut by_pid: BTreeMap<i64, Vec<&FileInfo>> = BTreeMap::new();
     for f in index.files.iter().filter(|f| f.rank == rank) {
         by_pid.entry(f.pid).or_default().push(f);
@@ -211,7 +238,9 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &dyn Observer, label: &str) 
         .sum();
     let ops: u64 = calls(files).min(rows);
 
-    let mut b = Builder::new(ops as usize);
+    // The footers count every step: a few steps reserve nothing ahead.
+    let mut b = Builder::new(if steps.is_some() { 0 } else { ops as usize });
+    b.steps = steps;
     for (n, f) in files.iter().enumerate() {
         progress.update(&|| {
             format!(
@@ -248,6 +277,24 @@ pub fn load(index: &DumpIndex, rank: u32, progress: &dyn Observer, label: &str) 
     Ok(d)
 }
 
+/// Keeps the rows whose step lies in `steps`; `mask` selects the step
+/// column alone.
+fn step_filter(mask: ProjectionMask, steps: RangeInclusive<i64>) -> RowFilter {
+    let keep = move |batch: RecordBatch| {
+        let step = batch
+            .column(0)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| {
+                arrow_schema::ArrowError::SchemaError("the step column is not int64".into())
+            })?;
+        Ok(step
+            .iter()
+            .map(|s| Some(s.is_some_and(|s| steps.contains(&s))))
+            .collect::<BooleanArray>())
+    };
+    RowFilter::new(vec![Box::new(ArrowPredicateFn::new(mask, keep))])
+}
+
 /// Accumulates rows of several files.
 struct Builder {
     names: Interner,
@@ -271,6 +318,8 @@ struct Builder {
     /// Some tensor read so far was captured: every tensor has the two
     /// capture columns from then on.
     has_captures: bool,
+    /// Only rows of these steps are read ([`load_steps`]).
+    steps: Option<RangeInclusive<i64>>,
 }
 
 /// A file opened for reading (the format crate checks its schema version
@@ -758,6 +807,7 @@ impl Builder {
             t,
             has_sketch: false,
             has_captures: false,
+            steps: None,
         }
     }
 
@@ -779,6 +829,19 @@ impl Builder {
                 .filter_map(|n| arrow_schema.index_of(n).ok()),
         );
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let builder = match &self.steps {
+            Some(steps) => {
+                let step = arrow_schema.index_of(col::STEP).map_err(|_| {
+                    Error::new(format!("{}: column \"step\" is missing", path.display()))
+                })?;
+                let filter = step_filter(
+                    ProjectionMask::roots(builder.parquet_schema(), [step]),
+                    steps.clone(),
+                );
+                builder.with_row_filter(filter)
+            }
+            None => builder,
+        };
         let reader = builder
             .with_projection(mask)
             .with_batch_size(BATCH_ROWS)

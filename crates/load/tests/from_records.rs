@@ -272,3 +272,22 @@ fn records_that_cannot_make_a_dump_are_refused() {
     assert!(err.to_string().contains("is its own ancestor"), "{err}");
     assert!(Dump::from_records("d", 0, &[]).unwrap().is_empty());
 }
+
+#[test]
+fn one_step_read_alone_is_that_step_of_the_whole_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = varied();
+    write(dir.path(), "cpu", &recs, 7);
+    let index = scan(dir.path()).unwrap();
+    let steps: std::collections::BTreeSet<i64> = recs.iter().map(|r| r.step).collect();
+    assert!(steps.len() > 1, "the records span several steps");
+    for step in steps {
+        let alone = opdump_load::load_steps(&index, 0, step..=step, &Silent, "a").unwrap();
+        let of_step: Vec<OpRecord> = recs.iter().filter(|r| r.step == step).cloned().collect();
+        let expected = Dump::from_records(dir.path(), 0, &of_step).unwrap();
+        assert!(!alone.is_empty());
+        assert_same(&alone, &expected);
+    }
+    let none = opdump_load::load_steps(&index, 0, 1000..=1000, &Silent, "a").unwrap();
+    assert!(none.is_empty());
+}

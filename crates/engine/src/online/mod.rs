@@ -1,0 +1,360 @@
+//! Online compare (`OPDUMP_REFERENCE`): this run judged against a
+//! reference dump while it runs, a step at a time, on a thread of its own.
+//!
+//! The writer hands each record it wrote to a [`Feed`], which keeps the
+//! current step's records. When a record of a later step arrives, the step
+//! is complete: its records go to the judge thread, which reads the same
+//! step of the reference, compares the two with the judge `opdump compare`
+//! uses ([`opdump_judge::compare_dumps`]), and folds the outcome into the
+//! run's verdict ([`fold`]). Memory stays at about two steps of each side:
+//! the step being filled, and the step being judged with its reference.
+//!
+//! The first introduced divergence is said on one `opdump:` line, the same
+//! call of a later step is captured ([`crate::capture::Captures::arm`]),
+//! and with `OPDUMP_ON_DIVERGENCE=stop` the job is stopped once that
+//! capture is made. Every verdict is appended to
+//! `<OPDUMP_DIR>/verdicts/rank=<R>/part-<pid>.jsonl` ([`verdict_file`]).
+//!
+//! Nothing here can stop the job by failing: a reference that cannot be
+//! read, or a step that cannot be judged, is one line, and dumping goes on
+//! without comparing.
+
+pub mod fold;
+pub mod reference;
+pub mod stop;
+pub mod verdict_file;
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use opdump_format::OpRecord;
+use opdump_judge::{compare_dumps, CompareSettings, Dump, Filter, Refusal, Silent, Tolerances};
+
+use fold::{CallRef, Fold};
+use reference::Reference;
+use verdict_file::VerdictFile;
+
+/// What the judge thread tells the rest of opdump.
+pub struct Hooks {
+    /// A line on stderr (prefixed `opdump: `).
+    pub say: fn(&str),
+    /// The first introduced divergence was named: capture it, and stop the
+    /// job when asked to.
+    pub on_named: fn(&CallRef, &VerdictPlace),
+}
+
+/// Where the verdicts go, for the lines that name them.
+pub struct VerdictPlace {
+    pub path: PathBuf,
+}
+
+pub struct Setup {
+    pub reference: Reference,
+    /// This run's dump directory.
+    pub dir: PathBuf,
+    pub rank: fn() -> u32,
+    pub pid: i32,
+    pub file_mode: u32,
+    pub dir_mode: u32,
+    pub hooks: Hooks,
+}
+
+enum Msg {
+    Step(i64, Vec<OpRecord>),
+    Finish,
+}
+
+/// The writer's side: collects the steps still open, hands complete steps
+/// to the judge thread.
+///
+/// A step is complete once a record two steps later arrives: records of
+/// the step before the current one still come in a little late (from the
+/// autograd engine's threads, or device statistics that came back late),
+/// and are judged with their step.
+pub struct Feed {
+    open: BTreeMap<i64, Vec<OpRecord>>,
+    /// The last step handed over: records of it or before come too late.
+    handed: Option<i64>,
+    /// Records of a step handed over already, which cannot be judged.
+    late: u64,
+    tx: Sender<Msg>,
+    worker: Option<JoinHandle<()>>,
+    say: fn(&str),
+}
+
+impl Feed {
+    pub fn start(setup: Setup) -> std::io::Result<Feed> {
+        // One step in flight: the writer waits for the judge, rather than
+        // let steps pile up in memory, when judging is the slower.
+        let (tx, rx) = bounded(1);
+        let say = setup.hooks.say;
+        let worker = std::thread::Builder::new()
+            .name("opdump-judge".into())
+            .spawn(move || Judging::new(setup).run(rx))?;
+        Ok(Feed {
+            open: BTreeMap::new(),
+            handed: None,
+            late: 0,
+            tx,
+            worker: Some(worker),
+            say,
+        })
+    }
+
+    /// A record the writer wrote.
+    pub fn offer(&mut self, rec: OpRecord) {
+        if self.handed.is_some_and(|h| rec.step <= h) {
+            self.late += 1;
+            return;
+        }
+        let step = rec.step;
+        self.open.entry(step).or_default().push(rec);
+        while let Some((&first, _)) = self.open.first_key_value() {
+            if first + 2 > step {
+                break;
+            }
+            self.hand_over_first();
+        }
+    }
+
+    fn hand_over_first(&mut self) {
+        if let Some((step, records)) = self.open.pop_first() {
+            self.handed = Some(step);
+            let _ = self.tx.send(Msg::Step(step, records));
+        }
+    }
+
+    /// The run ends: judges the steps still open, writes the final verdict,
+    /// and waits at most `timeout` for that.
+    pub fn finish(&mut self, timeout: Duration) {
+        let Some(worker) = self.worker.take() else {
+            return;
+        };
+        while !self.open.is_empty() {
+            self.hand_over_first();
+        }
+        let _ = self.tx.send(Msg::Finish);
+        let deadline = Instant::now() + timeout;
+        while !worker.is_finished() {
+            if Instant::now() >= deadline {
+                (self.say)("judging against OPDUMP_REFERENCE did not finish in time at exit; the verdict file lacks its last steps");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = worker.join();
+        if self.late > 0 {
+            (self.say)(&format!(
+                "{} op calls arrived after their step was judged against OPDUMP_REFERENCE and were not judged",
+                self.late
+            ));
+        }
+    }
+}
+
+/// The judge thread's state.
+struct Judging {
+    setup: Setup,
+    fold: Fold,
+    file: Option<VerdictFile>,
+    /// Comparing stopped for good (the reason was said).
+    off: bool,
+    /// The first step the reference lacked was said.
+    said_missing: bool,
+    /// The verdict file could not be written (said once).
+    write_failed: bool,
+}
+
+impl Judging {
+    fn new(setup: Setup) -> Self {
+        Judging {
+            setup,
+            fold: Fold::default(),
+            file: None,
+            off: false,
+            said_missing: false,
+            write_failed: false,
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        while let Ok(msg) = rx.recv() {
+            match msg {
+                Msg::Step(step, records) => {
+                    if self.off {
+                        continue;
+                    }
+                    let judged = catch_unwind(AssertUnwindSafe(|| self.judge_step(step, &records)));
+                    if judged.is_err() {
+                        self.stop_comparing(&format!(
+                            "internal error judging step {step} against OPDUMP_REFERENCE"
+                        ));
+                    }
+                }
+                Msg::Finish => break,
+            }
+        }
+        if self.fold.steps_judged > 0 {
+            let row = self.fold.final_row();
+            self.write(&row);
+            self.say_final(&row);
+        } else if !self.off {
+            (self.setup.hooks.say)(&format!(
+                "OPDUMP_REFERENCE={} has no step in common with this run: nothing was compared; dump the \
+                 reference with the same OPDUMP_STEPS",
+                self.setup.reference.dir.display(),
+            ));
+        }
+    }
+
+    fn say(&self, line: &str) {
+        (self.setup.hooks.say)(line)
+    }
+
+    fn stop_comparing(&mut self, why: &str) {
+        self.off = true;
+        self.say(&format!("{why}; this run is dumped without comparing"));
+    }
+
+    fn judge_step(&mut self, step: i64, records: &[OpRecord]) {
+        let rank = (self.setup.rank)();
+        let reference = &self.setup.reference;
+        if !reference.ranks().contains(&rank) {
+            let why = format!(
+                "OPDUMP_REFERENCE={} has no rank {rank} (it has ranks {:?}): dump the reference with the same ranks",
+                reference.dir.display(),
+                reference.ranks()
+            );
+            return self.stop_comparing(&why);
+        }
+        let a = match reference.step(rank, step) {
+            Ok(a) => a,
+            Err(e) => {
+                let why = format!(
+                    "reading OPDUMP_REFERENCE={} failed ({e})",
+                    reference.dir.display()
+                );
+                return self.stop_comparing(&why);
+            }
+        };
+        if a.is_empty() {
+            self.fold.steps_missing += 1;
+            if !self.said_missing {
+                self.said_missing = true;
+                self.say(&format!(
+                    "OPDUMP_REFERENCE={} has no calls of rank {rank} in step {step}; steps it lacks are not compared \
+                     (dump the reference with the same OPDUMP_STEPS)",
+                    reference.dir.display()
+                ));
+            }
+            return;
+        }
+        let b = match Dump::from_records(self.setup.dir.clone(), rank, records) {
+            Ok(b) => b,
+            Err(e) => {
+                return self
+                    .stop_comparing(&format!("this run's step {step} cannot be judged ({e})"))
+            }
+        };
+        let settings = CompareSettings {
+            filter: Filter::default(),
+            tol: Tolerances::default(),
+            top: usize::MAX,
+            // Whether the reference is a run of this program is decided at
+            // the first step compared: a later step may be cut short (the
+            // job ended, or raised), and still be compared.
+            force: self.fold.steps_judged > 0,
+        };
+        match compare_dumps(a, b, settings, Vec::new(), &Silent) {
+            Ok(c) => {
+                let (rows, named) = self.fold.add(&c);
+                for row in &rows {
+                    self.write(row);
+                }
+                if let Some(call) = named {
+                    self.name(&call);
+                }
+            }
+            Err(Refusal::DifferentPrograms { matched, larger }) => self.stop_comparing(&format!(
+                "OPDUMP_REFERENCE={} is a dump of another program: in step {step}, only {matched} of {larger} \
+                 top-level op calls align; give a reference of the same model, inputs and OPDUMP_* selection",
+                self.setup.reference.dir.display()
+            )),
+            Err(refusal) => {
+                let why = format!("step {step} cannot be compared with OPDUMP_REFERENCE ({refusal:?})");
+                self.stop_comparing(&why)
+            }
+        }
+    }
+
+    /// The first introduced divergence: one line, then capture and stop.
+    fn name(&mut self, call: &CallRef) {
+        let place = VerdictPlace {
+            path: self
+                .file
+                .as_ref()
+                .map_or_else(|| self.setup.dir.join("verdicts"), |f| f.path.clone()),
+        };
+        self.say(&format!(
+            "step {}, {}: {} introduced a divergence from OPDUMP_REFERENCE: {}. Capturing that call ({}) in the \
+             next step that makes it; verdicts in {}",
+            call.step,
+            call.phase,
+            call.label(),
+            call.error_text(),
+            call.selector.replace(&format!("@step={}", call.step), ""),
+            place.path.display()
+        ));
+        (self.setup.hooks.on_named)(call, &place);
+        if stop::requested() {
+            // The job is being stopped: what runs from here on (its error
+            // handling) is not the reference's program.
+            self.off = true;
+        }
+    }
+
+    fn say_final(&self, row: &fold::FinalRow) {
+        if row.outcome == opdump_judge::Outcome::Agree.as_str() {
+            return;
+        }
+        if let (Some(h), "dominant") = (&row.headline, row.headline_rule.unwrap_or("")) {
+            self.say(&format!(
+                "judged against OPDUMP_REFERENCE: the headline is {} at step {} ({}), which went ten times further \
+                 beyond its allowance than the first introduced call",
+                h.label(),
+                h.step,
+                h.error_text()
+            ));
+        }
+    }
+
+    fn write(&mut self, row: &impl serde::Serialize) {
+        if self.write_failed {
+            return;
+        }
+        if self.file.is_none() {
+            let s = &self.setup;
+            match VerdictFile::create(&s.dir, (s.rank)(), s.pid, s.file_mode, s.dir_mode) {
+                Ok(f) => self.file = Some(f),
+                Err(e) => {
+                    self.write_failed = true;
+                    return self.stop_comparing(&format!(
+                        "the verdict file under {}/verdicts cannot be created ({e})",
+                        s.dir.display()
+                    ));
+                }
+            }
+        }
+        if let Some(f) = self.file.as_mut() {
+            if let Err(e) = f.append(row) {
+                let path = f.path.display().to_string();
+                self.write_failed = true;
+                self.stop_comparing(&format!("writing {path} failed ({e})"));
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+"""Online compare (OPDUMP_REFERENCE): a run judged against a reference dump
+while it runs names the first introduced divergence on one line, captures
+that call in the same run, writes its verdicts into the dump, and agrees
+with `opdump compare REFERENCE THIS_DUMP` offline.
+
+TinyLM (scripts/demo.py's worker) trains on the CPU for the reference and
+on testdev with a planted fault; each run is a subprocess with opdump
+preloaded."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import CLI, LIB, ROOT, clean_env, read_dump
+
+DEMO = ROOT / "scripts" / "demo.py"
+STEPS = 6
+
+
+def tinylm(device, dump, steps=STEPS, **env):
+    """Trains TinyLM for `steps` steps on `device` with opdump on; returns
+    the process, its losses (None when it failed) and its opdump lines."""
+    e = clean_env(OPDUMP="1", OPDUMP_DIR=dump, LD_PRELOAD=LIB, **env)
+    p = subprocess.run([sys.executable, str(DEMO), "--worker", device, "--steps", str(steps)],
+                       env=e, capture_output=True, text=True, timeout=300)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
+    losses = json.loads(p.stdout.strip().splitlines()[-1])["losses"] if p.returncode == 0 else None
+    return p, losses, lines
+
+
+def verdicts(dump):
+    """The verdict file's lines, as dicts."""
+    files = list(Path(dump).glob("verdicts/rank=0/part-*.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(l) for l in files[0].read_text().splitlines()]
+
+
+def offline(ref, dump):
+    p = subprocess.run([str(CLI), "compare", str(ref), str(dump), "--json"], capture_output=True, text=True)
+    assert p.returncode in (0, 1, 3), p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def same_headline(final, report):
+    """The stored final verdict names what offline compare names."""
+    h, o = final["headline"], report["headline"]
+    if o is None:
+        assert h is None, h
+        return
+    assert (h["op"], h["overload"], h["seq_a"], h["seq_b"], h["step"]) == \
+        (o["op"], o["overload"], o["seq_a"], o["seq_b"], o["step_b"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("online") / "cpu"
+    p, losses, lines = tinylm("cpu", d)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not lines, lines
+    return d, losses
+
+
+@pytest.mark.parametrize("fault,op,phase,label", [
+    ("aten::gelu=scale:1.01", "aten::gelu", "forward", "aten::gelu in blocks.0"),
+    ("aten::gelu_backward=scale:1.01", "aten::gelu_backward", "backward",
+     # Backward runs the blocks last to first.
+     "aten::gelu_backward (backward of aten::gelu in blocks.1)"),
+])
+def test_a_planted_fault_is_named_captured_and_stored_as_offline_compare_says(
+        reference, tmp_path, fault, op, phase, label):
+    ref, _ = reference
+    run = tmp_path / "testdev"
+    p, losses, lines = tinylm("testdev", run, OPDUMP_REFERENCE=ref, TESTDEV_FAULT=fault)
+    assert p.returncode == 0, p.stderr[-3000:]
+    named = [l for l in lines if "introduced a divergence from OPDUMP_REFERENCE" in l]
+    assert len(named) == 1, lines
+    # Its first faulted call: step 0, the op's first call.
+    assert named[0].startswith(f"opdump: step 0, {phase}: {label} introduced"), named[0]
+    assert "output error 1.0e-2" in named[0] and f"({op}#0)" in named[0], named[0]
+
+    rows = verdicts(run)
+    final = rows[-1]
+    assert final["kind"] == "final" and final["outcome"] == "introduced" and final["exit_status"] == 1
+    assert final["steps_judged"] == STEPS + 1 and final["steps_missing"] == 0  # the steps and the tail
+    groups = [r for r in rows if r["kind"] == "group"]
+    assert {r["step"] for r in groups} == set(range(STEPS + 1))
+    assert any(r["outcome"] == "introduced" and r["first_introduced"]["op"] == op for r in groups)
+
+    status, report = offline(ref, run)
+    assert status == final["exit_status"]
+    same_headline(final, report)
+
+    # The same call of a later step was captured, with its selector.
+    captures = list(run.glob("rank=0/device=*/capture-*.safetensors"))
+    assert len(captures) == 1, captures
+    t = read_dump(run)
+    captured = t[t.capture_file.notna()]
+    assert set(captured.op) == {op} and captured.step.min() > 0
+
+
+def test_a_fault_free_run_says_nothing_and_stores_agreement(reference, tmp_path):
+    ref, _ = reference
+    run = tmp_path / "cpu-again"
+    p, losses, lines = tinylm("cpu", run, OPDUMP_REFERENCE=ref)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert lines == [], lines
+    final = verdicts(run)[-1]
+    assert final["outcome"] == "agree" and final["headline"] is None
+    assert not list(run.glob("rank=0/device=*/capture-*"))
+    status, report = offline(ref, run)
+    assert status == final["exit_status"] == 0
+    same_headline(final, report)
+
+
+def test_stop_ends_the_job_nonzero_after_the_capture_with_readable_files(reference, tmp_path):
+    ref, _ = reference
+    run = tmp_path / "stopped"
+    p, _, lines = tinylm("testdev", run, OPDUMP_REFERENCE=ref, TESTDEV_FAULT="aten::gelu=scale:1.01",
+                         OPDUMP_ON_DIVERGENCE="stop")
+    assert p.returncode != 0
+    raised = [l for l in p.stderr.splitlines() if l.startswith("RuntimeError: opdump: OPDUMP_ON_DIVERGENCE=stop")]
+    assert len(raised) == 1 and "aten::gelu in blocks.0" in raised[0], p.stderr[-2000:]
+    assert len(list(run.glob("rank=0/device=*/capture-*.safetensors"))) == 1
+    for f in run.glob("rank=0/device=*/*.parquet"):
+        pq.read_table(f)  # complete, readable files
+    assert verdicts(run)[-1]["outcome"] == "introduced"
+
+
+def test_the_job_result_is_unchanged_whatever_the_reference(reference, tmp_path):
+    """Another program's dump, a missing directory, a file of another schema
+    version, a mutated file, a directory others can write: one line each,
+    and the losses are bitwise those of the run with no reference."""
+    ref, cpu_losses = reference
+    other = tmp_path / "other-program"
+    p, _, _ = tinylm("cpu", other, steps=2, OPDUMP_INCLUDE="aten::(mm|addmm)")
+    assert p.returncode == 0
+    schema = tmp_path / "schema"
+    shutil.copytree(ref, schema)
+    f = sorted(schema.glob("rank=0/device=*/*.parquet"))[0]
+    t = pq.read_table(f)
+    meta = dict(pq.read_metadata(f).metadata)
+    meta[b"opdump.schema_version"] = b"99"
+    pq.write_table(t.replace_schema_metadata(meta), f)
+    mutated = tmp_path / "mutated"
+    shutil.copytree(ref, mutated)
+    f = sorted(mutated.glob("rank=0/device=*/*.parquet"))[0]
+    data = bytearray(f.read_bytes())
+    for i in range(64, len(data) - 64, 97):
+        data[i] ^= 0x5A
+    f.write_bytes(bytes(data))
+    shared = tmp_path / "shared"
+    shutil.copytree(ref, shared)
+    os.chmod(shared, 0o777)
+
+    cases = {
+        other: "is a dump of another program",
+        tmp_path / "missing": "cannot be opened",
+        schema: "is newer than this opdump",
+        mutated: "",
+        shared: "is writable by other users",
+    }
+    for given, says in cases.items():
+        run = tmp_path / ("run-" + given.name)
+        p, losses, lines = tinylm("cpu", run, OPDUMP_REFERENCE=given)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert losses == cpu_losses, given.name
+        assert len(lines) == 1, (given.name, lines)
+        assert "OPDUMP_REFERENCE" in lines[0] and says in lines[0], lines[0]
+        assert len(read_dump(run)) > 0
+
+
+def test_a_bad_on_divergence_value_names_the_variable(tmp_path):
+    p, _, lines = tinylm("cpu", tmp_path / "d", steps=1, OPDUMP_REFERENCE=tmp_path, OPDUMP_ON_DIVERGENCE="halt")
+    assert p.returncode == 0
+    assert any(l.startswith('opdump: OPDUMP_ON_DIVERGENCE="halt" is not valid: use report') for l in lines), lines
+
+
+MLP = """
+import resource, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64)
+for step in range(int(sys.argv[1])):
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_memory_does_not_grow_with_the_number_of_steps(tmp_path):
+    """Each step's records are judged and dropped: a run of 60 steps with a
+    reference peaks within a few MB of a run of 10."""
+    job = tmp_path / "mlp.py"
+    job.write_text(MLP)
+
+    def run(steps, dump, **env):
+        e = clean_env(OPDUMP="1", OPDUMP_DIR=dump, LD_PRELOAD=LIB, **env)
+        p = subprocess.run([sys.executable, str(job), str(steps)], env=e, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return int(p.stdout.split()[-1]) / 1024, [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
+
+    run(60, tmp_path / "ref")
+    short, lines = run(10, tmp_path / "short", OPDUMP_REFERENCE=tmp_path / "ref")
+    assert lines == [], lines
+    long, lines = run(60, tmp_path / "long", OPDUMP_REFERENCE=tmp_path / "ref")
+    assert lines == [], lines
+    assert verdicts(tmp_path / "long")[-1]["steps_judged"] == 61
+    print(f"peak RSS: 10 steps {short:.0f} MiB, 60 steps {long:.0f} MiB")
+    assert long - short < 24, (short, long)
