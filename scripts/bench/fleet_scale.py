@@ -10,7 +10,7 @@
 The dumps are synthetic (crates/testkit/examples/synth_ranks.rs, built here
 with cargo unless --no-build), written under --dir and removed at the end
 (--keep keeps them). Each timing is the median of --repeats runs; peak RSS
-is the child's own (os.wait4), the most over the runs. Every run's answer is
+is the child's own (GNU time), the most over the runs. Every run's answer is
 checked: the planted rank must be the one named, or the figures mean
 nothing. Prints markdown; progress goes to stderr.
 """
@@ -31,6 +31,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 GB = 1e9
 
+# GNU time reports the peak RSS of the process it starts. A child started
+# from this Python directly would report at least this Python's own RSS
+# (the kernel keeps the high-water mark of the address space it forked from).
+TIME = ["/usr/bin/time", "-f", "opdump-bench-maxrss-kb=%M"]
+
+
+def peak_rss(stderr: str) -> int:
+    """The peak RSS in bytes that GNU time wrote last on `stderr`."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith("opdump-bench-maxrss-kb="):
+            return int(line.split("=", 1)[1]) * 1024
+    raise SystemExit(f"no peak RSS from {TIME[0]} (GNU time is needed):\n{stderr[-2000:]}")
+
 
 @dataclass
 class Run:
@@ -43,15 +56,10 @@ class Run:
 
 
 def run(cmd: list[str]) -> Run:
-    """Runs `cmd` and measures its own wall time and peak RSS."""
+    """Runs `cmd` and measures its wall time and peak RSS."""
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    seconds = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    # ru_maxrss is in KiB on Linux.
-    return Run(seconds, usage.ru_maxrss * 1024, p.returncode, out)
+    p = subprocess.run([*TIME, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Run(time.perf_counter() - t, peak_rss(p.stderr), p.returncode, p.stdout)
 
 
 def repeated(cmd: list[str], repeats: int, check) -> tuple[float, int, list[float]]:
