@@ -34,13 +34,16 @@ if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq default-jre-headless >/dev/null
 fi
 
-stamp="$SPARK_VENV/.opdump-pyspark-$PYSPARK_VERSION"
+# pandas and pyarrow: run_spark.py hands results over as pandas frames
+# (pyspark 4.3 warns that it does not fully support pandas 3 yet).
+reqs=("pyspark==$PYSPARK_VERSION" "pandas<3" pyarrow)
+# The stamp names the requirements: a changed list installs again.
+stamp="$SPARK_VENV/.opdump-setup-$(echo "${reqs[*]}" | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "test-spark: creating $SPARK_VENV with pyspark==$PYSPARK_VERSION" >&2
+  echo "test-spark: installing ${reqs[*]} into $SPARK_VENV" >&2
   [ -x "$SPARK_VENV/bin/python" ] || "$PY" -m venv "$SPARK_VENV"
   "$SPARK_VENV/bin/python" -m pip install -q --upgrade pip
-  # pandas and pyarrow: run_spark.py hands results over as pandas frames.
-  "$SPARK_VENV/bin/python" -m pip install -q "pyspark==$PYSPARK_VERSION" pandas pyarrow
+  "$SPARK_VENV/bin/python" -m pip install -q "${reqs[@]}"
   touch "$stamp"
 fi
 

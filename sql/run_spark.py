@@ -13,7 +13,9 @@ registered as a temporary view that the recipe's `{dump}`, `{a}` or `{b}`
 names. DUMP is any path Spark reads: a local folder, hdfs://, s3a://.
 
 Without --master the session is whatever spark-submit or the environment
-configures, else local[*]."""
+configures, else local[*]. --driver-memory sets the heap of a JVM this
+process starts (local mode: 1g by default, too little for a compare of
+millions of rows)."""
 
 import argparse
 import json
@@ -26,13 +28,17 @@ import recipes  # noqa: E402
 VIEWS = {"dump": "opdump_dump", "a": "opdump_a", "b": "opdump_b"}
 
 
-def session(master=None):
+def session(master=None, driver_memory=None):
     from pyspark.sql import SparkSession
 
     # No progress bars: the results go to stdout, the log to stderr.
     b = SparkSession.builder.appName("opdump-sql").config("spark.ui.showConsoleProgress", "false")
     if master:
         b = b.master(master)
+    if driver_memory:
+        # Read when this process starts the JVM (python sql/run_spark.py);
+        # under spark-submit, its --driver-memory applies instead.
+        b = b.config("spark.driver.memory", driver_memory)
     spark = b.getOrCreate()
     # Row order and the ranks' seq numbers do not depend on the local time
     # zone; only the session's own settings are touched.
@@ -79,10 +85,13 @@ def main(argv=None):
     ap.add_argument("dumps", nargs="+", help="the dump directory (two for compare)")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--master", help="the Spark master, e.g. local[4] (default: the environment's)")
+    ap.add_argument("--driver-memory", metavar="SIZE",
+                    help="the driver's heap, e.g. 4g (Spark's default, 1g, is short for a compare of millions of "
+                         "rows in local mode, where the driver does all the work)")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
     a = ap.parse_args(argv)
     params = dict(p.split("=", 1) for p in a.param)
-    spark = session(a.master)
+    spark = session(a.master, a.driver_memory)
     spark.sparkContext.setLogLevel("WARN")
     results = run(a.recipe, a.dumps, params, spark)
     if a.json:
