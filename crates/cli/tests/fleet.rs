@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{compare_json, path_str, run, small_model};
 use opdump_format::schema::meta;
 use opdump_format::{RotateOptions, RotatingWriter};
-use opdump_testkit::synth::{model_records, Model, Variant};
+use opdump_testkit::synth::{model_records, write_model_rank, Model, RankOf, Variant};
 use serde_json::Value;
 
 fn tmp() -> tempfile::TempDir {
@@ -408,4 +408,49 @@ fn the_html_page_has_a_row_per_rank_and_out_is_refused() {
         r.stderr
     );
     assert!(!out.exists());
+}
+
+/// The generator of the fleet benchmark (`synth_ranks`, through
+/// `write_model_rank`) plants what the benchmark checks for: an odd
+/// gradient that `opdump ranks` names, and in B a fault on the same rank
+/// that `compare --rank all` names alone, under device noise on every rank.
+#[test]
+fn the_benchmark_generator_plants_what_compare_and_ranks_find() {
+    let t = tmp();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    let m = small_model();
+    let noisy = |faulty: bool| Variant {
+        noise: 1e-9,
+        decompose_layer_norm: true,
+        fault: faulty.then_some((m.steps - 1, 2, 0.01)),
+        ..Default::default()
+    };
+    for rank in 0..4 {
+        let of = RankOf {
+            rank,
+            fingerprints: true,
+            odd_grad_at: (rank == 2).then_some(m.steps - 1),
+        };
+        write_model_rank(&a, &of, &m, &noisy(false), false, 500_000).expect("write A");
+        write_model_rank(&b, &of, &m, &noisy(rank == 2), true, 500_000).expect("write B");
+    }
+    let r = run(&["ranks", path_str(&a), "--json"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let j: Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(ranks_of(&j["first"]["odd_ranks"]), vec![2]);
+    assert_eq!(j["first"]["name"], "opt.0.grad");
+    assert_eq!(j["first"]["step"], m.steps - 1);
+    // Every weight read in forward and every optimizer tensor, each step,
+    // on every rank; only the one gradient leaves the majority.
+    let per_step = m.layers as u64 * 2 + 12;
+    assert_eq!(j["tensors"]["compared"], per_step * m.steps as u64);
+    assert_eq!(j["tensors"]["odd"], 1);
+
+    let (code, j, err) = compare_json(&a, &b, &["--rank", "all"]);
+    assert_eq!(code, 1, "{err}");
+    let first = &j["fleet"]["first_introduced"];
+    assert_eq!(ranks_of(&first["ranks"]), vec![2]);
+    assert_eq!(first["site"]["op"], "aten::addmm");
+    assert_eq!(first["site"]["module"], "layers.2");
+    assert_eq!(ranks_of(&j["fleet"]["agree"]), vec![0, 1, 3]);
 }
