@@ -26,6 +26,7 @@ fn main() {
             "cpp/device_counters.cpp",
             "cpp/device_reduce.cpp",
             "cpp/capture.cpp",
+            "cpp/cpu_check.cpp",
             "cpp/python_hooks.cpp",
             "cpp/names.cpp",
             "cpp/interned.cpp",

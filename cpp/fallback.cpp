@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,8 @@
 #include "opdump/cpp/call_kind.h"
 #include "opdump/cpp/carries.h"
 #include "opdump/cpp/device_stats.h"
+#include <optional>
+
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/op_kinds.h"
 #include "opdump/cpp/recorder.h"
@@ -58,6 +61,19 @@ struct ExitGuard {
         device_call_exited(std::move(rec->pending), std::move(rec->call));
       else
         op_exit(rec->call);
+    } catch (...) {
+    }
+  }
+};
+
+// A CPU check whose inputs were copied is started, or reported failed on
+// the way out when the op raised (Rust counts the checks under way).
+struct CpuCheckGuard {
+  std::optional<CpuCheckInputs> inputs;
+  ~CpuCheckGuard() {
+    if (!inputs) return;
+    try {
+      cpu_check_failed(rust::Str("the op raised an error"));
     } catch (...) {
     }
   }
@@ -259,8 +275,25 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   record_inputs(rec, op, *stack, ticket, written);
   // The autograd nodes the op makes take the next sequence numbers of this
   // thread: the call claims them for its backward calls (fwd_seq).
+  CpuCheckGuard cpu_check;
+  if (ticket.check_on_cpu) {
+    try {
+      cpu_check.inputs = cpu_check_inputs(op, *stack);
+    } catch (const std::exception& e) {
+      cpu_check_failed(rust::Str(std::string("its inputs could not be copied to the host: ") + e.what()));
+    }
+  }
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
   run_timed(rec, op, next, stack);
+  if (cpu_check.inputs) {
+    CpuCheckInputs inputs = std::move(*cpu_check.inputs);
+    cpu_check.inputs.reset();
+    try {
+      cpu_check_start(std::move(inputs), op, *stack);
+    } catch (const std::exception& e) {
+      cpu_check_failed(rust::Str(std::string("its outputs could not be copied to the host: ") + e.what()));
+    }
+  }
   const auto end_node = static_cast<int64_t>(at::sequence_number::peek());
   if (end_node > first_node)
     op_made_nodes(static_cast<int64_t>(at::RecordFunction::currentThreadId()), first_node, end_node);

@@ -24,6 +24,16 @@ namespace opdump {
 // passes through it. TESTING_ONLY_GenericMode is the only free key today.
 constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
+// The CPU check of a call named by online compare (cpu_check.cpp): its
+// inputs copied to the host before it runs, in float64 and as they are;
+// after it ran, its outputs are copied and the check goes on on a thread
+// of its own, which hands the result to Rust (cpu_check_done).
+struct CpuCheckInputs {
+  std::vector<c10::IValue> inputs64, inputs;
+};
+CpuCheckInputs cpu_check_inputs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
+void cpu_check_start(CpuCheckInputs&& in, const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
+
 // Keys that must not see the ops opdump itself runs to measure a tensor: its
 // own, autograd, autocast, user Python modes and functorch.
 c10::DispatchKeySet stats_excluded_keys();

@@ -1,13 +1,18 @@
-"""The two-device demo: train TinyLM for a couple of steps on two devices,
-dump both runs with opdump (through LD_PRELOAD: the training code is not
-changed), and let `opdump compare` say where they diverge.
+"""The two-device demo: train TinyLM for a few steps on two devices, dump
+both runs with opdump (through LD_PRELOAD: the training code is not
+changed). The run on the second device is judged against the first's dump
+while it runs (OPDUMP_REFERENCE): it names the op that introduced the
+divergence, captures that call in a later step and runs it again on the
+CPU to say which device is off. `opdump compare` then gives the same
+answer offline, with the full report.
 
     scripts/demo.sh                                   # cpu vs testdev, gelu wrong by 1%
     scripts/demo.sh --fault none                      # no fault: the devices agree
     scripts/demo.sh --devices cpu,cuda                # on a machine with a GPU
     scripts/demo.sh --fault "aten::addmm=noise:1e-3"  # any TESTDEV_FAULT spec
-    scripts/demo.sh --repro                           # then capture the guilty call and reproduce it:
-                                                      # dump -> compare -> capture -> repro
+    scripts/demo.sh --offline                         # two plain dumps, compared afterwards only
+    scripts/demo.sh --repro                           # then the manual loop: both runs again capturing
+                                                      # the call compare named, and opdump repro
 """
 
 import argparse
@@ -79,7 +84,12 @@ def main():
     ap.add_argument("--fault", default="aten::gelu=scale:1.01",
                     help="TESTDEV_FAULT for the testdev run ('none' for a fault-free run)")
     ap.add_argument("--out", default="opdump-demo", help="where the two dumps and the report go")
-    ap.add_argument("--steps", type=int, default=2)
+    # Online compare judges a step once two more have begun, and captures
+    # the named call in the step after the one the job is in by then: six
+    # short steps leave room for that.
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--offline", action="store_true",
+                    help="dump both runs plainly; no judging against the reference while the second runs")
     ap.add_argument("--repro", action="store_true",
                     help="then capture the first introduced call in both runs and reproduce it (opdump repro)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -98,14 +108,21 @@ def main():
     if fault and any(d.startswith("testdev") for d in devices):
         print(f"planted fault on testdev: {fault}")
     runs = {}
-    for d in devices:
-        dump, res = run_device(d, out, args.steps, fault)
+    for n, d in enumerate(devices):
+        online = {}
+        if n == 1 and not args.offline:
+            reference = runs[devices[0]][0]
+            online = {"OPDUMP_REFERENCE": str(reference)}
+            print(f"  {d:>10}: judged against the {devices[0]} dump while it runs (OPDUMP_REFERENCE={reference.name})")
+        dump, res = run_device(d, out, args.steps, fault, env_extra=online)
         runs[d] = (dump, res)
         fired = "".join(f", fault {k} fired {v}x" for k, v in res["fault_counts"].items())
         print(f"  {d:>10}: losses {['%.6f' % l for l in res['losses']]}{fired}  -> {dump}")
         if fault and d.startswith("testdev") and not any(res["fault_counts"].values()):
             print(f"  note: the fault {fault!r} never fired on {d}: no op of that name reached the device")
 
+    if not args.offline:
+        print_online_verdict(runs[devices[1]][0])
     print(f"\nDump of {devices[0]} (DuckDB over the Parquet files):")
     print(summary(runs[devices[0]][0]))
 
@@ -119,7 +136,29 @@ def main():
         if p.returncode != 1:
             sys.exit("demo: --repro needs a divergence that an op introduced; this comparison found none")
         sys.exit(capture_and_reproduce(devices, out, args.steps, fault))
+    if not args.offline and list(b.glob("rank=*/device=*/capture-*.safetensors")):
+        # The run under test captured the named call itself: no run again.
+        print("\n== repro, from the call the run under test captured")
+        code = reproduce(a, b, out, devices, fault)
+        if code != 0:
+            sys.exit(code)
     sys.exit(0 if p.returncode in (0, 1, 3) else p.returncode)
+
+
+def print_online_verdict(dump):
+    """The run's own verdict, from the file online compare wrote into it."""
+    files = sorted(dump.glob("verdicts/rank=*/part-*.jsonl"))
+    if not files:
+        return
+    rows = [json.loads(l) for l in files[0].read_text().splitlines()]
+    final = next((r for r in reversed(rows) if r["kind"] == "final"), None)
+    if final is None:
+        return
+    print(f"\nVerdict stored in {files[0].relative_to(dump.parent)}: {final['outcome']}"
+          f" (the exit status opdump compare gives: {final['exit_status']})")
+    captures = sorted(dump.glob("rank=*/device=*/capture-*.safetensors"))
+    for c in captures:
+        print(f"  captured in the same run: {c.relative_to(dump.parent)}")
 
 
 def capture_and_reproduce(devices, out, steps, fault):
@@ -136,10 +175,16 @@ def capture_and_reproduce(devices, out, steps, fault):
         print(f"  {d:>10}: OPDUMP_CAPTURE='{sel}' -> {len(files)} file, {size / 1024:.0f} KiB: "
               + ", ".join(str(f.relative_to(out)) for f in files))
         dumps.append(dump)
+    print("\n== repro")
+    return reproduce(dumps[0], dumps[1], out, devices, fault)
+
+
+def reproduce(dump_a, dump_b, out, devices, fault):
+    """opdump repro on the two dumps, then the script it writes."""
     repro_dir = out / "repro"
     shutil.rmtree(repro_dir, ignore_errors=True)
-    cmd = [str(TARGET / "opdump"), "repro", str(dumps[0]), str(dumps[1]), "--out", str(repro_dir)]
-    print(f"\n== repro\n$ opdump repro {dumps[0].name} {dumps[1].name} --out {repro_dir.name}", flush=True)
+    cmd = [str(TARGET / "opdump"), "repro", str(dump_a), str(dump_b), "--out", str(repro_dir)]
+    print(f"$ opdump repro {dump_a.name} {dump_b.name} --out {repro_dir.name}", flush=True)
     p = subprocess.run(cmd)
     if p.returncode != 0:
         return p.returncode

@@ -70,6 +70,23 @@ pub mod ffi {
         /// Raise `stop_message()` instead of running the call
         /// (OPDUMP_ON_DIVERGENCE=stop).
         stop: bool,
+        /// Run the call again on the CPU and measure the device's outputs
+        /// against float64 (the call online compare named).
+        check_on_cpu: bool,
+    }
+
+    /// What the CPU check of a call found (cpu_check.cpp).
+    struct CpuCheckResult {
+        /// The device of the call's outputs, and their dtype.
+        device: String,
+        dtype: String,
+        /// ||device - float64|| / ||float64|| and ||CPU - float64|| /
+        /// ||float64||, the largest over the floating outputs; -1 when
+        /// none was compared.
+        device_err: f64,
+        cpu_err: f64,
+        /// Why nothing was compared, else empty.
+        why: String,
     }
 
     /// Statistics over the finite elements of a tensor, in float64 (`Stats`
@@ -227,6 +244,10 @@ pub mod ffi {
         fn warn(what: &str);
         /// The error a ticket with `stop` raises in the job.
         fn stop_message() -> String;
+        /// The CPU check of the named call is done (on its own thread).
+        fn cpu_check_done(result: CpuCheckResult);
+        /// The CPU check could not start; `why` says what failed.
+        fn cpu_check_failed(why: &str);
         /// The end of an `Optimizer.step` scope on this thread.
         fn optimizer_step_done();
         /// An internal failure in C++: print one line and switch opdump off.
@@ -448,6 +469,7 @@ fn op_enter(
         source,
         capture,
         stop,
+        check_on_cpu,
     } = t;
     ffi::OpTicket {
         record,
@@ -457,6 +479,7 @@ fn op_enter(
         source,
         capture,
         stop,
+        check_on_cpu,
     }
 }
 
@@ -542,6 +565,21 @@ fn warn(what: &str) {
 
 fn stop_message() -> String {
     opdump_engine::online::stop::message()
+}
+
+fn cpu_check_done(r: ffi::CpuCheckResult) {
+    let measured = r.why.is_empty();
+    opdump_engine::online::cpu_check::done(opdump_engine::online::cpu_check::Found {
+        device: r.device,
+        dtype: r.dtype,
+        device_err: measured.then_some(r.device_err),
+        cpu_err: measured.then_some(r.cpu_err),
+        why: (!measured).then_some(r.why),
+    });
+}
+
+fn cpu_check_failed(why: &str) {
+    opdump_engine::online::cpu_check::failed(why);
 }
 
 fn optimizer_step_done() {

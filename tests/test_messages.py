@@ -30,7 +30,7 @@ _DISPLAY = r"|\bwrite!\s*\(\s*f\s*,"
 _PYTHON = r"\b(?:SystemExit|OpdumpError|_say|print)\s*\("
 
 EMITTERS = {
-    "crates/engine/src/*.rs": _PLUGIN,
+    "crates/engine/src/**/*.rs": _PLUGIN,
     "crates/preload/src/*.rs": _PLUGIN,
     "crates/fsguard/src/lib.rs": _PLUGIN + _DISPLAY,
     "crates/format/src/error.rs": _SAY + _DISPLAY,
@@ -211,6 +211,13 @@ def test_the_scan_finds_the_messages_it_should():
 
 # Caused by another test: catalogue key -> (the test file, the text it asserts).
 ELSEWHERE = {
+    "give the directory of a dump you made": ("tests/test_online.py", "is writable by other users"),
+    "this run is dumped without comparing": ("tests/test_online.py", "this run is dumped without comparing"),
+    "This run is dumped without comparing": ("tests/test_online.py", "this run is dumped without comparing"),
+    "introduced a divergence from OPDUMP_REFERENCE": ("tests/test_online.py",
+                                                      "introduced a divergence from OPDUMP_REFERENCE"),
+    "is off at": ("tests/test_online.py", " is off at "),
+    "the process exits with status 1": ("tests/test_online.py", "the process exits with status 1"),
     "another copy of opdump is already loaded": ("tests/test_loading.py", "another copy of opdump is already loaded"),
     "this opdump was built for torch": ("tests/test_loading.py", "built for torch"),
     "is a symbolic link": ("tests/test_hostile.py", "symbolic link"),
@@ -269,9 +276,12 @@ NOT_CAUSED = {
     "cannot find cudaStreamIsCapturing": "device path: needs a CUDA build of torch without the symbol",
     "capturing the inputs of": "device path: needs a device copy that fails",
     "the working directory cannot be opened": "needs a working directory removed under the command",
-    "This run is dumped without comparing": "online compare (issue 34) is being built; tests/test_online*.py "
-                                            "will cause it",
-    "OPDUMP_ON_DIVERGENCE=stop": "online compare (issue 34) is being built; tests/test_online*.py will cause it",
+    "has no calls of rank": "needs a reference with fewer steps than the run; tests/test_online.py's "
+                            "references have all of them",
+    "the headline is": "needs a later call ten times further beyond its allowance than the first; the rule is "
+                       "the judge's (crates/judge, compare::headline)",
+    "the CPU check of the call online compare named did not finish": "needs a CPU run of one call that takes a minute",
+    "the partition device=": "needs a dump whose partition directory names no device; opdump never writes one",
 }
 
 # Caused by a test below: catalogue key -> (text of the cause in the line as

@@ -23,7 +23,10 @@ Configurations:
   peer        scripts/bench/peer_dumper.py, a Python TorchDispatchMode
   msprobe     mindstudio-probe, task statistics, level L1 (from its own venv)
 and, on request (--configs): on-nomodules (OPDUMP_MODULES=0), on-source
-(OPDUMP_SOURCE=1), on-sketch (OPDUMP_SKETCH=16), on-before (the --before-lib build).
+(OPDUMP_SOURCE=1), on-sketch (OPDUMP_SKETCH=16), on-before (the --before-lib build),
+on-reference (OPDUMP_REFERENCE: judged against a dump of the same child run as
+`on`, made once per thread setting before the repeats; its cost is that of
+online compare).
 --extra NAME=BASE,VAR=VALUE,... adds a configuration NAME that runs as BASE with
 the variables in its environment, e.g. on-passive=on,OMP_WAIT_POLICY=PASSIVE.
 
@@ -87,8 +90,9 @@ TESTDEV_SETTINGS = {
                  {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
 }
 # The configurations that load libopdump.so, and those that dump with it.
-LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
-DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch")
+LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch",
+           "on-reference")
+DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch", "on-reference")
 # --extra NAME=BASE,VAR=VALUE,...: NAME runs as BASE with VAR=VALUE added to
 # its environment (parent only; the child gets BASE and the variables in its spec).
 EXTRA_BASES = ("baseline", "off", "on", "on-noreuse", "on-nomodules", "on-source", "on-sketch", "on-before")
@@ -117,6 +121,7 @@ DESCRIBE = {
     "on-nomodules": "OPDUMP=1 OPDUMP_MODULES=0 (no module hooks)",
     "on-source": "OPDUMP=1 OPDUMP_SOURCE=1 (source lines)",
     "on-sketch": "OPDUMP=1 OPDUMP_SKETCH=16 (fingerprint and sketch)",
+    "on-reference": "OPDUMP=1 OPDUMP_REFERENCE=<an `on` dump of the same run> (online compare)",
 }
 
 
@@ -413,6 +418,15 @@ def clean_env() -> dict:
     return env
 
 
+def reference_for(py: str, spec: dict, tmp: Path, timeout: float) -> Path:
+    """The dump an `on-reference` child is judged against: the same child
+    run as `on`, made once per thread setting and set of workloads."""
+    ref = tmp / f"reference-t{spec['threads']}-{'-'.join(spec['workloads'])}"
+    if not ref.exists():
+        run_child(py, dict(spec, config="on", base="on", keep_as=str(ref)), tmp, timeout)
+    return ref
+
+
 def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     """{workload: report}; on failure {workload: {"error": ...}}."""
     out = tmp / f"{spec['config']}-t{spec['threads']}-r{spec['repeat']}"
@@ -420,6 +434,8 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     env = clean_env()
     env.update(spec.get("env", {}))
     cfg = spec.get("base", spec["config"])
+    if cfg == "on-reference":
+        env["OPDUMP_REFERENCE"] = str(reference_for(py, spec, tmp, timeout))
     if cfg in DUMPING or cfg == "hook-only":
         env.update(OPDUMP="1", OPDUMP_DIR=str(out))
         if cfg == "hook-only":
@@ -448,7 +464,10 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         reps = {wl: {"error": f"timed out after {timeout:.0f}s"} for wl in spec["workloads"]}
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        if spec.get("keep_as"):
+            shutil.move(str(out), spec["keep_as"])
+        else:
+            shutil.rmtree(out, ignore_errors=True)
     for rep in reps.values():
         rep["opdump_lines"] = opdump_lines
     return reps
@@ -581,6 +600,9 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         notes.append(f"on / on-nomodules = {meds['on'] / meds['on-nomodules']:.2f}× (what the module hooks cost)")
     if "on" in meds and "on-sketch" in meds:
         notes.append(f"on-sketch / on = {meds['on-sketch'] / meds['on']:.2f}× (what the fingerprint and sketch cost)")
+    if "on" in meds and "on-reference" in meds:
+        notes.append(f"on-reference / on = {meds['on-reference'] / meds['on']:.2f}× (what online compare costs; "
+                     "goal ≤ 1.15×)")
     if "on" in meds and "on-source" in meds:
         notes.append(f"on-source / on = {meds['on-source'] / meds['on']:.2f}× (what OPDUMP_SOURCE=1 costs)")
     if "on" in meds and "on-before" in meds:

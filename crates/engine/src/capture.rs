@@ -52,6 +52,8 @@ struct Armed {
     seen: u64,
     /// The selector of the captured call, once chosen.
     chosen: Option<String>,
+    /// `after` includes the step of the first call recorded since arming.
+    synced: bool,
 }
 
 /// The [`Chosen`] index of the armed call: past any selector's, and within
@@ -85,10 +87,11 @@ impl Captures {
 
     /// Captures the next call like the one `s` names (an op selector with
     /// its step): the same op's call with the same index within a step,
-    /// in the first step after `s`'s and after `now` (the job's current
-    /// step) that has one. Replaces what was armed before; a module
-    /// selector arms nothing.
-    pub fn arm(&self, s: &Selector, now: i64) {
+    /// in the first step after `s`'s, and after the step the job is in when
+    /// it next records a call, that has one (the job may be inside a step
+    /// already, past some of the op's calls). Replaces what was armed
+    /// before; a module selector arms nothing.
+    pub fn arm(&self, s: &Selector) {
         let Selector::Op {
             op,
             overload,
@@ -99,7 +102,7 @@ impl Captures {
             return;
         };
         if let Ok(mut armed) = self.armed.lock() {
-            let after = step.unwrap_or(i64::MIN).max(now);
+            let after = step.unwrap_or(i64::MIN);
             *armed = Some(Armed {
                 op: op.clone(),
                 overload: overload.clone(),
@@ -108,9 +111,20 @@ impl Captures {
                 step: after,
                 seen: 0,
                 chosen: None,
+                synced: false,
             });
             self.armed_on.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// Whether `chosen` is the armed call.
+    pub fn is_armed_choice(chosen: Chosen) -> bool {
+        chosen == Some(ARMED)
+    }
+
+    /// The selector of the armed call, once it was chosen.
+    pub fn armed_chosen(&self) -> Option<String> {
+        self.armed.lock().ok()?.as_ref()?.chosen.clone()
     }
 
     /// Whether the armed call has been captured.
@@ -129,6 +143,11 @@ impl Captures {
         let Some(a) = guard.as_mut() else {
             return false;
         };
+        if !a.synced {
+            a.synced = true;
+            a.after = a.after.max(step);
+            a.step = a.after;
+        }
         let matches = Selector::Op {
             op: a.op.clone(),
             overload: a.overload.clone(),
@@ -359,7 +378,7 @@ mod tests {
     fn an_armed_call_is_the_same_call_of_a_later_step() {
         let c = Captures::new(Vec::new(), 1 << 20);
         assert!(get_like(&c).is_none());
-        c.arm(&parse_list("aten::gelu@step=3#1").unwrap()[0], 2);
+        c.arm(&parse_list("aten::gelu@step=3#1").unwrap()[0]);
         let calls = [
             ("aten::gelu", 3), // step 3 itself: not counted
             ("aten::gelu", 3),
@@ -383,9 +402,9 @@ mod tests {
     #[test]
     fn an_armed_call_waits_for_a_step_that_has_it() {
         let c = Captures::new(Vec::new(), 1 << 20);
-        // Armed while the job is in step 1, past its first add.
-        c.arm(&parse_list("aten::add.Tensor@step=0#2").unwrap()[0], 1);
-        // Step 2 has two adds only; step 3 has the third.
+        // Armed while the job is in step 1, past its first add: step 1 is
+        // not counted. Step 2 has two adds only; step 3 has the third.
+        c.arm(&parse_list("aten::add.Tensor@step=0#2").unwrap()[0]);
         let mut chosen = Vec::new();
         for step in [1, 1, 2, 2, 3, 3, 3] {
             chosen.push(c.on_call("aten::add", "Tensor", step));

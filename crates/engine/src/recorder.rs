@@ -38,6 +38,9 @@ pub struct Ticket {
     /// Raise `online::stop::message()` instead of running the call
     /// (OPDUMP_ON_DIVERGENCE=stop).
     pub stop: bool,
+    /// Run the call again on the CPU to say which device is off (the call
+    /// online compare named; `online::cpu_check`).
+    pub check_on_cpu: bool,
 }
 
 impl Ticket {
@@ -49,6 +52,7 @@ impl Ticket {
         source: false,
         capture: false,
         stop: false,
+        check_on_cpu: false,
     };
 }
 
@@ -262,15 +266,27 @@ pub(crate) fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) 
                 && rt.is_some_and(|rt| rt.config.source),
             capture: chosen.is_some(),
             stop: depth == 0 && crate::online::stop::take(stop_ready),
+            check_on_cpu: check_on_cpu(chosen, op),
         }
     })
 }
 
-/// A stop waits for the capture of the named call. When it never comes
-/// (the run ends first, or it is over the byte cap), the exit status says
-/// it instead (see `runtime::at_exit`).
+/// A stop waits for the capture of the named call and its CPU check. When
+/// they never come (the run ends first, or it is over the byte cap), the
+/// exit status says it instead (see `runtime::at_exit`).
 fn stop_ready() -> bool {
-    capture::installed().is_some_and(|c| c.armed_taken())
+    capture::installed().is_some_and(|c| c.armed_taken()) && crate::online::cpu_check::idle()
+}
+
+/// The call captured for online compare is checked on the CPU, unless it
+/// is random (two generators make two answers, both right).
+fn check_on_cpu(chosen: capture::Chosen, op: &str) -> bool {
+    let check = capture::Captures::is_armed_choice(chosen)
+        && opdump_judge::opclass::classify(op) != opdump_judge::opclass::OpClass::Rng;
+    if check {
+        crate::online::cpu_check::started();
+    }
+    check
 }
 
 /// The call on top of this thread's stack made the autograd nodes

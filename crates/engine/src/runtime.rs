@@ -216,42 +216,12 @@ fn online_setup(rt: &Runtime) -> Option<online::Setup> {
         pid: pid(),
         file_mode: rt.config.file_mode,
         dir_mode: rt.config.dir_mode(),
+        on_divergence: rt.config.on_divergence,
         hooks: online::Hooks {
             say,
-            on_named: divergence_named,
+            captured_as: || crate::capture::installed()?.armed_chosen(),
         },
     })
-}
-
-/// The online judge named the first introduced divergence: capture the
-/// same call of a later step, and with OPDUMP_ON_DIVERGENCE=stop, stop the
-/// job once it is captured.
-fn divergence_named(call: &online::fold::CallRef, place: &online::VerdictPlace) {
-    if let (Some(c), Ok(list)) = (
-        crate::capture::installed(),
-        opdump_format::selector::parse_list(&call.selector),
-    ) {
-        if let Some(s) = list.first() {
-            // Counted from the next step on: the job may be inside a step
-            // already, past some of the op's calls.
-            c.arm(s, crate::recorder::current_step());
-        }
-    }
-    if get().is_some_and(|rt| rt.config.on_divergence == config::OnDivergence::Stop) {
-        online::stop::request(format!(
-            "opdump: OPDUMP_ON_DIVERGENCE=stop: {} introduced a divergence from OPDUMP_REFERENCE at step {} \
-             ({}); the job is stopped. Verdicts: {}; the capture and the dump: {}",
-            call.label(),
-            call.step,
-            call.error_text(),
-            place.path.display(),
-            rt_dir_display()
-        ));
-    }
-}
-
-fn rt_dir_display() -> String {
-    get().map_or_else(String::new, |rt| rt.dir.display().to_string())
 }
 
 /// After fork, in the child (one thread: the one that forked). By default
@@ -461,6 +431,9 @@ extern "C" fn at_exit() {
         // A forked child has no writer thread of the parent's to wait for.
         let s = started_sink();
         let Some(s) = s else { return };
+        if !online::cpu_check::wait(FLUSH_WAIT) {
+            say("the CPU check of the call online compare named did not finish within 60 s at exit; its verdict is missing");
+        }
         if !flush_device() {
             say("device statistics did not all come back within 60 s at exit; their op calls are missing. Check that the device is not hung, or measure synchronously with OPDUMP_DEVICE_SYNC=1");
         }

@@ -4,6 +4,9 @@
 Written by `opdump repro` beside the call's captured tensors: a.safetensors
 (run A, the reference device), b.safetensors (run B, the device under test)
 and call.json. Needs torch only; opdump need not be installed or loaded.
+When A captured nothing (a run judged online against a reference dump),
+there is no a.safetensors: A's side runs from B's inputs, which agreed with
+A's where the call introduced the error.
 
 It calls the op again three times, each from A's captured inputs:
   - on A's device type, and on B's device type;
@@ -412,6 +415,8 @@ CALL_FIELDS = {
     "device_a": VALUE_CHECKS["device"], "device_b": VALUE_CHECKS["device"],
     "dump_a": lambda x: isinstance(x, str), "dump_b": lambda x: isinstance(x, str),
     "seq_a": is_int, "seq_b": is_int, "tolerance": lambda x: is_int(x) or isinstance(x, float),
+    # Written by every opdump that writes a_from_b; older folders lack it.
+    "a_from_b": lambda x: x is None or isinstance(x, bool),
 }
 
 
@@ -452,7 +457,12 @@ def main(argv=None):
         if function:
             getattr(m, function)()
     call = load_call(args.dir)
-    a = Call(os.path.join(args.dir, "a.safetensors"), call["device_a"], call["op"], call["overload"])
+    # Without A's capture (a run judged online), A's side runs from B's
+    # inputs: the call introduced the error while its inputs agreed.
+    a_from_b = bool(call.get("a_from_b"))
+    a_file = "b.safetensors" if a_from_b else "a.safetensors"
+    a = Call(os.path.join(args.dir, a_file), call["device_b" if a_from_b else "device_a"], call["op"],
+             call["overload"])
     b = Call(os.path.join(args.dir, "b.safetensors"), call["device_b"], call["op"], call["overload"])
     dev_a = args.device_a or call["device_a"]
     dev_b = args.device_b or call["device_b"]
@@ -487,7 +497,7 @@ def main(argv=None):
     result["reference"] = ref_kind
     if ref is None:
         raise CallError("the reference call failed: " + "; ".join(result["notes"]))
-    rec_a, rec_b = a.recorded(), b.recorded()
+    rec_a, rec_b = ({} if a_from_b else a.recorded()), b.recorded()
     err_a = err_b = 0.0
     for key in sorted(ref):
         row = {}
@@ -531,7 +541,8 @@ def main(argv=None):
     else:
         print(f"{name}  A: {call['dump_a']} (seq {call['seq_a']}, {call['device_a']})  "
               f"B: {call['dump_b']} (seq {call['seq_b']}, {call['device_b']})")
-        print(f"each run from A's captured inputs; reference: {ref_kind}; rounding explains {fmt(tol)}")
+        inputs = "B's captured inputs (A captured none)" if a_from_b else "A's captured inputs"
+        print(f"each run from {inputs}; reference: {ref_kind}; rounding explains {fmt(tol)}")
         for key, row in result["outputs"].items():
             print(f"  {key}")
             for what, label in (("run_a", f"on {dev_a}"), ("run_b", f"on {dev_b}"),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use opdump_format::capture::{meta, CaptureFile};
-use opdump_format::selector;
+use opdump_format::selector::{self, Selector};
 use opdump_fsguard::{self as fsguard, DirProblem, DirRefused};
 
 use crate::app::call_selector;
@@ -23,6 +23,7 @@ use crate::cli::CompareOptions;
 use crate::cli::ReproArgs;
 use crate::commands::compare;
 use opdump_judge::dump::Dump;
+use opdump_judge::{Compared, OpVerdict};
 
 /// The script, the same for every call: it reads `call.json` beside it.
 pub const SCRIPT: &str = include_str!("repro.py");
@@ -51,6 +52,60 @@ struct CallFile {
     tolerance: f64,
     /// `opdump compare`'s verdict on the call.
     verdict: &'static str,
+    /// A had no capture of the call: there is no a.safetensors, and A's side
+    /// runs from B's captured inputs (an introduced call's inputs agreed).
+    a_from_b: bool,
+}
+
+/// The device of a dump's files of its rank (`rank=R/device=D`), for the
+/// side of a call that was not captured.
+fn device_of_dump(d: &Dump) -> Result<String> {
+    let files = opdump_format::reader::list_files(&d.path)
+        .map_err(|e| CliError::new(format!("{}: {e}", d.path.display())))?;
+    let device = files
+        .iter()
+        .filter(|f| f.rank.unwrap_or(0) == d.rank)
+        .find_map(|f| f.device.clone())
+        .unwrap_or_else(|| "cpu".to_string());
+    // Partition directories write `cuda:0` as `cuda_0`.
+    let device = match device.rsplit_once('_') {
+        Some((kind, index)) if index.parse::<u32>().is_ok() => format!("{kind}:{index}"),
+        _ => device,
+    };
+    if !is_device_name(&device) {
+        return Err(CliError::new(format!(
+            "{}: the partition device={device} is no device name; pass the call's files from a dump opdump wrote",
+            d.path.display()
+        )));
+    }
+    Ok(device)
+}
+
+/// The call B captured for pair `k` in a later step, when neither side
+/// captured `k` itself: online compare (OPDUMP_REFERENCE) names a call and
+/// captures the same call (op, overload, index within its step) of a step
+/// after it. Its pair, if aligned.
+fn later_capture(c: &Compared, k: usize) -> Option<usize> {
+    let p = c.alignment.pairs[k];
+    if c.a.capture_file_of(p.a).is_some() || c.b.capture_file_of(p.b).is_some() {
+        return None;
+    }
+    let unstepped = |s: Selector| match s {
+        Selector::Op {
+            op,
+            overload,
+            index,
+            ..
+        } => Some((op, overload, index)),
+        Selector::Module { .. } => None,
+    };
+    let want = unstepped(call_selector::of_call(&c.b, p.b))?;
+    (k + 1..c.alignment.pairs.len()).find(|&j| {
+        let q = c.alignment.pairs[j];
+        c.b.step(q.b) > c.b.step(p.b)
+            && c.b.capture_file_of(q.b).is_some()
+            && unstepped(call_selector::of_call(&c.b, q.b)).as_ref() == Some(&want)
+    })
 }
 
 /// The options of `opdump repro`.
@@ -186,6 +241,10 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             )
         })?,
     };
+    // A run judged online (OPDUMP_REFERENCE) captured the named call in a
+    // later step: reproduce that one.
+    let introduced = c.op_verdict(k) == OpVerdict::Introduced;
+    let k = later_capture(&c, k).unwrap_or(k);
     let p = c.alignment.pairs[k];
     let (sa, sb) = (
         call_selector::of_call(&c.a, p.a),
@@ -200,17 +259,29 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             d.seq(i)
         ))
     };
-    let fa =
-        c.a.capture_file_of(p.a)
-            .ok_or_else(|| missing("A", &c.a, p.a, &sa))?;
     let fb =
         c.b.capture_file_of(p.b)
             .ok_or_else(|| missing("B", &c.b, p.b, &sb))?;
-    let (file_a, file_b) = (
-        capture_of_call(&c.a, p.a, fa)?,
-        capture_of_call(&c.b, p.b, fb)?,
-    );
-    let (device_a, device_b) = (device_of(&file_a, fa)?, device_of(&file_b, fb)?);
+    let file_b = capture_of_call(&c.b, p.b, fb)?;
+    let device_b = device_of(&file_b, fb)?;
+    // Without A's capture, an introduced call's inputs stand for both runs
+    // (they agreed): A's side runs from B's inputs on A's device. (The call
+    // of a later step that online compare captured may have inherited some
+    // drift by then; run from the same inputs, the devices still compare.)
+    let a_side = match c.a.capture_file_of(p.a) {
+        Some(fa) => {
+            let file_a = capture_of_call(&c.a, p.a, fa)?;
+            let device_a = device_of(&file_a, fa)?;
+            Some((file_a, device_a))
+        }
+        None if introduced => None,
+        None => return Err(missing("A", &c.a, p.a, &sa)),
+    };
+    let a_from_b = a_side.is_none();
+    let (file_a, device_a) = match a_side {
+        Some(side) => side,
+        None => (file_b.clone(), device_of_dump(&c.a)?),
+    };
     let out = match opts.out {
         Some(dir) => {
             output::create_dir(&dir)?;
@@ -225,7 +296,12 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             default_folder(&format!("repro-{safe}-{}", c.a.seq(p.a)))?
         }
     };
-    for (file, name) in [(&file_a, "a.safetensors"), (&file_b, "b.safetensors")] {
+    let files: &[(&CaptureFile, &str)] = if a_from_b {
+        &[(&*file_b, "b.safetensors")]
+    } else {
+        &[(&*file_a, "a.safetensors"), (&*file_b, "b.safetensors")]
+    };
+    for (file, name) in files {
         output::write_bytes(&out.join(name), file.bytes())?;
     }
     let detail = c.detail(k);
@@ -246,6 +322,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         dump_b: c.b.path.display().to_string(),
         tolerance: detail.tolerance,
         verdict: c.op_verdict(k).as_str(),
+        a_from_b,
     };
     let json = serde_json::to_string_pretty(&call)
         .map_err(|e| CliError::new(format!("call.json: {e}")))?;
@@ -256,8 +333,13 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
 
 /// What `opdump repro` prints: the folder, and the command to run.
 pub fn summary(dir: &Path, device_b: &str) -> String {
+    let captures = if dir.join("a.safetensors").exists() {
+        "a.safetensors, b.safetensors"
+    } else {
+        "b.safetensors: A captured none, so A's side runs from B's inputs"
+    };
     let mut s = format!(
-        "opdump repro: wrote {}/ (a.safetensors, b.safetensors, call.json, repro.py)\n\
+        "opdump repro: wrote {}/ ({captures}, call.json, repro.py)\n\
          run it, with torch and without opdump:\n  python {}/repro.py",
         dir.display(),
         dir.display()

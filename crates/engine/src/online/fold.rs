@@ -121,6 +121,20 @@ pub struct GroupRow {
     pub first_introduced: Option<CallRef>,
 }
 
+/// The CPU check of the named call ([`super::cpu_check`]).
+#[derive(Serialize, Debug, Clone)]
+pub struct CheckRow {
+    pub kind: &'static str,
+    /// The named call, as the lines say it.
+    pub call: String,
+    /// The selector of the call checked (captured in a later step).
+    pub captured: Option<String>,
+    /// Whether this run's device is off; null when nothing was compared.
+    pub device_is_off: Option<bool>,
+    #[serde(flatten)]
+    pub found: super::cpu_check::Found,
+}
+
 /// The run's verdict so far.
 #[derive(Serialize, Debug)]
 pub struct FinalRow {
@@ -137,6 +151,8 @@ pub struct FinalRow {
     /// Steps compared with the reference, and steps it lacked.
     pub steps_judged: u64,
     pub steps_missing: u64,
+    /// Which device is off, from the named call run again on the CPU.
+    pub cpu_check: Option<CheckRow>,
 }
 
 /// The fold over the steps judged so far.
@@ -151,9 +167,17 @@ pub struct Fold {
     unmatched_change: bool,
     pub steps_judged: u64,
     pub steps_missing: u64,
+    pub cpu_check: Option<CheckRow>,
+    /// The call named when the first introduced divergence was found.
+    named: Option<CallRef>,
 }
 
 impl Fold {
+    /// The call named on the first introduced divergence's line.
+    pub fn named(&self) -> Option<&CallRef> {
+        self.named.as_ref()
+    }
+
     /// Adds one step's comparison: its groups' rows, and the call the run's
     /// headline newly names, if this step named the first one.
     pub fn add(&mut self, c: &Compared) -> (Vec<GroupRow>, Option<CallRef>) {
@@ -172,6 +196,7 @@ impl Fold {
                     self.dominant = head != first;
                     self.headline = Some(CallRef::of(c, head));
                     named = self.headline.clone();
+                    self.named = named.clone();
                 }
             }
             // A later step's introduced call takes the headline when it goes
@@ -227,6 +252,7 @@ impl Fold {
             first_divergence: self.first_divergence.clone(),
             steps_judged: self.steps_judged,
             steps_missing: self.steps_missing,
+            cpu_check: self.cpu_check.clone(),
         }
     }
 }

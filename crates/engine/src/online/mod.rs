@@ -19,6 +19,7 @@
 //! read, or a step that cannot be judged, is one line, and dumping goes on
 //! without comparing.
 
+pub mod cpu_check;
 pub mod fold;
 pub mod reference;
 pub mod stop;
@@ -34,6 +35,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use opdump_format::OpRecord;
 use opdump_judge::{compare_dumps, CompareSettings, Dump, Filter, Refusal, Silent, Tolerances};
 
+use crate::config::OnDivergence;
 use fold::{CallRef, Fold};
 use reference::Reference;
 use verdict_file::VerdictFile;
@@ -42,14 +44,8 @@ use verdict_file::VerdictFile;
 pub struct Hooks {
     /// A line on stderr (prefixed `opdump: `).
     pub say: fn(&str),
-    /// The first introduced divergence was named: capture it, and stop the
-    /// job when asked to.
-    pub on_named: fn(&CallRef, &VerdictPlace),
-}
-
-/// Where the verdicts go, for the lines that name them.
-pub struct VerdictPlace {
-    pub path: PathBuf,
+    /// The selector of the call captured for it, once captured.
+    pub captured_as: fn() -> Option<String>,
 }
 
 pub struct Setup {
@@ -60,11 +56,15 @@ pub struct Setup {
     pub pid: i32,
     pub file_mode: u32,
     pub dir_mode: u32,
+    /// What to do once a divergence is introduced (OPDUMP_ON_DIVERGENCE).
+    pub on_divergence: OnDivergence,
     pub hooks: Hooks,
 }
 
 enum Msg {
     Step(i64, Vec<OpRecord>),
+    /// The CPU check of the named call ([`cpu_check`]).
+    CpuCheck(cpu_check::Found),
     Finish,
 }
 
@@ -91,6 +91,10 @@ impl Feed {
         // One step in flight: the writer waits for the judge, rather than
         // let steps pile up in memory, when judging is the slower.
         let (tx, rx) = bounded(1);
+        let to_judge = tx.clone();
+        cpu_check::connect(Box::new(move |found| {
+            let _ = to_judge.send(Msg::CpuCheck(found));
+        }));
         let say = setup.hooks.say;
         let worker = std::thread::Builder::new()
             .name("opdump-judge".into())
@@ -195,6 +199,7 @@ impl Judging {
                         ));
                     }
                 }
+                Msg::CpuCheck(found) => self.checked(found),
                 Msg::Finish => break,
             }
         }
@@ -291,14 +296,57 @@ impl Judging {
         }
     }
 
-    /// The first introduced divergence: one line, then capture and stop.
-    fn name(&mut self, call: &CallRef) {
-        let place = VerdictPlace {
-            path: self
-                .file
-                .as_ref()
-                .map_or_else(|| self.setup.dir.join("verdicts"), |f| f.path.clone()),
+    /// The CPU check of the named call: one line, a `cpu_check` row, and
+    /// the final verdict holds it.
+    fn checked(&mut self, found: cpu_check::Found) {
+        let Some(call) = self.fold.named().cloned() else {
+            return;
         };
+        let captured = (self.setup.hooks.captured_as)();
+        let on = captured
+            .as_deref()
+            .map(|s| format!(" (the call {s})"))
+            .unwrap_or_default();
+        let line = match (found.device_is_off(), found.device_err, found.cpu_err) {
+            (Some(true), Some(d), Some(c)) => format!(
+                "{} is off at {}{on}: {d:.1e} from float64, where the CPU in {} is {c:.1e}",
+                found.device,
+                call.label(),
+                found.dtype
+            ),
+            (Some(false), Some(d), Some(c)) => format!(
+                "{} agrees with float64 at {}{on} ({d:.1e}; the CPU in {} is {c:.1e}): the device of \
+                 OPDUMP_REFERENCE is the one that is off",
+                found.device,
+                call.label(),
+                found.dtype
+            ),
+            _ => format!(
+                "{}{on} was not checked on the CPU: {}",
+                call.label(),
+                found.why.as_deref().unwrap_or("nothing was compared")
+            ),
+        };
+        self.say(&line);
+        let row = fold::CheckRow {
+            kind: "cpu_check",
+            call: call.label(),
+            captured,
+            device_is_off: found.device_is_off(),
+            found,
+        };
+        self.write(&row);
+        self.fold.cpu_check = Some(row);
+    }
+
+    /// The first introduced divergence: one line; then the same call of a
+    /// later step is captured (and checked on the CPU), and with
+    /// OPDUMP_ON_DIVERGENCE=stop the job is stopped once it is.
+    fn name(&mut self, call: &CallRef) {
+        let verdicts = self
+            .file
+            .as_ref()
+            .map_or_else(|| self.setup.dir.join("verdicts"), |f| f.path.clone());
         self.say(&format!(
             "step {}, {}: {} introduced a divergence from OPDUMP_REFERENCE: {}. Capturing that call ({}) in the \
              next step that makes it; verdicts in {}",
@@ -307,10 +355,26 @@ impl Judging {
             call.label(),
             call.error_text(),
             call.selector.replace(&format!("@step={}", call.step), ""),
-            place.path.display()
+            verdicts.display()
         ));
-        (self.setup.hooks.on_named)(call, &place);
-        if stop::requested() {
+        if let (Some(c), Ok(list)) = (
+            crate::capture::installed(),
+            opdump_format::selector::parse_list(&call.selector),
+        ) {
+            if let Some(s) = list.first() {
+                c.arm(s);
+            }
+        }
+        if self.setup.on_divergence == OnDivergence::Stop {
+            stop::request(format!(
+                "opdump: OPDUMP_ON_DIVERGENCE=stop: {} introduced a divergence from OPDUMP_REFERENCE at step {} \
+                 ({}); the job is stopped. Verdicts: {}; the capture and the dump: {}",
+                call.label(),
+                call.step,
+                call.error_text(),
+                verdicts.display(),
+                self.setup.dir.display()
+            ));
             // The job is being stopped: what runs from here on (its error
             // handling) is not the reference's program.
             self.off = true;

@@ -1,0 +1,106 @@
+//! Which device is off: the call online compare named is run again on the
+//! CPU from its captured inputs, in float64 and in its own dtype
+//! (`cpp/cpu_check.cpp`), and its outputs on this run's device are
+//! measured against the float64 result.
+//!
+//! The inputs agreed between the two runs (that is what "introduced"
+//! means), so the CPU's answer stands for both. A device far from float64
+//! where the CPU at the same precision is near is off; a device as near as
+//! the CPU leaves the reference's device as the one that is off.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// What the check found.
+#[derive(Serialize, Clone, Debug)]
+pub struct Found {
+    /// The device of the call's outputs in this run, and their dtype.
+    pub device: String,
+    pub dtype: String,
+    /// ||device - float64|| / ||float64||, largest over the outputs.
+    pub device_err: Option<f64>,
+    /// ||CPU in the same dtype - float64|| / ||float64||.
+    pub cpu_err: Option<f64>,
+    /// Why nothing was compared.
+    pub why: Option<String>,
+}
+
+/// A device this many times further from float64 than the CPU at the same
+/// precision (or than the dtype's unit roundoff, if more) is off: the
+/// order of magnitude the tolerance model leaves between rounding and a
+/// fault (`HEADLINE_DOMINANCE`).
+pub const OFF_FACTOR: f64 = 10.0;
+
+impl Found {
+    /// Whether this run's device is the one that is off; `None` when
+    /// nothing was compared.
+    pub fn device_is_off(&self) -> Option<bool> {
+        let (d, c) = (self.device_err?, self.cpu_err?);
+        Some(d > OFF_FACTOR * c.max(unit_roundoff(&self.dtype)))
+    }
+}
+
+/// The unit roundoff of a floating dtype by torch's name.
+pub fn unit_roundoff(dtype: &str) -> f64 {
+    match dtype {
+        "float64" => f64::EPSILON / 2.0,
+        "float16" => 2f64.powi(-11),
+        "bfloat16" => 2f64.powi(-8),
+        _ => f64::from(f32::EPSILON) / 2.0,
+    }
+}
+
+static PENDING: AtomicU32 = AtomicU32::new(0);
+/// Hands a result to the judge thread.
+type Deliver = Box<dyn Fn(Found) + Send + Sync>;
+static JUDGE: OnceLock<Deliver> = OnceLock::new();
+
+/// Where the results go: the judge thread.
+pub fn connect(deliver: Deliver) {
+    let _ = JUDGE.set(deliver);
+}
+
+/// A check starts: the call entering now carries it.
+pub fn started() {
+    PENDING.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Whether no check is under way.
+pub fn idle() -> bool {
+    PENDING.load(Ordering::SeqCst) == 0
+}
+
+/// The check is done (from its own thread).
+pub fn done(found: Found) {
+    if let Some(deliver) = JUDGE.get() {
+        deliver(found);
+    }
+    PENDING.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// The check could not be made.
+pub fn failed(why: &str) {
+    done(Found {
+        device: String::new(),
+        dtype: String::new(),
+        device_err: None,
+        cpu_err: None,
+        why: Some(why.to_string()),
+    });
+}
+
+/// Waits at most `timeout` for the checks under way (at exit, before the
+/// judge thread ends).
+pub fn wait(timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !idle() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
