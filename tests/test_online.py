@@ -96,6 +96,13 @@ def test_a_planted_fault_is_named_captured_and_stored_as_offline_compare_says(
     status, report = offline(ref, run)
     assert status == final["exit_status"]
     same_headline(final, report)
+    # Offline compare and DuckDB read the stored verdicts.
+    assert any(f"was judged against a reference dump while it ran (OPDUMP_REFERENCE): introduced at {op} (step 0"
+               in n for n in report["notes"]), report["notes"]
+    import duckdb
+    introduced = duckdb.sql(f"SELECT step, first_introduced.op FROM read_json('{run}/verdicts/rank=*/*.jsonl') "
+                            "WHERE kind = 'group' AND outcome = 'introduced' ORDER BY step").fetchall()
+    assert introduced and introduced[0] == (0, op), introduced
 
     # The same call of a later step was captured, with its selector.
     captures = list(run.glob("rank=0/device=*/capture-*.safetensors"))
@@ -256,3 +263,25 @@ def test_memory_does_not_grow_with_the_number_of_steps(tmp_path):
     assert verdicts(tmp_path / "long")[-1]["steps_judged"] == 121
     print(f"peak RSS: 20 steps {short:.0f} MiB, 120 steps {long:.0f} MiB")
     assert long - short < 64, (short, long)
+
+
+def test_a_battery_family_judged_online_names_what_offline_compare_names(tmp_path):
+    """ResNet (convolutions, batch norm), a fault in batch norm's backward: the run judged
+    against a CPU reference names the call at its first faulted call, as
+    offline compare does, captures it later and finds testdev off."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from battery import run as battery
+
+    steps = 6
+    ref, _ = battery.dump("resnet", "cpu", tmp_path / "ref", steps=steps)
+    run, res = battery.dump("resnet", "testdev", tmp_path / "run", steps=steps,
+                            fault="aten::native_batch_norm_backward=scale:1.01", env_extra={"OPDUMP_REFERENCE": str(ref)})
+    assert res["fault_counts"].get("aten::native_batch_norm_backward", 0) > 0, res
+    final = verdicts(run)[-1]
+    status, report = offline(ref, run)
+    assert status == final["exit_status"] == 1
+    same_headline(final, report)
+    assert final["headline"]["op"] == "aten::native_batch_norm_backward" and final["headline"]["phase"] == "backward"
+    assert final["headline"]["step"] == 0
+    assert len(list(run.glob("rank=0/device=*/capture-*.safetensors"))) == 1
+    assert final["cpu_check"]["device_is_off"] is True, final["cpu_check"]

@@ -1,7 +1,7 @@
 //! `opdump compare`: finds both dumps' files, picks the rank, loads both in
 //! parallel, and hands them to the judge.
 
-use opdump_judge::{compare_dumps, CompareSettings, Compared};
+use opdump_judge::{compare_dumps, CompareSettings, Compared, Dump};
 use opdump_load::{load, scan, DumpIndex};
 
 use crate::app::error::{CliError, Result};
@@ -121,6 +121,9 @@ pub(crate) fn run_scanned(
             ));
         }
     }
+    for d in [&a, &b] {
+        notes.extend(online_verdict(d));
+    }
     let settings = CompareSettings {
         filter: opts.filter,
         tol: opts.tol,
@@ -128,6 +131,40 @@ pub(crate) fn run_scanned(
         force: opts.force,
     };
     Ok(compare_dumps(a, b, settings, notes, progress)?)
+}
+
+/// What a run judged against a reference while it ran (OPDUMP_REFERENCE)
+/// stored in its dump: the `final` line of
+/// `verdicts/rank=<R>/part-<pid>.jsonl` of the process loaded, as a note.
+fn online_verdict(d: &Dump) -> Option<String> {
+    let pid = d.pid?;
+    let file = d
+        .path
+        .join("verdicts")
+        .join(format!("rank={}", d.rank))
+        .join(format!("part-{pid}.jsonl"));
+    let text = std::fs::read_to_string(&file).ok()?;
+    let last: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+    if last.get("kind")?.as_str()? != "final" {
+        return None;
+    }
+    let outcome = last.get("outcome")?.as_str()?;
+    let named = last
+        .get("headline")
+        .and_then(|h| {
+            Some(format!(
+                " at {} (step {}, seq {})",
+                h.get("op")?.as_str()?,
+                h.get("step")?.as_i64()?,
+                h.get("seq_b")?.as_i64()?
+            ))
+        })
+        .unwrap_or_default();
+    Some(format!(
+        "{} was judged against a reference dump while it ran (OPDUMP_REFERENCE): {outcome}{named}; see {}",
+        d.path.display(),
+        file.display()
+    ))
 }
 
 /// `opdump compare`: compares, writes the report files asked for, prints
