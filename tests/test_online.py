@@ -169,8 +169,9 @@ def test_stop_ends_the_job_nonzero_after_the_capture_with_readable_files(referen
 
 def test_the_job_result_is_unchanged_whatever_the_reference(reference, tmp_path):
     """Another program's dump, a missing directory, a file of another schema
-    version, a mutated file, a directory others can write: one line each,
-    and the losses are bitwise those of the run with no reference."""
+    version, a mutated file, a directory others can write or another user
+    owns, an empty one: one line each, and the losses are bitwise those of
+    the run with no reference."""
     ref, cpu_losses = reference
     other = tmp_path / "other-program"
     p, _, _ = tinylm("cpu", other, steps=2, OPDUMP_INCLUDE="aten::(mm|addmm)")
@@ -195,7 +196,13 @@ def test_the_job_result_is_unchanged_whatever_the_reference(reference, tmp_path)
     shutil.copytree(ref, shared)
     os.chmod(shared, 0o777)
 
-    cases = {
+    cases = {}
+    if os.geteuid() == 0:  # root can give a copy to another user
+        foreign = tmp_path / "foreign"
+        shutil.copytree(ref, foreign)
+        os.chown(foreign, 65534, 65534)
+        cases[foreign] = "is owned by another user"
+    cases |= {
         other: "is a dump of another program",
         tmp_path / "missing": "cannot be opened",
         schema: "is newer than this opdump",
