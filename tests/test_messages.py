@@ -236,6 +236,14 @@ ELSEWHERE = {
     "no fingerprint column": ("crates/cli/tests/ranks.rs", "no fingerprint column"),
     "cannot be compared": ("crates/cli/tests/ranks.rs", "cannot be compared"),
     "cannot run <opdump command>": ("tests/test_package_errors.py", "cannot run"),
+    "no check results (no checks": ("tests/test_check_cli.py", "run the job with OPDUMP_CHECK=1"),
+    "pass the dump directory (OPDUMP_DIR of the job)": ("tests/test_check_cli.py", "pass the dump directory"),
+    "no check results of rank": ("tests/test_check_cli.py", "no check results of rank 5"),
+    "not a line opdump wrote": ("tests/test_check_cli.py", "not a line opdump wrote"),
+    "the rank of a rank=<R> directory": ("tests/test_check_cli.py", "must be a decimal number"),
+    "pass a check's capture file": ("tests/test_check_cli.py", "not in a checks/rank=<R>/ directory"),
+    "names this capture file": ("tests/test_check_cli.py", "names this capture file"),
+    "the check's device": ("tests/test_check_cli.py", "is no device name"),
     "the opdump command is not installed": ("tests/test_package_errors.py", "not installed"),
 }
 
@@ -282,6 +290,7 @@ NOT_CAUSED = {
                        "the judge's (crates/judge, compare::headline)",
     "the CPU check of the call online compare named did not finish": "needs a CPU run of one call that takes a minute",
     "the partition device=": "needs a dump whose partition directory names no device; opdump never writes one",
+    "not a file of check results opdump wrote": "needs a check file of 1 GiB",
 }
 
 # Caused by a test below: catalogue key -> (text of the cause in the line as

@@ -35,8 +35,16 @@ pub(crate) enum Cmd {
     /// runs' captured tensors of the call and repro.py (torch only).
     ///
     /// Both dumps must hold the call's capture (OPDUMP_CAPTURE; `opdump
-    /// compare` prints the values). Exit status: 0 written, 2 error.
+    /// compare` prints the values); or, with `--check FILE`, the capture of
+    /// a failed check (`opdump check` prints the command). Exit status: 0
+    /// written, 2 error.
     Repro(ReproArgs),
+    /// List the op calls that OPDUMP_CHECK=1 found off against a float64
+    /// CPU reference, worst first, each with its `opdump repro` command.
+    ///
+    /// Exit status: 0 no check failed, 1 a check failed, 2 usage or input
+    /// error (no check results, a missing dump, a mutated file).
+    Check(CheckArgs),
     /// Compare the ranks of one data-parallel dump by fingerprint and name
     /// the odd rank out: the first parameter or gradient where one rank's
     /// values leave the majority.
@@ -56,17 +64,41 @@ pub(crate) struct RanksArgs {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct CheckArgs {
+    /// The dump directory of a job run with OPDUMP_CHECK=1.
+    pub dump: PathBuf,
+    /// Only this rank, or a set like `0-7,37` (default, and `all`: every
+    /// rank).
+    #[arg(long, value_parser = parse_rank_choice)]
+    pub rank: Option<RankChoice>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct ReproArgs {
     /// The reference dump (the device you trust), with the call captured.
-    pub dump_a: PathBuf,
+    #[arg(required_unless_present = "check")]
+    pub dump_a: Option<PathBuf>,
     /// The dump under test, with the call captured.
-    pub dump_b: PathBuf,
+    #[arg(required_unless_present = "check")]
+    pub dump_b: Option<PathBuf>,
+    /// The capture file of a failed check,
+    /// DUMP/checks/rank=<R>/capture-<pid>-<n>.safetensors (`opdump check`
+    /// prints the command): the call runs on the CPU in its own dtype, on
+    /// the device it was checked on, and in float64.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dump_a", "dump_b", "call", "rank", "force"])]
+    pub check: Option<PathBuf>,
     /// The call, as an op selector in A: `aten::gelu@step=0#1` (default: the
     /// first introduced divergence of `opdump compare A B`).
     #[arg(long, value_name = "SELECTOR")]
     pub call: Option<String>,
     /// The folder to write (default: repro-<op>-<seq A>).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, short = 'o', value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Rank to compare (default: the lowest rank both dumps have).
     #[arg(long)]
@@ -228,9 +260,10 @@ impl CompareArgs {
 impl ReproArgs {
     /// The comparison that finds the call, with the default settings.
     pub(crate) fn compare_options(&self) -> Result<CompareOptions> {
+        // Without --check, clap requires both dumps.
         Ok(CompareOptions {
-            dump_a: self.dump_a.clone(),
-            dump_b: self.dump_b.clone(),
+            dump_a: self.dump_a.clone().unwrap_or_default(),
+            dump_b: self.dump_b.clone().unwrap_or_default(),
             rank: self.rank,
             filter: Filter::default(),
             tol: tolerances(&[], DEFAULT_MIN_AMPLIFICATION)?,

@@ -1,5 +1,5 @@
-//! The `opdump` command line: `compare`, `summary`, `ranks` and `repro`
-//! over the dumps the plugin writes. Dumps are read by `opdump_load` and
+//! The `opdump` command line: `compare`, `summary`, `ranks`, `check` and
+//! `repro` over the dumps the plugin writes. Dumps are read by `opdump_load` and
 //! judged by `opdump_judge`; this crate turns arguments into options
 //! ([`cli`]), runs a command ([`commands`]), and renders its report
 //! ([`report`]) through what every command shares ([`app`]).
@@ -14,13 +14,15 @@ use crate::app::print::{error_line, print};
 use crate::cli::{Cli, Cmd};
 
 mod app;
+mod checks;
 mod cli;
 mod commands;
 mod report;
 
 /// Runs the command line, with the panic safety net: returns the exit
-/// status (0 agree or done, 1 an op introduced a divergence, 2 usage or
-/// input error, 3 outputs diverged but no op introduced it).
+/// status (0 agree or done, 1 an op introduced a divergence or a check
+/// failed, 2 usage or input error, 3 outputs diverged but no op introduced
+/// it).
 pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
     app::panic_hook::install_hook();
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
@@ -53,7 +55,9 @@ fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode 
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 // Bare `opdump`: a usage error like any other, one line; the
                 // full help is for `--help`.
-                error_line("missing command: compare, summary, repro or ranks (see opdump --help)");
+                error_line(
+                    "missing command: compare, summary, check, repro or ranks (see opdump --help)",
+                );
                 return ExitCode::from(EXIT_ERROR);
             }
             // One line: clap's first paragraph, without its "error: " prefix.
@@ -73,7 +77,11 @@ fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode 
         Cmd::Compare(a) if a.several_ranks() => commands::fleet::execute(a),
         Cmd::Compare(a) => commands::compare::execute(a),
         Cmd::Summary(a) => commands::summary::execute(a),
-        Cmd::Repro(a) => commands::repro::execute(a),
+        Cmd::Repro(mut a) => match a.check.take() {
+            Some(file) => commands::repro_check::execute(&file, a),
+            None => commands::repro::execute(a),
+        },
+        Cmd::Check(a) => commands::check::execute(a),
         Cmd::Ranks(a) => commands::ranks::execute(a),
     };
     match r {

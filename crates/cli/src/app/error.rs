@@ -7,7 +7,8 @@ use opdump_judge::Refusal;
 
 /// The runs agree (and every other command: done).
 pub(crate) const EXIT_SAME: u8 = 0;
-/// An op introduced a divergence (`ranks`: a rank differs).
+/// An op introduced a divergence (`ranks`: a rank differs; `check`: a
+/// check failed).
 pub(crate) const EXIT_DIVERGED: u8 = 1;
 /// A usage or input error.
 pub(crate) const EXIT_ERROR: u8 = 2;

@@ -6,7 +6,9 @@ Written by `opdump repro` beside the call's captured tensors: a.safetensors
 and call.json. Needs torch only; opdump need not be installed or loaded.
 When A captured nothing (a run judged online against a reference dump),
 there is no a.safetensors: A's side runs from B's inputs, which agreed with
-A's where the call introduced the error.
+A's where the call introduced the error. Made from the capture of an
+in-job check (`opdump repro --check`), A is the CPU in the call's own dtype
+and B the device the call was checked on.
 
 It calls the op again three times, each from A's captured inputs:
   - on A's device type, and on B's device type;
@@ -539,10 +541,19 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result, default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else v))
     else:
-        print(f"{name}  A: {call['dump_a']} (seq {call['seq_a']}, {call['device_a']})  "
-              f"B: {call['dump_b']} (seq {call['seq_b']}, {call['device_b']})")
-        inputs = "B's captured inputs (A captured none)" if a_from_b else "A's captured inputs"
-        print(f"each run from {inputs}; reference: {ref_kind}; rounding explains {fmt(tol)}")
+        check = call.get("check") if isinstance(call.get("check"), dict) else None
+        if check is not None:
+            # Made by `opdump repro --check` from an in-job check's capture:
+            # A is the CPU in the call's own dtype.
+            print(f"{name}  checked in {call['dump_b']} (seq {call['seq_b']}, on {call['device_b']}): "
+                  f"ratio {fmt(check.get('ratio'))}, {check.get('verdict')}")
+            print(f"each run from the captured inputs, A on {dev_a} in the call's dtype, B on {dev_b}; "
+                  f"reference: {ref_kind}; off beyond {fmt(tol)} and {MARGIN:g} times the other")
+        else:
+            print(f"{name}  A: {call['dump_a']} (seq {call['seq_a']}, {call['device_a']})  "
+                  f"B: {call['dump_b']} (seq {call['seq_b']}, {call['device_b']})")
+            inputs = "B's captured inputs (A captured none)" if a_from_b else "A's captured inputs"
+            print(f"each run from {inputs}; reference: {ref_kind}; rounding explains {fmt(tol)}")
         for key, row in result["outputs"].items():
             print(f"  {key}")
             for what, label in (("run_a", f"on {dev_a}"), ("run_b", f"on {dev_b}"),

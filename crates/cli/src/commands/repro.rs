@@ -30,31 +30,35 @@ pub const SCRIPT: &str = include_str!("repro.py");
 
 /// What `repro.py` reads besides the two capture files.
 #[derive(Serialize)]
-struct CallFile {
-    format: &'static str,
-    op: String,
-    overload: String,
+pub(crate) struct CallFile {
+    pub(crate) format: &'static str,
+    pub(crate) op: String,
+    pub(crate) overload: String,
     /// The devices the call ran on in each run (its first output's, else its
     /// first input's): `cpu`, `cuda:0`, `testdev:0`.
-    device_a: String,
-    device_b: String,
-    seq_a: i64,
-    seq_b: i64,
-    step_a: i64,
-    step_b: i64,
-    selector_a: String,
-    selector_b: String,
-    module: Option<String>,
-    dump_a: String,
-    dump_b: String,
+    pub(crate) device_a: String,
+    pub(crate) device_b: String,
+    pub(crate) seq_a: i64,
+    pub(crate) seq_b: i64,
+    pub(crate) step_a: i64,
+    pub(crate) step_b: i64,
+    pub(crate) selector_a: String,
+    pub(crate) selector_b: String,
+    pub(crate) module: Option<String>,
+    pub(crate) dump_a: String,
+    pub(crate) dump_b: String,
     /// The relative error rounding explains for this call (its dtype and
     /// reduction length), as `opdump compare` judged it.
-    tolerance: f64,
+    pub(crate) tolerance: f64,
     /// `opdump compare`'s verdict on the call.
-    verdict: &'static str,
+    pub(crate) verdict: &'static str,
     /// A had no capture of the call: there is no a.safetensors, and A's side
     /// runs from B's captured inputs (an introduced call's inputs agreed).
-    a_from_b: bool,
+    pub(crate) a_from_b: bool,
+    /// What the in-job check (OPDUMP_CHECK) found, when the folder was made
+    /// from a check's capture (`opdump repro --check`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) check: Option<serde_json::Value>,
 }
 
 /// The device of a dump's files of its rank (`rank=R/device=D`), for the
@@ -147,7 +151,7 @@ fn device_of(file: &CaptureFile, path: &str) -> Result<String> {
 
 /// A device as torch names it: a type, and an index after `:` where it has
 /// one (`cpu`, `cuda:0`, `testdev:0`).
-fn is_device_name(s: &str) -> bool {
+pub(crate) fn is_device_name(s: &str) -> bool {
     let (kind, index) = s.split_once(':').unwrap_or((s, "0"));
     let mut chars = kind.chars();
     chars
@@ -209,7 +213,7 @@ fn refusal(e: &DirRefused) -> String {
 /// existing one that passes `OPDUMP_DIR`'s trust test (a directory, not a
 /// link, owned by this user, writable by no one else; fsguard::enter_dir).
 /// A folder `--out` names is the user's choice and is not judged.
-fn default_folder(name: &str) -> Result<PathBuf> {
+pub(crate) fn default_folder(name: &str) -> Result<PathBuf> {
     let mut cwd = fsguard::open_parent_dir(Path::new("."))
         .map_err(|e| CliError::new(format!("the working directory cannot be opened ({e}); run opdump repro from a directory you can read, or name the folder with --out")))?;
     fsguard::enter_dir(&mut cwd, Path::new(""), name, output::DIR_MODE)
@@ -323,6 +327,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         tolerance: detail.tolerance,
         verdict: c.op_verdict(k).as_str(),
         a_from_b,
+        check: None,
     };
     let json = serde_json::to_string_pretty(&call)
         .map_err(|e| CliError::new(format!("call.json: {e}")))?;
@@ -344,19 +349,26 @@ pub fn summary(dir: &Path, device_b: &str) -> String {
         dir.display(),
         dir.display()
     );
-    let kind = device_b.split(':').next().unwrap_or(device_b);
-    if !matches!(kind, "cpu" | "cuda" | "mps" | "xpu") {
-        let example = if kind == "testdev" {
-            ": --setup tests.testdev:load"
-        } else {
-            ""
-        };
-        s += &format!(
-            "   (add --setup MODULE[:FUNCTION], the module that registers the {kind} device{example})"
-        );
-    }
+    s += &setup_hint(device_b);
     s.push('\n');
     s
+}
+
+/// After the command to run repro.py: how to register a device torch does
+/// not know by itself (empty for cpu, cuda, mps and xpu).
+pub(crate) fn setup_hint(device: &str) -> String {
+    let kind = device.split(':').next().unwrap_or(device);
+    if matches!(kind, "cpu" | "cuda" | "mps" | "xpu") {
+        return String::new();
+    }
+    let example = if kind == "testdev" {
+        ": --setup tests.testdev:load"
+    } else {
+        ""
+    };
+    format!(
+        "   (add --setup MODULE[:FUNCTION], the module that registers the {kind} device{example})"
+    )
 }
 
 /// `opdump repro`: writes the folder and says what is in it.

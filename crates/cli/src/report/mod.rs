@@ -1,5 +1,7 @@
 //! Reports: the data model, and its forms (text, JSON, HTML, Parquet).
 
+pub(crate) mod check;
+pub(crate) mod check_html;
 pub(crate) mod fleet;
 pub(crate) mod html;
 pub(crate) mod json;

@@ -36,6 +36,10 @@ pub fn num(v: f64) -> String {
         // Four significant digits.
         let decimals = (3 - v.abs().log10().floor() as i32).max(0) as usize;
         let s = format!("{v:.decimals$}");
+        // Trailing zeros of the decimals only: 25000 stays 25000.
+        if !s.contains('.') {
+            return s;
+        }
         let s = s.trim_end_matches('0').trim_end_matches('.');
         s.to_string()
     } else {
@@ -621,6 +625,8 @@ mod tests {
     fn formats() {
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(thousands(12), "12");
+        assert_eq!(num(25000.0), "25000");
+        assert_eq!(num(10000.0), "10000");
         assert_eq!(num(0.5), "0.5");
         assert_eq!(num(129.1027), "129.1");
         assert_eq!(num(0.0123456), "0.01235");

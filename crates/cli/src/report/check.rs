@@ -1,0 +1,548 @@
+//! The report of `opdump check`: its model (the JSON of `--json`), built
+//! from the check results the plugin wrote, and its text.
+//!
+//! Verdicts are the plugin's: this only groups the failed calls by
+//! signature, orders them worst first and counts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::app::text::Clean;
+use crate::checks::{capture_parts, CheckFile, CheckRow, Verdict};
+use crate::report::ranks::list;
+use crate::report::terminal::{num, thousands};
+
+/// Version of the JSON layout; bumped when a field changes meaning or goes.
+pub const CHECK_REPORT_VERSION: u32 = 1;
+
+/// A failed check's ratio at or below this is not a fail (the plugin's rule,
+/// printed beside the ratio; not applied here).
+pub const FAIL_RATIO: f64 = 10.0;
+
+/// What `opdump check` found (the JSON of `--json`).
+#[derive(Serialize, Debug)]
+pub struct CheckReport {
+    pub format: &'static str,
+    pub version: u32,
+    pub path: String,
+    /// The ranks read.
+    pub ranks: Vec<u32>,
+    pub counts: Counts,
+    /// What the processes skipped, from their summary lines.
+    pub skipped: Skipped,
+    /// Why calls had no reference, with how many, most first.
+    pub no_reference_reasons: Vec<ReasonCount>,
+    /// One per failing signature, the worst ratio first.
+    pub failures: Vec<Failure>,
+    /// One per file read.
+    pub processes: Vec<ProcessInfo>,
+    pub notes: Vec<String>,
+    /// 1 a check failed, 0 none did.
+    pub exit_status: u8,
+}
+
+/// Checked calls (lines read), by verdict.
+#[derive(Serialize, Debug, Default, Clone, Copy)]
+pub struct Counts {
+    /// Calls judged: passed and failed (as the plugin's summary counts).
+    pub checked: u64,
+    pub passed: u64,
+    pub failed: u64,
+    /// Calls with no reference to judge them by (not in `checked`).
+    pub no_reference: u64,
+    /// Distinct signatures among the failed calls.
+    pub failed_signatures: u64,
+}
+
+#[derive(Serialize, Debug, Default, Clone, Copy)]
+pub struct Skipped {
+    /// Over OPDUMP_CHECK_MAX_BYTES.
+    pub bytes: u64,
+    /// Past the time budget.
+    pub budget: u64,
+    /// The checking threads were busy.
+    pub busy: u64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ReasonCount {
+    pub reason: String,
+    pub count: u64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ProcessInfo {
+    pub rank: u32,
+    pub file: String,
+    pub pid: Option<i64>,
+    /// The process wrote its summary line at exit (false: killed).
+    pub finished: bool,
+    /// Its lines of passed and failed calls.
+    pub checked: u64,
+}
+
+/// A failing signature: its worst call (the largest ratio), and how many
+/// calls of it failed, on which ranks.
+#[derive(Serialize, Debug, Clone)]
+pub struct Failure {
+    pub signature: String,
+    pub op: String,
+    pub overload: String,
+    pub args: String,
+    pub module: Option<String>,
+    pub phase: String,
+    pub step: i64,
+    pub seq: i64,
+    pub rank: u32,
+    pub device: String,
+    pub dtype: String,
+    pub device_err: Option<f64>,
+    pub cpu_err: Option<f64>,
+    pub ratio: Option<f64>,
+    pub device_ulp: Option<f64>,
+    pub cpu_ulp: Option<f64>,
+    pub reduction_len: Option<f64>,
+    /// The device's output against the CPU's in the same dtype, where the
+    /// plugin wrote it.
+    pub device_vs_cpu: Option<f64>,
+    pub reason: Option<String>,
+    /// As the row names it, relative to the dump.
+    pub capture: Option<String>,
+    /// The `opdump repro` command that rebuilds the call from its capture;
+    /// null when there is no capture file.
+    pub repro: Option<String>,
+    pub calls_failed: u64,
+    pub ranks_failed: Vec<u32>,
+}
+
+/// A failed row's place in the order: the larger ratio first; a fail with
+/// no ratio (the plugin had none to give, e.g. NaN where the reference is
+/// finite) counts as the worst.
+fn badness(r: &CheckRow) -> f64 {
+    match r.ratio {
+        Some(x) if !x.is_nan() => x,
+        _ => f64::INFINITY,
+    }
+}
+
+/// `s` quoted for a POSIX shell, when it needs it.
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+%".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The command that rebuilds a call from the capture file at `path`.
+pub fn repro_command(path: &Path) -> String {
+    format!(
+        "opdump repro --check {}",
+        shell_quote(&path.display().to_string())
+    )
+}
+
+impl Failure {
+    fn of(dump: &Path, r: &CheckRow, notes: &mut Vec<String>) -> Self {
+        let repro = match r.capture.as_deref() {
+            Some(c) if capture_parts(c).is_some() => {
+                let path = dump.join(c);
+                if !path.is_file() {
+                    notes.push(format!(
+                        "{}: the capture file of {} is missing",
+                        path.display(),
+                        r.signature
+                    ));
+                }
+                Some(repro_command(&path))
+            }
+            Some(c) => {
+                notes.push(format!(
+                    "the capture {c:?} of {} is not a path checks/rank=<R>/<file> in the dump: no repro command",
+                    r.signature
+                ));
+                None
+            }
+            None => None,
+        };
+        Failure {
+            signature: r.signature.clone(),
+            op: r.op.clone(),
+            overload: r.overload.clone(),
+            args: r.args.clone(),
+            module: r.module.clone(),
+            phase: r.phase.clone(),
+            step: r.step,
+            seq: r.seq,
+            rank: r.rank,
+            device: r.device.clone(),
+            dtype: r.dtype.clone(),
+            device_err: r.device_err.filter(|v| v.is_finite()),
+            cpu_err: r.cpu_err.filter(|v| v.is_finite()),
+            ratio: r.ratio.filter(|v| v.is_finite()),
+            device_ulp: r.device_ulp.filter(|v| v.is_finite()),
+            cpu_ulp: r.cpu_ulp.filter(|v| v.is_finite()),
+            reduction_len: r.reduction_len.filter(|v| v.is_finite()),
+            device_vs_cpu: r.device_vs_cpu.filter(|v| v.is_finite()),
+            reason: r.reason.clone(),
+            capture: r.capture.clone(),
+            repro,
+            calls_failed: 0,
+            ranks_failed: Vec::new(),
+        }
+    }
+}
+
+impl CheckReport {
+    /// The report of the files read from `dump`.
+    pub fn build(dump: &Path, files: &[CheckFile], mut notes: Vec<String>) -> Self {
+        let mut counts = Counts::default();
+        let mut skipped = Skipped::default();
+        let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
+        // Per failing signature: its worst row, its failed calls, its ranks.
+        let mut by_sig: BTreeMap<&str, (&CheckRow, u64, Vec<u32>)> = BTreeMap::new();
+        let mut processes = Vec::new();
+        let mut ranks: Vec<u32> = files.iter().map(|f| f.rank).collect();
+        ranks.dedup();
+        for f in files {
+            for r in &f.rows {
+                // As the plugin counts: checked is judged, pass or fail.
+                if r.verdict != Verdict::NoReference {
+                    counts.checked += 1;
+                }
+                match r.verdict {
+                    Verdict::Pass => counts.passed += 1,
+                    Verdict::NoReference => {
+                        counts.no_reference += 1;
+                        let why = r.reason.clone().unwrap_or_else(|| "no reason given".into());
+                        *reasons.entry(why).or_default() += 1;
+                    }
+                    Verdict::Fail => {
+                        counts.failed += 1;
+                        let e = by_sig
+                            .entry(r.signature.as_str())
+                            .or_insert((r, 0, Vec::new()));
+                        if badness(r) > badness(e.0) {
+                            e.0 = r;
+                        }
+                        e.1 += 1;
+                        if !e.2.contains(&r.rank) {
+                            e.2.push(r.rank);
+                        }
+                    }
+                }
+            }
+            let file = f.path.display().to_string();
+            match &f.summary {
+                Some(s) => {
+                    skipped.bytes += s.skipped_bytes;
+                    skipped.budget += s.skipped_budget;
+                    skipped.busy += s.skipped_busy;
+                    let held = |v: Verdict| f.rows.iter().filter(|r| r.verdict == v).count() as u64;
+                    let lines = (
+                        held(Verdict::Pass),
+                        held(Verdict::Fail),
+                        held(Verdict::NoReference),
+                    );
+                    if (s.passed, s.failed, s.no_reference) != lines {
+                        notes.push(format!(
+                            "{file}: the summary line counts {} passed, {} failed, {} no_reference; the file's lines hold {}, {}, {}",
+                            s.passed, s.failed, s.no_reference, lines.0, lines.1, lines.2
+                        ));
+                    }
+                    if let Some(n) = s.unfinished.filter(|&n| n > 0) {
+                        notes.push(format!(
+                            "{file}: {n} checks were still queued when the process exited and have no line"
+                        ));
+                    }
+                    if let Some(n) = s.write_failures.filter(|&n| n > 0) {
+                        notes.push(format!(
+                            "{file}: {n} lines or capture files could not be written"
+                        ));
+                    }
+                }
+                None => notes.push(format!(
+                    "{file}: no summary line: the process ended before exit (killed?); its checks so far are counted, its skipped calls are not known"
+                )),
+            }
+            if f.torn_last_line {
+                notes.push(format!(
+                    "{file}: its last line was cut short (the process was killed while writing it) and is left out"
+                ));
+            }
+            if f.unknown_kinds > 0 {
+                notes.push(format!(
+                    "{file}: {} lines of a kind this opdump does not know are left out (written by a newer opdump?)",
+                    f.unknown_kinds
+                ));
+            }
+            processes.push(ProcessInfo {
+                rank: f.rank,
+                file,
+                pid: f.summary.map(|s| s.pid).or_else(|| pid_of(&f.path)),
+                finished: f.summary.is_some(),
+                checked: f
+                    .rows
+                    .iter()
+                    .filter(|r| r.verdict != Verdict::NoReference)
+                    .count() as u64,
+            });
+        }
+        let mut failures: Vec<Failure> = by_sig
+            .into_values()
+            .map(|(r, n, mut rk)| {
+                rk.sort_unstable();
+                let mut fl = Failure::of(dump, r, &mut notes);
+                fl.calls_failed = n;
+                fl.ranks_failed = rk;
+                fl
+            })
+            .collect();
+        // Worst first; ties in the order of the signature (by_sig's).
+        failures.sort_by(|a, b| {
+            let key = |f: &Failure| f.ratio.unwrap_or(f64::INFINITY);
+            key(b).total_cmp(&key(a))
+        });
+        counts.failed_signatures = failures.len() as u64;
+        let mut no_reference_reasons: Vec<ReasonCount> = reasons
+            .into_iter()
+            .map(|(reason, count)| ReasonCount { reason, count })
+            .collect();
+        no_reference_reasons.sort_by_key(|x| std::cmp::Reverse(x.count));
+        CheckReport {
+            format: "opdump-check",
+            version: CHECK_REPORT_VERSION,
+            path: dump.display().to_string(),
+            ranks,
+            counts,
+            skipped,
+            no_reference_reasons,
+            failures,
+            processes,
+            notes,
+            exit_status: u8::from(counts.failed > 0),
+        }
+    }
+}
+
+/// `rank 0`, `ranks 0, 1 and 3`.
+pub fn rank_list(ranks: &[u32]) -> String {
+    match ranks.len() {
+        1 => format!("rank {}", ranks[0]),
+        _ => format!("ranks {}", list(ranks)),
+    }
+}
+
+/// `part-<pid>.jsonl`'s pid.
+fn pid_of(path: &Path) -> Option<i64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("part-")?
+        .strip_suffix(".jsonl")?
+        .parse()
+        .ok()
+}
+
+/// A count the plugin may write as a float: as an integer when it is one.
+pub fn count(n: f64) -> String {
+    if n >= 0.0 && n.fract() == 0.0 && n < 1e18 {
+        thousands(n as u64)
+    } else {
+        num(n)
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), num)
+}
+
+/// The count line: checked, by verdict, skipped and why, and why calls had
+/// no reference.
+pub fn count_line(r: &CheckReport) -> String {
+    let c = &r.counts;
+    let mut s = format!(
+        "checked {} calls: {} passed, {} failed",
+        thousands(c.checked),
+        thousands(c.passed),
+        thousands(c.failed)
+    );
+    if c.failed > 0 {
+        let _ = write!(s, " ({} signatures)", thousands(c.failed_signatures));
+    }
+    let _ = write!(s, "; {} no_reference", thousands(c.no_reference));
+    if !r.no_reference_reasons.is_empty() {
+        let why: Vec<String> = r
+            .no_reference_reasons
+            .iter()
+            .map(|x| format!("{}: {}", Clean(&x.reason), x.count))
+            .collect();
+        let _ = write!(s, " ({})", why.join("; "));
+    }
+    let k = &r.skipped;
+    let _ = write!(
+        s,
+        "; skipped {}: {} over OPDUMP_CHECK_MAX_BYTES, {} past the time budget, {} while the checker was busy",
+        thousands(k.bytes + k.budget + k.busy),
+        thousands(k.bytes),
+        thousands(k.budget),
+        thousands(k.busy)
+    );
+    s
+}
+
+/// The text report: one block per failing signature, worst first, then the
+/// count line and the notes.
+pub fn render(r: &CheckReport) -> String {
+    let mut o = String::new();
+    let ranks = rank_list(&r.ranks);
+    if r.failures.is_empty() {
+        let _ = writeln!(
+            o,
+            "opdump check: no check failed in {} ({ranks})",
+            Clean(&r.path)
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "opdump check: {} failing signatures in {} ({ranks}), worst first\n",
+            r.failures.len(),
+            Clean(&r.path)
+        );
+    }
+    for (k, f) in r.failures.iter().enumerate() {
+        let _ = writeln!(o, "{}. {}", k + 1, Clean(&f.signature));
+        let _ = writeln!(
+            o,
+            "   op {}.{}  module {}  phase {}  step {}  seq {}  rank {}  on {} in {}",
+            Clean(&f.op),
+            Clean(&f.overload),
+            Clean(f.module.as_deref().unwrap_or("-")),
+            Clean(&f.phase),
+            f.step,
+            f.seq,
+            f.rank,
+            Clean(&f.device),
+            Clean(&f.dtype)
+        );
+        if !f.args.is_empty() {
+            let _ = writeln!(o, "   args {}", Clean(&f.args));
+        }
+        let _ = writeln!(
+            o,
+            "   error vs float64 on the CPU: device {}, CPU in {} {}; ratio {} (fails above {})",
+            opt(f.device_err),
+            Clean(&f.dtype),
+            opt(f.cpu_err),
+            opt(f.ratio),
+            num(FAIL_RATIO)
+        );
+        let mut extra = Vec::new();
+        if f.device_ulp.is_some() || f.cpu_ulp.is_some() {
+            extra.push(format!(
+                "ULP device {}, CPU {}",
+                opt(f.device_ulp),
+                opt(f.cpu_ulp)
+            ));
+        }
+        if let Some(n) = f.reduction_len {
+            extra.push(format!("reduction length {}", count(n)));
+        }
+        if let Some(x) = f.device_vs_cpu {
+            extra.push(format!("device vs CPU in {} {}", Clean(&f.dtype), num(x)));
+        }
+        if let Some(why) = &f.reason {
+            extra.push(format!("reason: {}", Clean(why)));
+        }
+        if !extra.is_empty() {
+            let _ = writeln!(o, "   {}", extra.join("; "));
+        }
+        if f.calls_failed > 1 || f.ranks_failed.len() > 1 {
+            let _ = writeln!(
+                o,
+                "   failed in {} calls ({}); shown: the worst",
+                f.calls_failed,
+                rank_list(&f.ranks_failed)
+            );
+        }
+        match &f.repro {
+            Some(cmd) => {
+                let _ = writeln!(o, "   reproduce: {}", Clean(cmd));
+            }
+            None => {
+                let _ = writeln!(o, "   reproduce: no capture file of this call");
+            }
+        }
+        o.push('\n');
+    }
+    let _ = writeln!(o, "{}", count_line(r));
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {}", Clean(n));
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::parse;
+
+    fn line(sig: &str, verdict: &str, ratio: &str, rank: u32, reason: &str) -> String {
+        format!(
+            r#"{{"kind":"check","signature":"{sig}","op":"aten::x","overload":"default","args":"","module":null,"phase":"forward","step":0,"seq":1,"rank":{rank},"device":"cpu","dtype":"float32","device_err":null,"cpu_err":null,"ratio":{ratio},"device_ulp":null,"cpu_ulp":null,"reduction_len":null,"verdict":"{verdict}","reason":{reason},"capture":null}}"#
+        )
+    }
+
+    #[test]
+    fn worst_first_grouped_by_signature_and_counted() {
+        let text = [
+            line("a", "fail", "20.0", 0, "null"),
+            line("b", "fail", "3000.0", 0, "null"),
+            line("a", "fail", "50.0", 1, "null"),
+            line("c", "fail", "null", 0, "null"),
+            line("d", "pass", "1.0", 0, "null"),
+            line("e", "no_reference", "null", 0, "\"random op\""),
+            line("f", "no_reference", "null", 0, "\"random op\""),
+            line("g", "no_reference", "null", 0, "\"no CPU kernel\""),
+        ]
+        .join("\n")
+            + "\n";
+        let f = parse(&text, Path::new("part-7.jsonl"), 0).unwrap();
+        let r = CheckReport::build(Path::new("d"), &[f], Vec::new());
+        let sigs: Vec<&str> = r.failures.iter().map(|f| f.signature.as_str()).collect();
+        assert_eq!(sigs, ["c", "b", "a"]);
+        let a = &r.failures[2];
+        assert_eq!((a.ratio, a.calls_failed, a.rank), (Some(50.0), 2, 1));
+        assert_eq!(a.ranks_failed, [0, 1]);
+        assert_eq!(
+            (
+                r.counts.checked,
+                r.counts.passed,
+                r.counts.failed,
+                r.counts.no_reference
+            ),
+            (5, 1, 4, 3)
+        );
+        assert_eq!(r.no_reference_reasons[0].reason, "random op");
+        assert_eq!(r.no_reference_reasons[0].count, 2);
+        assert_eq!(r.exit_status, 1);
+        // No summary line: said, with the pid from the file name.
+        assert!(r.notes.iter().any(|n| n.contains("no summary line")));
+        assert_eq!(r.processes[0].pid, Some(7));
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(
+            shell_quote("d/checks/rank=0/c-1-0.safetensors"),
+            "d/checks/rank=0/c-1-0.safetensors"
+        );
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}

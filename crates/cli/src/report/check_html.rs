@@ -1,0 +1,127 @@
+//! `opdump check --html FILE`: one self-contained page (inline CSS, no
+//! script, no network), like compare's: the count line, the failing
+//! signatures worst first with their `opdump repro` commands, the reasons
+//! for no reference, the processes read and the notes.
+
+use std::fmt::Write;
+
+use super::check::{count, count_line, rank_list, CheckReport, FAIL_RATIO};
+use super::html::esc;
+use super::terminal::{num, thousands};
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), num)
+}
+
+/// The page.
+pub fn render(r: &CheckReport) -> String {
+    let mut o = String::from(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump check</title><style>\
+         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
+         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
+         th{background:#f5f5f5}td.l{text-align:left}code{font-size:12px}.fail td{background:#fff0ee}\
+         .unfinished td{background:#fffbe6}p.verdict{font-size:16px}.bad{color:#b00}</style></head><body>",
+    );
+    let _ = write!(
+        o,
+        "<h1>opdump check</h1><p><code>{}</code> ({})</p>",
+        esc(&r.path),
+        esc(&rank_list(&r.ranks))
+    );
+    let _ = write!(
+        o,
+        "<p class=\"verdict\">{}</p><p>{}</p>",
+        if r.failures.is_empty() {
+            "No check failed (exit status 0).".to_string()
+        } else {
+            format!(
+                "<b class=\"bad\">{} failing signatures</b>, worst first (exit status 1). A check fails when the device's error against float64 on the CPU is more than {} times the CPU's own in the same dtype (or the dtype's unit roundoff, when larger).",
+                r.failures.len(),
+                num(FAIL_RATIO)
+            )
+        },
+        esc(&count_line(r))
+    );
+    if !r.failures.is_empty() {
+        o.push_str(
+            "<h2>Failing signatures</h2><table id=\"failures\"><tr><th>#</th><th>signature</th><th>module</th>\
+             <th>phase</th><th>step</th><th>seq</th><th>rank</th><th>device</th><th>device error</th>\
+             <th>CPU error</th><th>ratio</th><th>ULP device</th><th>ULP CPU</th><th>reduction length</th>\
+             <th>failed calls</th><th>reproduce</th></tr>",
+        );
+        for (k, f) in r.failures.iter().enumerate() {
+            let _ = write!(
+                o,
+                "<tr class=\"fail\"><td>{}</td><td class=\"l\"><code>{}</code></td><td class=\"l\"><code>{}</code></td>\
+                 <td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\"><code>{}</code></td></tr>",
+                k + 1,
+                esc(&f.signature),
+                esc(f.module.as_deref().unwrap_or("-")),
+                esc(&f.phase),
+                f.step,
+                f.seq,
+                f.rank,
+                esc(&format!("{} in {}", f.device, f.dtype)),
+                opt(f.device_err),
+                opt(f.cpu_err),
+                opt(f.ratio),
+                opt(f.device_ulp),
+                opt(f.cpu_ulp),
+                f.reduction_len.map_or("-".into(), count),
+                f.calls_failed,
+                esc(f.repro.as_deref().unwrap_or("no capture file"))
+            );
+        }
+        o.push_str("</table>");
+    }
+    if !r.no_reference_reasons.is_empty() {
+        o.push_str("<h2>No reference</h2><table id=\"no_reference\"><tr><th>reason</th><th>calls</th></tr>");
+        for x in &r.no_reference_reasons {
+            let _ = write!(
+                o,
+                "<tr><td class=\"l\">{}</td><td>{}</td></tr>",
+                esc(&x.reason),
+                thousands(x.count)
+            );
+        }
+        o.push_str("</table>");
+    }
+    let k = &r.skipped;
+    let _ = write!(
+        o,
+        "<h2>Counts</h2><table id=\"counts\"><tr><th>checked</th><th>passed</th><th>failed</th><th>no_reference</th>\
+         <th>skipped: bytes</th><th>skipped: time budget</th><th>skipped: busy</th></tr>\
+         <tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></table>",
+        thousands(r.counts.checked),
+        thousands(r.counts.passed),
+        thousands(r.counts.failed),
+        thousands(r.counts.no_reference),
+        thousands(k.bytes),
+        thousands(k.budget),
+        thousands(k.busy)
+    );
+    o.push_str("<h2>Processes</h2><table id=\"processes\"><tr><th>rank</th><th>pid</th><th>checked</th><th>finished</th><th>file</th></tr>");
+    for p in &r.processes {
+        let _ = write!(
+            o,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\"><code>{}</code></td></tr>",
+            if p.finished { "" } else { " class=\"unfinished\"" },
+            p.rank,
+            p.pid.map_or("-".into(), |p| p.to_string()),
+            thousands(p.checked),
+            if p.finished { "yes" } else { "no summary (killed?)" },
+            esc(&p.file)
+        );
+    }
+    o.push_str("</table>");
+    if !r.notes.is_empty() {
+        o.push_str("<h2>Notes</h2><ul>");
+        for n in &r.notes {
+            let _ = write!(o, "<li>{}</li>", esc(n));
+        }
+        o.push_str("</ul>");
+    }
+    o.push_str("</body></html>\n");
+    o
+}
