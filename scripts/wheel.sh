@@ -9,7 +9,8 @@
 #   scripts/wheel.sh --out DIR          # where the wheel goes (default dist/)
 #   scripts/wheel.sh --core FILE=VERSION
 #                                       # carry FILE as the core for VERSION, built elsewhere
-#                                       # (the tests use it to make a wheel for another torch)
+#                                       # (the tests use it to make a wheel for another torch;
+#                                       # scripts/release.sh, to pack one core per torch release)
 #
 # The cores are built by cargo (build.rs, against each torch); maturin builds
 # the command and packs the wheel; auditwheel then checks the result against
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --torch) extra_torch+=("$2"); shift 2 ;;
     --core) given_cores+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "wheel.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
