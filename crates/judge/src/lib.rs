@@ -17,6 +17,7 @@
 
 pub mod align;
 pub mod captured;
+pub mod check;
 pub mod compare;
 pub mod diff;
 pub mod dtype;

@@ -782,25 +782,36 @@ pub fn reduction_length(d: &Dump, i: u32, class: OpClass) -> f64 {
 
 /// [`reduction_length`], the rows of the call's tensors already read.
 fn reduction_length_of(d: &Dump, i: u32, rows: &[TensorRow], class: OpClass) -> f64 {
-    let mut max_in: i64 = 0;
     let mut out: i64 = 0;
+    let mut float_inputs: Vec<&[i64]> = Vec::new();
+    for r in rows {
+        if r.role == Role::Output {
+            if out == 0 {
+                out = d.tensors.shapes.numel(r.shape);
+            }
+        } else if d.dtype_of(r).is_float() {
+            float_inputs.push(d.tensors.shapes.get(r.shape));
+        }
+    }
+    reduction_length_of_shapes(d.op_name(i), class, &float_inputs, out)
+}
+
+/// [`reduction_length`] from the shapes of a call's float inputs, in
+/// argument order, and its first output's numel (0: none).
+pub fn reduction_length_of_shapes(
+    op: &str,
+    class: OpClass,
+    float_inputs: &[&[i64]],
+    out: i64,
+) -> f64 {
+    let mut max_in: i64 = 0;
     let mut last_dim: i64 = 1;
     let mut first_last_dim: Option<i64> = None;
     let mut conv_k: i64 = 1;
-    let conv = d.op_name(i).contains("conv");
-    for r in rows {
-        let numel = d.tensors.shapes.numel(r.shape);
-        if r.role == Role::Output {
-            if out == 0 {
-                out = numel;
-            }
-            continue;
-        }
-        if !d.dtype_of(r).is_float() {
-            continue;
-        }
+    let conv = op.contains("conv");
+    for shape in float_inputs {
+        let numel: i64 = shape.iter().product();
         max_in = max_in.max(numel);
-        let shape = d.tensors.shapes.get(r.shape);
         if let Some(&l) = shape.last() {
             last_dim = last_dim.max(l);
             first_last_dim.get_or_insert(l);

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use opdump_judge::check::{self, CheckVerdict};
 use serde::Serialize;
 
 /// What the check found.
@@ -28,28 +29,12 @@ pub struct Found {
     pub why: Option<String>,
 }
 
-/// A device this many times further from float64 than the CPU at the same
-/// precision (or than the dtype's unit roundoff, if more) is off: the
-/// order of magnitude the tolerance model leaves between rounding and a
-/// fault (`HEADLINE_DOMINANCE`).
-pub const OFF_FACTOR: f64 = 10.0;
-
 impl Found {
-    /// Whether this run's device is the one that is off; `None` when
-    /// nothing was compared.
+    /// Whether this run's device is the one that is off
+    /// (`opdump_judge::check`); `None` when nothing was compared.
     pub fn device_is_off(&self) -> Option<bool> {
         let (d, c) = (self.device_err?, self.cpu_err?);
-        Some(d > OFF_FACTOR * c.max(unit_roundoff(&self.dtype)))
-    }
-}
-
-/// The unit roundoff of a floating dtype by torch's name.
-pub fn unit_roundoff(dtype: &str) -> f64 {
-    match dtype {
-        "float64" => f64::EPSILON / 2.0,
-        "float16" => 2f64.powi(-11),
-        "bfloat16" => 2f64.powi(-8),
-        _ => f64::from(f32::EPSILON) / 2.0,
+        Some(CheckVerdict::of_ratio(check::ratio(d, c, &self.dtype, 1.0)) == CheckVerdict::Fail)
     }
 }
 
