@@ -13,7 +13,7 @@
 //! call of a later step is captured ([`crate::capture::Captures::arm`]),
 //! and with `OPDUMP_ON_DIVERGENCE=stop` the job is stopped once that
 //! capture is made. Every verdict is appended to
-//! `<OPDUMP_DIR>/verdicts/rank=<R>/part-<pid>.jsonl` ([`verdict_file`]).
+//! `<OPDUMP_DIR>/verdicts/rank=<R>/part-<pid>.jsonl` ([`crate::jsonl`]).
 //!
 //! Nothing here can stop the job by failing: a reference that cannot be
 //! read, or a step that cannot be judged, is one line, and dumping goes on
@@ -23,7 +23,6 @@ pub mod cpu_check;
 pub mod fold;
 pub mod reference;
 pub mod stop;
-pub mod verdict_file;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -36,9 +35,9 @@ use opdump_format::OpRecord;
 use opdump_judge::{compare_dumps, CompareSettings, Dump, Filter, Refusal, Silent, Tolerances};
 
 use crate::config::OnDivergence;
+use crate::jsonl::JsonLines;
 use fold::{CallRef, Fold};
 use reference::Reference;
-use verdict_file::VerdictFile;
 
 /// What the judge thread tells the rest of opdump.
 pub struct Hooks {
@@ -164,7 +163,7 @@ impl Feed {
 struct Judging {
     setup: Setup,
     fold: Fold,
-    file: Option<VerdictFile>,
+    file: Option<JsonLines>,
     /// Comparing stopped for good (the reason was said).
     off: bool,
     /// The first step the reference lacked was said.
@@ -402,7 +401,14 @@ impl Judging {
         }
         if self.file.is_none() {
             let s = &self.setup;
-            match VerdictFile::create(&s.dir, (s.rank)(), s.pid, s.file_mode, s.dir_mode) {
+            match JsonLines::create(
+                &s.dir,
+                "verdicts",
+                (s.rank)(),
+                s.pid,
+                s.file_mode,
+                s.dir_mode,
+            ) {
                 Ok(f) => self.file = Some(f),
                 Err(e) => {
                     self.write_failed = true;
