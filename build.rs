@@ -27,6 +27,8 @@ fn main() {
             "cpp/device_reduce.cpp",
             "cpp/capture.cpp",
             "cpp/cpu_check.cpp",
+            "cpp/cpu_rerun.cpp",
+            "cpp/accuracy_check.cpp",
             "cpp/python_hooks.cpp",
             "cpp/names.cpp",
             "cpp/interned.cpp",

@@ -17,62 +17,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "opdump/cpp/cpu_rerun.h"
 #include "opdump/cpp/internal.h"
 
 namespace opdump {
 
 namespace {
-
-bool is_float(const at::Tensor& t) { return t.defined() && at::isFloatingType(t.scalar_type()); }
-
-// A host copy of a value, its tensors detached; `to64` casts floating
-// tensors to float64. Devices named in arguments become the CPU.
-c10::IValue on_host(const c10::IValue& v, bool to64) {
-  auto host = [&](const at::Tensor& t) {
-    if (!t.defined()) return t;
-    at::Tensor h = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    return (to64 && is_float(h)) ? h.to(at::kDouble) : h;
-  };
-  if (v.isTensor()) return host(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(host(t));
-    return out;
-  }
-  if (v.isList() && v.toListRef().size() > 0 && v.toListRef()[0].isTensor()) {
-    c10::List<std::optional<at::Tensor>> out;
-    for (const auto& e : v.toListRef()) out.push_back(e.isTensor() ? std::optional(host(e.toTensor())) : std::nullopt);
-    return out;
-  }
-  if (v.isDevice()) return c10::IValue(c10::Device(at::kCPU));
-  return v;
-}
-
-std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack, size_t returns) {
-  std::vector<at::Tensor> out;
-  for (size_t i = stack.size() - std::min(returns, stack.size()); i < stack.size(); ++i)
-    for_each_tensor(stack[i], [&](const at::Tensor& t) { out.push_back(t); });
-  return out;
-}
-
-// ||x - ref||_2 / ||ref||_2 over finite elements, in float64.
-double rel_l2(const at::Tensor& x, const at::Tensor& ref) {
-  at::Tensor a = x.to(at::kDouble), r = ref.to(at::kDouble);
-  at::Tensor finite = at::isfinite(a) & at::isfinite(r);
-  at::Tensor d = at::where(finite, a - r, at::zeros({}, r.options()));
-  at::Tensor rr = at::where(finite, r, at::zeros({}, r.options()));
-  const double num = d.norm().item<double>(), den = rr.norm().item<double>();
-  if (den == 0.0) return num == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
-  return num / den;
-}
-
-// Runs `op` on the CPU from `stack` (host values), without autograd
-// (opdump's key is excluded by the caller).
-torch::jit::Stack run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack stack) {
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  op.callBoxed(&stack);
-  return stack;
-}
 
 struct Pending {
   c10::OperatorHandle op;

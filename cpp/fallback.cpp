@@ -79,6 +79,51 @@ struct CpuCheckGuard {
   }
 };
 
+// An accuracy check (OPDUMP_CHECK) whose inputs were copied is queued
+// after the op ran, or dropped on the way out when the op raised: its
+// signature is then checked at its next call.
+struct AccuracyCheckGuard {
+  int64_t id = -1;
+  std::optional<CpuCheckInputs> inputs;
+  ~AccuracyCheckGuard() {
+    if (id < 0) return;
+    try {
+      check_dropped(id, false);
+    } catch (...) {
+    }
+  }
+};
+
+// A view op computes nothing: there is nothing of the device's to check.
+bool returns_views_only(const c10::FunctionSchema& schema) {
+  const auto& returns = schema.returns();
+  if (returns.empty()) return false;
+  for (const auto& r : returns)
+    if (r.alias_info() == nullptr || r.alias_info()->isWrite()) return false;
+  return true;
+}
+
+// OPDUMP_CHECK: whether Rust wants this call checked, and if so its inputs
+// copied to the host as they are before it runs.
+void start_accuracy_check(AccuracyCheckGuard& check, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          const OpCall& call) {
+  try {
+    const auto& name = op.operator_name();
+    const std::string signature = call_signature(op, stack, std::string_view(call.args.data(), call.args.size()));
+    const std::string_view overload =
+        name.overload_name.empty() ? std::string_view("default") : std::string_view(name.overload_name);
+    const int64_t id = check_wanted(rust::Str(name.name), rust::Str(overload.data(), overload.size()),
+                                    rust::Str(call.args.data(), call.args.size()), rust::Str(signature),
+                                    input_bytes(op, stack));
+    if (id < 0) return;
+    check.id = id;
+    check.inputs = cpu_check_inputs(op, stack);
+  } catch (const std::exception& e) {
+    warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +
+                   " could not copy its inputs: " + e.what()));
+  }
+}
+
 int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -283,8 +328,21 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
       cpu_check_failed(rust::Str(std::string("its inputs could not be copied to the host: ") + e.what()));
     }
   }
+  AccuracyCheckGuard accuracy;
+  if (ticket.check && !returns_views_only(op.schema())) start_accuracy_check(accuracy, op, *stack, rec.call);
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
   run_timed(rec, op, next, stack);
+  if (accuracy.inputs) {
+    const int64_t id = accuracy.id;
+    accuracy.id = -1;
+    try {
+      accuracy_check_enqueue(id, std::move(*accuracy.inputs), op, *stack);
+    } catch (const std::exception& e) {
+      check_dropped(id, false);
+      warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +
+                     " could not copy its outputs: " + e.what()));
+    }
+  }
   if (cpu_check.inputs) {
     CpuCheckInputs inputs = std::move(*cpu_check.inputs);
     cpu_check.inputs.reset();

@@ -34,6 +34,16 @@ struct CpuCheckInputs {
 CpuCheckInputs cpu_check_inputs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
 void cpu_check_start(CpuCheckInputs&& in, const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
 
+// The accuracy check (OPDUMP_CHECK, accuracy_check.cpp): a call's
+// signature (op, overload, tensor dtypes and shapes, the other arguments'
+// text), the bytes of its input tensors, and, after it ran, the check of
+// call `id` queued for the checking thread with its outputs copied.
+std::string call_signature(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack,
+                           std::string_view args_text);
+uint64_t input_bytes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
+void accuracy_check_enqueue(int64_t id, CpuCheckInputs&& in, const c10::OperatorHandle& op,
+                            const std::vector<c10::IValue>& stack);
+
 // Keys that must not see the ops opdump itself runs to measure a tensor: its
 // own, autograd, autocast, user Python modes and functorch.
 c10::DispatchKeySet stats_excluded_keys();
@@ -108,9 +118,12 @@ rust::String tensor_name(const at::Tensor& t);
 // The full tensors and typed arguments of a call OPDUMP_CAPTURE chose
 // (saved_call.cpp): inputs before the op runs, outputs (the returns, or for
 // an op that returns nothing the arguments it wrote, by name) after.
-void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
+// `budgeted`: the bytes come from OPDUMP_CAPTURE_MAX_BYTES (the accuracy
+// check's captures are bounded by its own cap instead).
+void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                 bool budgeted = true);
 void save_outputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
-                  const std::vector<std::pair<std::string, c10::IValue>>& written);
+                  const std::vector<std::pair<std::string, c10::IValue>>& written, bool budgeted = true);
 
 // The autograd node the calling thread runs in backward: its forward thread
 // and sequence number. False outside a node.

@@ -17,5 +17,8 @@ int64_t distributed_rank();
 // many were measured, dropped, skipped in a capture, waited for, failed.
 bool device_flush(int64_t timeout_ms);
 rust::Vec<int64_t> device_counts();
+// The accuracy check's thread (accuracy_check.cpp): at exit, drop what is
+// queued after the check under way.
+void check_abandon();
 
 }  // namespace opdump

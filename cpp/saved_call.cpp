@@ -284,13 +284,13 @@ void json_value(std::string& out, const c10::Argument& a, const c10::IValue& v, 
 
 }  // namespace
 
-void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack, bool budgeted) {
   const auto& args = schema.arguments();
   const size_t first = stack.size() - args.size();
   int64_t bytes = 0;
   for (size_t i = 0; i < args.size(); ++i)
     for_each_tensor_indexed(stack[first + i], [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
-  if (!capture_reserve(static_cast<uint64_t>(bytes), false)) return;
+  if (budgeted && !capture_reserve(static_cast<uint64_t>(bytes), false)) return;
   c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
   std::string json = "[";
   for (size_t i = 0; i < args.size(); ++i) {
@@ -311,7 +311,7 @@ void save_inputs(OpCall& call, const c10::FunctionSchema& schema, const torch::j
 }
 
 void save_outputs(OpCall& call, const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
-                  const std::vector<std::pair<std::string, c10::IValue>>& written) {
+                  const std::vector<std::pair<std::string, c10::IValue>>& written, bool budgeted) {
   const auto& returns = schema.returns();
   std::vector<std::pair<std::string, const c10::IValue*>> outs;
   if (!returns.empty()) {
@@ -323,7 +323,7 @@ void save_outputs(OpCall& call, const c10::FunctionSchema& schema, const torch::
   int64_t bytes = 0;
   for (const auto& [name, v] : outs)
     for_each_tensor_indexed(*v, [&](const at::Tensor& t, int64_t) { bytes += bytes_of(t); });
-  if (!capture_reserve(static_cast<uint64_t>(bytes), true)) {
+  if (budgeted && !capture_reserve(static_cast<uint64_t>(bytes), true)) {
     call.capture_outputs_skipped = true;
     return;
   }

@@ -35,7 +35,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node: in node.h from torch 2.13, in function.h before
 
 #include "opdump/cpp/internal.h"
 #include "opdump/src/bridge.rs.h"

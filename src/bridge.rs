@@ -73,6 +73,9 @@ pub mod ffi {
         /// Run the call again on the CPU and measure the device's outputs
         /// against float64 (the call online compare named).
         check_on_cpu: bool,
+        /// OPDUMP_CHECK selects the op: describe the call to
+        /// `check_wanted`, which says whether it is checked.
+        check: bool,
     }
 
     /// What the CPU check of a call found (cpu_check.cpp).
@@ -86,6 +89,29 @@ pub mod ffi {
         device_err: f64,
         cpu_err: f64,
         /// Why nothing was compared, else empty.
+        why: String,
+    }
+
+    /// What the accuracy check's thread measured of one call
+    /// (accuracy_check.cpp): errors are relative L2 norms, largest over the
+    /// floating outputs; -1 where not measured.
+    struct CheckMeasure {
+        device: String,
+        dtype: String,
+        /// Device and CPU (same dtype) against float64, and device
+        /// against CPU.
+        device_err: f64,
+        cpu_err: f64,
+        device_vs_cpu: f64,
+        /// Largest distance from float64 in units in the last place.
+        device_ulp: f64,
+        cpu_ulp: f64,
+        /// The shapes of the floating inputs, each as its rank then its
+        /// sizes.
+        float_input_shapes: Vec<i64>,
+        out_numel: i64,
+        seconds: f64,
+        /// Why nothing was measured, else empty.
         why: String,
     }
 
@@ -248,6 +274,19 @@ pub mod ffi {
         fn cpu_check_done(result: CpuCheckResult);
         /// The CPU check could not start; `why` says what failed.
         fn cpu_check_failed(why: &str);
+        /// OPDUMP_CHECK, at a call whose ticket says `check`, before it
+        /// runs: the id to check it under, or -1. `bytes`: its input
+        /// tensors'.
+        fn check_wanted(op: &str, overload: &str, args: &str, signature: &str, bytes: u64) -> i64;
+        /// The checking thread measured call `id`: true when it failed
+        /// and its capture is wanted (`check_captured` follows).
+        fn check_measured(id: i64, m: &CheckMeasure) -> bool;
+        /// The capture of failed call `id`; `call.captured` false when it
+        /// could not be made.
+        fn check_captured(id: i64, call: &mut OpCall);
+        /// Call `id` is not checked after all: the op raised, or the
+        /// process is exiting.
+        fn check_dropped(id: i64, exiting: bool);
         /// The end of an `Optimizer.step` scope on this thread.
         fn optimizer_step_done();
         /// An internal failure in C++: print one line and switch opdump off.
@@ -306,6 +345,9 @@ pub mod ffi {
         /// [measured, dropped, capturing, waits on the job's thread, failed]
         /// device measurements.
         fn device_counts() -> Vec<i64>;
+        /// At exit: the accuracy check's thread drops what is queued
+        /// (check_dropped) after the check under way.
+        fn check_abandon();
     }
 }
 
@@ -321,6 +363,7 @@ pub const HOST: Host = Host {
     distributed_rank: ffi::distributed_rank,
     device_flush: ffi::device_flush,
     device_counts: ffi::device_counts,
+    check_abandon: ffi::check_abandon,
 };
 
 // ---------------------------------------------------------------------------
@@ -470,6 +513,7 @@ fn op_enter(
         capture,
         stop,
         check_on_cpu,
+        check,
     } = t;
     ffi::OpTicket {
         record,
@@ -480,6 +524,7 @@ fn op_enter(
         capture,
         stop,
         check_on_cpu,
+        check,
     }
 }
 
@@ -580,6 +625,51 @@ fn cpu_check_done(r: ffi::CpuCheckResult) {
 
 fn cpu_check_failed(why: &str) {
     opdump_engine::online::cpu_check::failed(why);
+}
+
+fn check_wanted(op: &str, overload: &str, args: &str, signature: &str, bytes: u64) -> i64 {
+    entry::check_wanted(op, overload, args, signature, bytes)
+}
+
+fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
+    let mut shapes = Vec::new();
+    let mut rest = m.float_input_shapes.as_slice();
+    while let Some((&rank, tail)) = rest.split_first() {
+        let n = usize::try_from(rank).unwrap_or(0).min(tail.len());
+        shapes.push(tail[..n].to_vec());
+        rest = &tail[n..];
+    }
+    entry::check_measured(
+        id,
+        opdump_engine::check::Measured {
+            device: m.device.clone(),
+            dtype: m.dtype.clone(),
+            device_err: m.device_err,
+            cpu_err: m.cpu_err,
+            device_vs_cpu: m.device_vs_cpu,
+            device_ulp: m.device_ulp,
+            cpu_ulp: m.cpu_ulp,
+            float_input_shapes: shapes,
+            out_numel: m.out_numel,
+            seconds: m.seconds,
+            why: m.why.clone(),
+        },
+    )
+}
+
+fn check_captured(id: i64, call: &mut ffi::OpCall) {
+    let capture = call.captured.then(|| format::Capture {
+        selector: String::new(),
+        args: std::mem::take(&mut call.capture_args),
+        tensors: call.saved.iter_mut().map(saved).collect(),
+        outputs_skipped: false,
+        file: None,
+    });
+    entry::check_captured(id, capture);
+}
+
+fn check_dropped(id: i64, exiting: bool) {
+    entry::check_dropped(id, exiting);
 }
 
 fn optimizer_step_done() {

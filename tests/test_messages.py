@@ -245,6 +245,11 @@ ELSEWHERE = {
     "names this capture file": ("tests/test_check_cli.py", "names this capture file"),
     "the check's device": ("tests/test_check_cli.py", "is no device name"),
     "the opdump command is not installed": ("tests/test_package_errors.py", "not installed"),
+    "checked against float64 on the CPU": ("tests/test_check.py", "OPDUMP_CHECK:"),
+    "OPDUMP_CHECK_SECONDS=<s> spent": ("tests/test_check.py", "OPDUMP_CHECK_SECONDS="),
+    "results could not be written": ("tests/test_check.py", "results could not be written"),
+    "OPDUMP_CHECK matched no recorded op call": ("tests/test_check.py", "OPDUMP_CHECK matched no recorded op call"),
+    "cannot write the accuracy check's results": ("tests/test_check.py", "cannot write the accuracy check's results"),
 }
 
 # What no test here or elsewhere causes, and why.
@@ -289,6 +294,12 @@ NOT_CAUSED = {
     "the headline is": "needs a later call ten times further beyond its allowance than the first; the rule is "
                        "the judge's (crates/judge, compare::headline)",
     "the CPU check of the call online compare named did not finish": "needs a CPU run of one call that takes a minute",
+    "queue (4 x OPDUMP_CHECK_MAX_BYTES=<n>) was full": "needs a signature whose every call finds the checking "
+                                                  "thread's queue full; the count is tested in crates/engine",
+    "checks unfinished at exit": "needs checks still queued after a minute at exit",
+    "writing the capture file of a failed check": "needs a disk that refuses the capture file but not the line "
+                                                   "before it",
+    "the accuracy check of <op> could not copy": "device path: needs a device copy that fails",
     "the partition device=": "needs a dump whose partition directory names no device; opdump never writes one",
     "not a file of check results opdump wrote": "needs a check file of 1 GiB",
 }

@@ -37,6 +37,10 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_CAPTURE_MAX_BYTES", "2147483648", "the most bytes of captured tensors a process saves; calls past it are not captured, and counted"),
     ("OPDUMP_REFERENCE", "(none)", "a dump of the same program on a trusted device, made with the same OPDUMP_* selection: this run is judged against it step by step as it runs, the first introduced divergence is printed, captured in the same run and written to <OPDUMP_DIR>/verdicts/"),
     ("OPDUMP_ON_DIVERGENCE", "report", "with OPDUMP_REFERENCE, once a divergence is introduced: report (go on dumping and judging) or stop (after its capture is written, the next op call raises an error that names the op, so the job ends with a nonzero status)"),
+    ("OPDUMP_CHECK", "0", "1 checks the accuracy of every distinct op call in the job itself, with no reference dump: the first calls of each signature run again on the CPU in float64 and in their own dtype, and each output is judged against float64 relative to the CPU's own error; a regex searched in `op.overload` checks only the matching ops. Results go to <OPDUMP_DIR>/checks/ (`opdump check`)"),
+    ("OPDUMP_CHECK_PER_SIGNATURE", "1", "with OPDUMP_CHECK: how many calls of each signature (op, overload, dtypes, shapes and other arguments) are checked"),
+    ("OPDUMP_CHECK_MAX_BYTES", "268435456", "with OPDUMP_CHECK: the most bytes of one call's input tensors copied to the host for its check; a call over it is not checked (no_reference); copies waiting for the checking thread stay under 4 times it, and a call that finds the queue full is checked at its next call; both counted"),
+    ("OPDUMP_CHECK_SECONDS", "300", "with OPDUMP_CHECK: the most seconds the checking thread spends on checks in a process; signatures met after that are counted, not checked. 0 is no limit"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
@@ -95,6 +99,13 @@ pub struct Config {
     /// The dump this run is judged against as it runs (OPDUMP_REFERENCE).
     pub reference: Option<PathBuf>,
     pub on_divergence: OnDivergence,
+    /// The ops whose calls are checked against a float64 CPU reference
+    /// (OPDUMP_CHECK); `None`: no check.
+    pub check: Option<Regex>,
+    pub check_per_signature: u32,
+    pub check_max_bytes: u64,
+    /// Zero: no limit.
+    pub check_budget: Duration,
 }
 
 impl Config {
@@ -142,6 +153,10 @@ impl Default for Config {
             file_mode: 0o600,
             reference: None,
             on_divergence: OnDivergence::Report,
+            check: None,
+            check_per_signature: 1,
+            check_max_bytes: 256 << 20,
+            check_budget: Duration::from_secs(300),
         }
     }
 }
@@ -195,6 +210,7 @@ const GROUPS: &[fn(&mut Config, &str, &str) -> Outcome] = &[
     set_output,
     set_queue,
     set_online,
+    set_check,
     read_elsewhere,
 ];
 
@@ -374,6 +390,42 @@ fn set_online(c: &mut Config, name: &str, v: &str) -> Outcome {
     })
 }
 
+/// The accuracy check against a float64 CPU reference.
+fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
+    Some(match name {
+        "OPDUMP_CHECK" => match parse_bool(v) {
+            Some(on) => {
+                c.check = on.then(|| Regex::new("").expect("the empty regex"));
+                Ok(())
+            }
+            None => Regex::new(v)
+                .map(|re| c.check = Some(re))
+                .map_err(|e| format!("use 1 (check every op), 0, or {}", regex_problem(e))),
+        },
+        "OPDUMP_CHECK_PER_SIGNATURE" => take(
+            parse_count(v)
+                .filter(|n| *n > 0)
+                .and_then(|n| u32::try_from(n).ok()),
+            |n| c.check_per_signature = n,
+            "a count of calls above 0 is expected, e.g. 1",
+        ),
+        "OPDUMP_CHECK_MAX_BYTES" => take(
+            parse_count(v).filter(|n| *n > 0),
+            |n| c.check_max_bytes = n,
+            "a number of bytes above 0 is expected, e.g. 268435456",
+        ),
+        "OPDUMP_CHECK_SECONDS" => take(
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s >= 0.0 && s.is_finite()),
+            |s| c.check_budget = Duration::from_secs_f64(s),
+            "a number of seconds is expected, 0 for no limit",
+        ),
+        _ => return None,
+    })
+}
+
 /// The record channel to the writer thread.
 fn set_queue(c: &mut Config, name: &str, v: &str) -> Outcome {
     Some(match name {
@@ -528,6 +580,25 @@ mod tests {
                 "give the directory of a dump",
             ),
             ("OPDUMP_ON_DIVERGENCE", "halt", "stop", "use report"),
+            (
+                "OPDUMP_CHECK",
+                "(",
+                "mm",
+                "a regular expression is expected",
+            ),
+            (
+                "OPDUMP_CHECK_PER_SIGNATURE",
+                "-1",
+                "3",
+                "a count of calls above 0",
+            ),
+            (
+                "OPDUMP_CHECK_MAX_BYTES",
+                "0",
+                "1024",
+                "a number of bytes above 0",
+            ),
+            ("OPDUMP_CHECK_SECONDS", "soon", "5", "a number of seconds"),
             ("OPDUMP_FILE_MODE", "200", "640", "octal permission bits"),
         ];
         for (name, bad, good, accepted) in cases {

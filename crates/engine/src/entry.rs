@@ -80,6 +80,54 @@ pub fn control_step() -> i64 {
     runtime::guarded(0, recorder::explicit_step)
 }
 
+/// OPDUMP_CHECK, at a call before it runs: the id to check it under, or -1.
+pub fn check_wanted(op: &str, overload: &str, args: &str, signature: &str, bytes: u64) -> i64 {
+    catch_unwind(AssertUnwindSafe(|| {
+        recorder::check_wanted(op, overload, args, signature, bytes)
+    }))
+    .unwrap_or_else(|_| {
+        runtime::fail("internal error deciding an accuracy check");
+        -1
+    })
+}
+
+/// The checking thread measured call `id`: true when its capture is wanted.
+pub fn check_measured(id: i64, m: crate::check::Measured) -> bool {
+    catch_unwind(AssertUnwindSafe(|| {
+        crate::check::get().is_some_and(|c| c.measured(id, m))
+    }))
+    .unwrap_or_else(|_| {
+        runtime::fail("internal error judging an accuracy check");
+        false
+    })
+}
+
+/// The capture of a failed check, or `None`.
+pub fn check_captured(id: i64, capture: Option<opdump_format::Capture>) {
+    if catch_unwind(AssertUnwindSafe(|| {
+        if let Some(c) = crate::check::get() {
+            c.captured(id, capture);
+        }
+    }))
+    .is_err()
+    {
+        runtime::fail("internal error writing an accuracy check");
+    }
+}
+
+/// A check that will not be made after all.
+pub fn check_dropped(id: i64, exiting: bool) {
+    if catch_unwind(AssertUnwindSafe(|| {
+        if let Some(c) = crate::check::get() {
+            c.dropped(id, exiting);
+        }
+    }))
+    .is_err()
+    {
+        runtime::fail("internal error dropping an accuracy check");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,9 @@ pub struct Host {
     /// [measured, dropped, capturing, waits on the job's thread, failed]
     /// device measurements.
     pub device_counts: fn() -> Vec<i64>,
+    /// At exit: the accuracy check's thread drops what is queued after the
+    /// check under way.
+    pub check_abandon: fn(),
 }
 
 impl Host {
@@ -35,6 +38,7 @@ impl Host {
         distributed_rank: || -1,
         device_flush: |_| true,
         device_counts: Vec::new,
+        check_abandon: || {},
     };
 }
 

@@ -13,6 +13,9 @@
 //! - [`modules`]: the module path of a call, and the forward call behind a
 //!   backward one;
 //! - [`sink`]: the bounded channel and the writer thread;
+//! - [`check`]: the accuracy check of each distinct call against a float64
+//!   CPU reference (`OPDUMP_CHECK`);
+//! - [`jsonl`]: the JSON-lines files beside the Parquet files;
 //! - [`online`]: this run judged against a reference dump while it runs
 //!   (`OPDUMP_REFERENCE`), on a thread of its own;
 //! - [`runtime`]: process-wide state, signals, fork, exit, and the
@@ -24,9 +27,11 @@
 //! Unit tests run here in milliseconds, without torch.
 
 pub mod capture;
+pub mod check;
 pub mod config;
 pub mod entry;
 pub mod host;
+pub mod jsonl;
 pub mod modules;
 pub mod names;
 pub mod online;

@@ -41,6 +41,9 @@ pub struct Ticket {
     /// Run the call again on the CPU to say which device is off (the call
     /// online compare named; `online::cpu_check`).
     pub check_on_cpu: bool,
+    /// OPDUMP_CHECK selects the call's op: C++ describes the call to
+    /// [`check_wanted`].
+    pub check: bool,
 }
 
 impl Ticket {
@@ -53,6 +56,7 @@ impl Ticket {
         capture: false,
         stop: false,
         check_on_cpu: false,
+        check: false,
     };
 }
 
@@ -267,8 +271,48 @@ pub(crate) fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) 
             capture: chosen.is_some(),
             stop: depth == 0 && crate::online::stop::take(stop_ready),
             check_on_cpu: check_on_cpu(chosen, op),
+            check: record && rt.is_some_and(|rt| checks_op(rt, op, overload)),
         }
     })
+}
+
+/// Whether OPDUMP_CHECK selects the op, in the process that installed the
+/// check (a forked child checks nothing).
+fn checks_op(rt: &runtime::Runtime, op: &str, overload: &str) -> bool {
+    let (Some(re), Some(c)) = (&rt.config.check, crate::check::get()) else {
+        return false;
+    };
+    c.is_of_process(runtime::pid())
+        && (re.as_str().is_empty() || re.is_match(&format!("{op}.{overload}")))
+}
+
+/// OPDUMP_CHECK, for the call on top of this thread's stack, before it
+/// runs: the id to check it under, or -1.
+pub(crate) fn check_wanted(
+    op: &str,
+    overload: &str,
+    args: &str,
+    signature: &str,
+    bytes: u64,
+) -> i64 {
+    let Some(checks) = crate::check::get() else {
+        return -1;
+    };
+    let Some(top) = STACK.with(|cell| cell.borrow().frames.last().copied()) else {
+        return -1;
+    };
+    let Some(seq) = top.seq else { return -1 };
+    let call = crate::check::CallInfo {
+        op: op.to_string(),
+        overload: overload.to_string(),
+        args: args.to_string(),
+        module: top.module.and_then(modules::path).map(str::to_string),
+        phase: top.phase,
+        step: top.step,
+        seq,
+        rank: runtime::rank(),
+    };
+    checks.wanted(signature, bytes, call)
 }
 
 /// A stop waits for the capture of the named call and its CPU check. When

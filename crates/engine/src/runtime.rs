@@ -150,6 +150,18 @@ pub fn init(host: Host) {
         parsed.config.capture.clone(),
         parsed.config.capture_max_bytes,
     ));
+    if parsed.config.check.is_some() {
+        crate::check::install(crate::check::Checks::new(crate::check::Settings {
+            per_signature: parsed.config.check_per_signature,
+            max_bytes: parsed.config.check_max_bytes,
+            budget: parsed.config.check_budget,
+            dir: dir.clone(),
+            pid: pid(),
+            file_mode: parsed.config.file_mode,
+            dir_mode: parsed.config.dir_mode(),
+            say,
+        }));
+    }
     let _ = RUNTIME.set(Runtime {
         config: parsed.config,
         config_ok,
@@ -434,6 +446,7 @@ extern "C" fn at_exit() {
         if !online::cpu_check::wait(FLUSH_WAIT) {
             say("the CPU check of the call online compare named did not finish within 60 s at exit; its verdict is missing");
         }
+        finish_checks();
         if !flush_device() {
             say("device statistics did not all come back within 60 s at exit; their op calls are missing. Check that the device is not hung, or measure synchronously with OPDUMP_DEVICE_SYNC=1");
         }
@@ -467,6 +480,20 @@ extern "C" fn at_exit() {
             unsafe { libc::_exit(1) };
         }
     }));
+}
+
+/// OPDUMP_CHECK at exit: the checks under way finish (queued ones are
+/// dropped after FLUSH_WAIT), then the summary.
+fn finish_checks() {
+    let Some(c) = crate::check::get() else { return };
+    if !c.is_of_process(pid()) {
+        return;
+    }
+    if !c.wait(FLUSH_WAIT) {
+        (host::get().check_abandon)();
+        c.wait(Duration::from_secs(10));
+    }
+    c.finish();
 }
 
 /// What OPDUMP_CAPTURE saved, said once at exit: a selector that matched

@@ -1,0 +1,571 @@
+//! The accuracy check (`OPDUMP_CHECK`): the first calls of each distinct
+//! signature run again on the CPU, in float64 and in their own dtype, and
+//! each output on the device is judged against float64 relative to the
+//! CPU's own error (`opdump_judge::check`). No reference dump is needed.
+//!
+//! The work is split as for every call:
+//! - at the call (the job's thread): [`Checks::wanted`] decides from the
+//!   signature C++ describes; C++ then copies the inputs to the host before
+//!   the op runs, and the outputs after;
+//! - on C++'s checking thread (`cpp/accuracy_check.cpp`): the two CPU runs
+//!   and the measures, handed back as [`Measured`];
+//! - here: the verdict, the capture file of a failed call, and one line in
+//!   `<OPDUMP_DIR>/checks/rank=<R>/part-<pid>.jsonl` ([`row`]).
+//!
+//! Bounded three ways, each counted and reported at exit: one call's
+//! tensors over `OPDUMP_CHECK_MAX_BYTES` are not copied; copies waiting for
+//! the checking thread stay under [`QUEUE_CALLS`] times that (a call that
+//! finds the queue full is checked at its next call); the checking thread
+//! spends at most `OPDUMP_CHECK_SECONDS`.
+
+pub mod row;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use opdump_format::{capture as capture_file, Capture, OpRecord, Phase};
+use opdump_judge::check::{self as rule, CheckVerdict};
+use opdump_judge::metrics::reduction_length_of_shapes;
+use opdump_judge::opclass::{classify, OpClass};
+
+use crate::jsonl::JsonLines;
+use row::{CheckRow, SummaryRow};
+
+/// The copies waiting for the checking thread stay under this many times
+/// OPDUMP_CHECK_MAX_BYTES: a burst of large calls (a forward pass) queues
+/// while the thread works through them.
+pub const QUEUE_CALLS: u64 = 4;
+
+/// What the check needs from the configuration and the process.
+pub struct Settings {
+    pub per_signature: u32,
+    pub max_bytes: u64,
+    /// Zero: no limit.
+    pub budget: Duration,
+    pub dir: PathBuf,
+    pub pid: i32,
+    pub file_mode: u32,
+    pub dir_mode: u32,
+    /// One `opdump:` line on stderr.
+    pub say: fn(&str),
+}
+
+/// Where a call ran, as the recorder knows it at the call.
+#[derive(Clone, Debug)]
+pub struct CallInfo {
+    pub op: String,
+    pub overload: String,
+    pub args: String,
+    pub module: Option<String>,
+    pub phase: Phase,
+    pub step: i64,
+    pub seq: i64,
+    pub rank: u32,
+}
+
+/// What the checking thread measured of one call (`cpp/accuracy_check.cpp`).
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    pub device: String,
+    pub dtype: String,
+    pub device_err: f64,
+    pub cpu_err: f64,
+    pub device_vs_cpu: f64,
+    /// Negative: not measured.
+    pub device_ulp: f64,
+    pub cpu_ulp: f64,
+    /// The shapes of the call's floating inputs, in argument order.
+    pub float_input_shapes: Vec<Vec<i64>>,
+    /// The first output's number of elements.
+    pub out_numel: i64,
+    /// Seconds the checking thread spent on the call.
+    pub seconds: f64,
+    /// Why nothing was measured; empty when it was.
+    pub why: String,
+}
+
+struct Pending {
+    call: CallInfo,
+    signature: String,
+    charge: u64,
+    /// The row, once measured, while its capture is made.
+    row: Option<CheckRow>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Checks started per signature.
+    started: HashMap<String, u32>,
+    /// Signatures met and not checked for the budget or a full queue.
+    skipped_budget: HashSet<String>,
+    skipped_busy: HashSet<String>,
+    pending: HashMap<i64, Pending>,
+    pending_bytes: u64,
+    next_id: i64,
+    spent: f64,
+    summary: SummaryRow,
+}
+
+#[derive(Default)]
+struct Output {
+    file: Option<JsonLines>,
+    /// The file could not be made: said once, nothing more is tried.
+    refused: bool,
+    next_capture: u64,
+    rank: Option<u32>,
+}
+
+/// The state of the check in this process.
+pub struct Checks {
+    settings: Settings,
+    state: Mutex<State>,
+    out: Mutex<Output>,
+}
+
+impl Checks {
+    pub fn new(settings: Settings) -> Self {
+        Checks {
+            settings,
+            state: Mutex::new(State::default()),
+            out: Mutex::new(Output::default()),
+        }
+    }
+
+    /// Whether this is the process that installed the check.
+    pub fn is_of_process(&self, pid: i32) -> bool {
+        self.settings.pid == pid
+    }
+
+    /// At a call whose op OPDUMP_CHECK selects: whether to check it, as an
+    /// id for the checking thread (`-1`: no). `bytes`: its input tensors'.
+    pub fn wanted(&self, signature: &str, bytes: u64, call: CallInfo) -> i64 {
+        let Ok(mut s) = self.state.lock() else {
+            return -1;
+        };
+        let started = s.started.get(signature).copied().unwrap_or(0);
+        if started >= self.settings.per_signature {
+            return -1;
+        }
+        let budget = self.settings.budget;
+        if !budget.is_zero() && s.spent >= budget.as_secs_f64() {
+            s.skipped_budget.insert(signature.to_string());
+            return -1;
+        }
+        let class = classify(&call.op);
+        let over_cap = bytes > self.settings.max_bytes;
+        let refused = match rule::no_reference_for(&call.op, class) {
+            Some(why) => Some(why.to_string()),
+            None if over_cap => Some(format!(
+                "its input tensors take {bytes} bytes, over OPDUMP_CHECK_MAX_BYTES={}",
+                self.settings.max_bytes
+            )),
+            None => None,
+        };
+        if let Some(reason) = refused {
+            s.started
+                .insert(signature.to_string(), self.settings.per_signature);
+            if reason.contains("OPDUMP_CHECK_MAX_BYTES") {
+                s.summary.skipped_bytes += 1;
+            }
+            s.summary.no_reference += 1;
+            drop(s);
+            let row = CheckRow {
+                verdict: CheckVerdict::NoReference.as_str(),
+                reason: Some(reason),
+                ..base_row(signature, &call)
+            };
+            self.write(&row);
+            return -1;
+        }
+        // The host copies: as they are, in float64, and the outputs.
+        let charge = bytes.saturating_mul(4);
+        let queue_cap = self.settings.max_bytes.saturating_mul(QUEUE_CALLS);
+        if s.pending_bytes > 0 && s.pending_bytes.saturating_add(charge) > queue_cap {
+            s.skipped_busy.insert(signature.to_string());
+            return -1;
+        }
+        s.started.insert(signature.to_string(), started + 1);
+        s.pending_bytes += charge;
+        s.next_id += 1;
+        let id = s.next_id;
+        s.pending.insert(
+            id,
+            Pending {
+                call,
+                signature: signature.to_string(),
+                charge,
+                row: None,
+            },
+        );
+        id
+    }
+
+    /// The checking thread measured call `id`. True when the call failed
+    /// and its capture file is wanted: [`Checks::captured`] follows.
+    pub fn measured(&self, id: i64, m: Measured) -> bool {
+        let Ok(mut s) = self.state.lock() else {
+            return false;
+        };
+        s.spent += m.seconds.max(0.0);
+        let Some(p) = s.pending.get_mut(&id) else {
+            return false;
+        };
+        let row = judge(&p.signature, &p.call, &m);
+        let failed = row.verdict == CheckVerdict::Fail.as_str();
+        if failed {
+            p.row = Some(row);
+            return true;
+        }
+        let p = s.pending.remove(&id).expect("present");
+        s.pending_bytes -= p.charge;
+        count(&mut s.summary, &row);
+        drop(s);
+        self.write(&row);
+        false
+    }
+
+    /// The capture of failed call `id` (its inputs as they were before it
+    /// ran, its outputs on the device), or `None` when it could not be
+    /// made: the capture file, then the call's line naming it.
+    pub fn captured(&self, id: i64, capture: Option<Capture>) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        let Some(p) = s.pending.remove(&id) else {
+            return;
+        };
+        s.pending_bytes -= p.charge;
+        let Some(mut row) = p.row else { return };
+        count(&mut s.summary, &row);
+        drop(s);
+        if let Some(c) = capture {
+            row.capture = self.write_capture(&p.call, c);
+        }
+        self.write(&row);
+    }
+
+    /// Call `id` was not checked after all: the op raised (the signature
+    /// is checked at its next call), or the process is exiting.
+    pub fn dropped(&self, id: i64, exiting: bool) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        let Some(p) = s.pending.remove(&id) else {
+            return;
+        };
+        s.pending_bytes -= p.charge;
+        if exiting {
+            s.summary.unfinished += 1;
+        } else if let Some(n) = s.started.get_mut(&p.signature) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Whether no check is under way.
+    pub fn idle(&self) -> bool {
+        self.state
+            .lock()
+            .map(|s| s.pending.is_empty())
+            .unwrap_or(true)
+    }
+
+    /// Waits at most `timeout` for the checks under way.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !self.idle() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// At exit: the summary line in the file and one `opdump:` line.
+    pub fn finish(&self) {
+        let Ok(s) = self.state.lock() else { return };
+        let mut summary = s.summary.clone();
+        summary.kind = "summary";
+        summary.pid = self.settings.pid;
+        summary.signatures = s.started.len() as u64
+            + s.skipped_budget
+                .iter()
+                .filter(|k| !s.started.contains_key(*k))
+                .count() as u64
+            + s.skipped_busy
+                .iter()
+                .filter(|k| !s.started.contains_key(*k) && !s.skipped_budget.contains(*k))
+                .count() as u64;
+        summary.skipped_budget = s
+            .skipped_budget
+            .iter()
+            .filter(|k| !s.started.contains_key(*k))
+            .count() as u64;
+        summary.skipped_busy = s
+            .skipped_busy
+            .iter()
+            .filter(|k| !s.started.contains_key(*k) && !s.skipped_budget.contains(*k))
+            .count() as u64;
+        summary.seconds = s.spent;
+        drop(s);
+        if summary.signatures == 0 {
+            (self.settings.say)(
+                "OPDUMP_CHECK matched no recorded op call, so nothing was checked. It checks the calls that are recorded: \
+                 widen OPDUMP_INCLUDE, OPDUMP_STEPS or the OPDUMP_CHECK regex",
+            );
+            return;
+        }
+        let written = {
+            let mut out = self.out.lock().ok();
+            summary.rank = out.as_ref().and_then(|o| o.rank).unwrap_or(0);
+            out.as_mut().map(|o| self.append(o, &summary))
+        };
+        if written == Some(false) {
+            summary.write_failures += 1;
+        }
+        (self.settings.say)(&exit_line(&summary, &self.settings));
+    }
+
+    fn write(&self, row: &CheckRow) {
+        let ok = match self.out.lock() {
+            Ok(mut out) => {
+                out.rank.get_or_insert(row.rank);
+                self.append(&mut out, row)
+            }
+            Err(_) => false,
+        };
+        if !ok {
+            if let Ok(mut s) = self.state.lock() {
+                s.summary.write_failures += 1;
+            }
+        }
+    }
+
+    /// Appends a line, making the file at the first; false when it could
+    /// not be written.
+    fn append(&self, out: &mut Output, line: &impl serde::Serialize) -> bool {
+        self.append_ready(out) && out.file.as_mut().is_some_and(|f| f.append(line).is_ok())
+    }
+
+    /// Writes the capture file of a failed call beside the check's lines;
+    /// its path relative to OPDUMP_DIR, or `None` (counted).
+    fn write_capture(&self, call: &CallInfo, capture: Capture) -> Option<String> {
+        let rec = OpRecord {
+            seq: call.seq,
+            parent_seq: None,
+            depth: 0,
+            pid: self.settings.pid,
+            thread: 0,
+            step: call.step,
+            phase: call.phase,
+            op: call.op.clone().into(),
+            overload: call.overload.clone().into(),
+            args: call.args.clone(),
+            start_ns: 0,
+            duration_ns: 0,
+            error: None,
+            module: call.module.clone().map(Into::into),
+            fwd_seq: None,
+            source: None,
+            tensors: Vec::new(),
+            capture: Some(capture),
+        };
+        let written = capture_file::serialize(&rec)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                let mut out = self
+                    .out
+                    .lock()
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::Other))?;
+                out.rank.get_or_insert(call.rank);
+                if !self.append_ready(&mut out) {
+                    // Said once already: the results cannot be written at all.
+                    return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+                }
+                loop {
+                    let name = capture_file::file_name(self.settings.pid, out.next_capture);
+                    out.next_capture += 1;
+                    let file = out.file.as_mut().expect("made above");
+                    match file.write_beside(&name, &bytes) {
+                        Ok(_) => {
+                            return Ok(format!("checks/rank={}/{name}", out.rank.unwrap_or(0)))
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            });
+        match written {
+            Ok(path) => Some(path),
+            Err(e) => {
+                if let Ok(mut s) = self.state.lock() {
+                    s.summary.write_failures += 1;
+                }
+                let said = self.out.lock().map(|o| o.refused).unwrap_or(true);
+                if !said {
+                    (self.settings.say)(&format!(
+                        "writing the capture file of a failed check of {} failed ({e}); its line names no file. Free space under OPDUMP_DIR",
+                        call.op
+                    ));
+                }
+                None
+            }
+        }
+    }
+
+    /// Makes the file if it is not there yet (said once when it cannot
+    /// be); whether it is there.
+    fn append_ready(&self, out: &mut Output) -> bool {
+        if out.file.is_none() && !out.refused {
+            let s = &self.settings;
+            match JsonLines::create(
+                &s.dir,
+                "checks",
+                out.rank.unwrap_or(0),
+                s.pid,
+                s.file_mode,
+                s.dir_mode,
+            ) {
+                Ok(f) => out.file = Some(f),
+                Err(e) => {
+                    out.refused = true;
+                    (s.say)(&format!(
+                        "cannot write the accuracy check's results under {}/checks ({e}); the checks' verdicts are lost. \
+                         Free space or fix the permissions under OPDUMP_DIR",
+                        s.dir.display()
+                    ));
+                }
+            }
+        }
+        out.file.is_some()
+    }
+}
+
+fn base_row(signature: &str, call: &CallInfo) -> CheckRow {
+    CheckRow {
+        kind: "check",
+        signature: signature.to_string(),
+        op: call.op.clone(),
+        overload: call.overload.clone(),
+        args: call.args.clone(),
+        module: call.module.clone(),
+        phase: call.phase.as_str(),
+        step: call.step,
+        seq: call.seq,
+        rank: call.rank,
+        ..CheckRow::default()
+    }
+}
+
+fn count(summary: &mut SummaryRow, row: &CheckRow) {
+    match row.verdict {
+        "pass" => summary.passed += 1,
+        "fail" => summary.failed += 1,
+        _ => summary.no_reference += 1,
+    }
+    if row.verdict != "no_reference" {
+        summary.checked += 1;
+    }
+}
+
+/// The verdict of a measured call (`opdump_judge::check`).
+fn judge(signature: &str, call: &CallInfo, m: &Measured) -> CheckRow {
+    let mut row = CheckRow {
+        device: m.device.clone(),
+        dtype: m.dtype.clone(),
+        ..base_row(signature, call)
+    };
+    if !m.why.is_empty() {
+        row.verdict = CheckVerdict::NoReference.as_str();
+        row.reason = Some(m.why.clone());
+        return row;
+    }
+    let class = classify(&call.op);
+    let shapes: Vec<&[i64]> = m.float_input_shapes.iter().map(Vec::as_slice).collect();
+    let k = reduction_length_of_shapes(&call.op, class, &shapes, m.out_numel);
+    let against_cpu = m.device_vs_cpu / rule::error_floor(&m.dtype, k);
+    let mut ratio = if m.device_err.is_nan() && m.cpu_err.is_nan() {
+        // Both overflow where float64 does not (float16, say): the device
+        // is judged by how near it is to the CPU at the same precision.
+        if against_cpu.is_nan() {
+            f64::INFINITY
+        } else {
+            against_cpu
+        }
+    } else {
+        rule::ratio(m.device_err, m.cpu_err, &m.dtype, k)
+    };
+    // A discontinuous op (a floor, a comparison) may land on the other side
+    // of a step in float64: matching the CPU at the same precision is right.
+    if class == OpClass::Discontinuous && against_cpu.is_finite() {
+        ratio = ratio.min(against_cpu);
+    }
+    if m.device_err.is_nan() && CheckVerdict::of_ratio(ratio) == CheckVerdict::Fail {
+        row.reason =
+            Some("the device's output holds NaN or infinity where the CPU's does not".to_string());
+    }
+    // JSON has no infinity: the largest finite ratio stands for it.
+    let ratio = ratio.min(f64::MAX);
+    let known = |v: f64| (v >= 0.0).then_some(v.min(f64::MAX));
+    row.device_err = known(m.device_err);
+    row.cpu_err = known(m.cpu_err);
+    row.device_vs_cpu = known(m.device_vs_cpu);
+    row.ratio = Some(ratio);
+    if rule::reports_ulp(class) {
+        row.device_ulp = (m.device_ulp >= 0.0).then_some(m.device_ulp);
+        row.cpu_ulp = (m.cpu_ulp >= 0.0).then_some(m.cpu_ulp);
+    }
+    row.reduction_len = (k > 1.0).then_some(k);
+    row.verdict = CheckVerdict::of_ratio(ratio).as_str();
+    row
+}
+
+fn exit_line(s: &SummaryRow, settings: &Settings) -> String {
+    let mut line = format!(
+        "OPDUMP_CHECK: {} signature{}, {} call{} checked against float64 on the CPU: {} failed, {} passed, {} without a reference",
+        s.signatures,
+        if s.signatures == 1 { "" } else { "s" },
+        s.checked,
+        if s.checked == 1 { "" } else { "s" },
+        s.failed,
+        s.passed,
+        s.no_reference
+    );
+    if s.skipped_budget > 0 {
+        line += &format!(
+            "; {} signatures not checked: OPDUMP_CHECK_SECONDS={} spent, raise it to check them",
+            s.skipped_budget,
+            settings.budget.as_secs_f64()
+        );
+    }
+    if s.skipped_busy > 0 {
+        line += &format!(
+            "; {} signatures not checked: the checking thread's queue (4 x OPDUMP_CHECK_MAX_BYTES={}) was full at each call, raise it or run more steps",
+            s.skipped_busy, settings.max_bytes
+        );
+    }
+    if s.unfinished > 0 {
+        line += &format!("; {} checks unfinished at exit", s.unfinished);
+    }
+    if s.write_failures > 0 {
+        line += &format!("; {} results could not be written", s.write_failures);
+    }
+    line + &format!(". See them with: opdump check {}", settings.dir.display())
+}
+
+static CHECKS: OnceLock<Checks> = OnceLock::new();
+
+/// Set once, when dumping first starts with OPDUMP_CHECK on.
+pub fn install(c: Checks) -> &'static Checks {
+    CHECKS.get_or_init(|| c)
+}
+
+/// The check, when OPDUMP_CHECK is on and dumping has started.
+pub fn get() -> Option<&'static Checks> {
+    CHECKS.get()
+}
+
+#[cfg(test)]
+mod tests;
