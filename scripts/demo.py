@@ -13,6 +13,8 @@ answer offline, with the full report.
     scripts/demo.sh --offline                         # two plain dumps, compared afterwards only
     scripts/demo.sh --repro                           # then the manual loop: both runs again capturing
                                                       # the call compare named, and opdump repro
+    scripts/demo.sh --check                           # one device, no reference: the accuracy check
+                                                      # (OPDUMP_CHECK=1) names the faulted op
 """
 
 import argparse
@@ -92,6 +94,9 @@ def main():
                     help="dump both runs plainly; no judging against the reference while the second runs")
     ap.add_argument("--repro", action="store_true",
                     help="then capture the first introduced call in both runs and reproduce it (opdump repro)")
+    ap.add_argument("--check", action="store_true",
+                    help="one run on the second device only, with the accuracy check (OPDUMP_CHECK=1) and no "
+                         "reference: each distinct op call is run again on the CPU, and opdump check names the faulted op")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -104,6 +109,8 @@ def main():
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
+    if args.check:
+        sys.exit(check_one_device(devices[1], out, fault))
     print(f"TinyLM (d=128, 2 blocks, AdamW), {args.steps} steps on {devices[0]} and {devices[1]}")
     if fault and any(d.startswith("testdev") for d in devices):
         print(f"planted fault on testdev: {fault}")
@@ -143,6 +150,20 @@ def main():
         if code != 0:
             sys.exit(code)
     sys.exit(0 if p.returncode in (0, 1, 3) else p.returncode)
+
+
+def check_one_device(device, out, fault):
+    """The accuracy check: one run, no reference dump; then `opdump check`."""
+    print(f"TinyLM (d=128, 2 blocks, AdamW), 2 steps on {device} alone, with OPDUMP_CHECK=1")
+    if fault and device.startswith("testdev"):
+        print(f"planted fault on testdev: {fault}")
+    print("  each distinct op call runs again on the CPU, in float64 and in its own dtype, on opdump's own thread")
+    (out / "check").mkdir(exist_ok=True)
+    dump, res = run_device(device, out / "check", 2, fault, env_extra={"OPDUMP_CHECK": "1"})
+    print(f"  {device:>10}: losses {['%.6f' % l for l in res['losses']]}  -> {dump}")
+    print(f"\n$ opdump check {dump.name}", flush=True)
+    p = subprocess.run([str(TARGET / "opdump"), "check", str(dump)])
+    return 0 if p.returncode in (0, 1) else p.returncode
 
 
 def print_online_verdict(dump):
