@@ -208,15 +208,16 @@ def test_nothing_is_launched_or_waited_on_while_the_stream_captures(run):
 
 
 def test_a_full_pool_of_pending_results_follows_the_queue_rules(run):
-    """opdump-device waits 1 s per batch (TESTDEV_SYNC_US): the job fills
+    """opdump-device waits 3 s per batch (TESTDEV_SYNC_US): the job fills
     the pool of pending results. With `drop` the measurements that find no
     room are dropped, counted and written with their status; with `block`
     the job waits instead, counted, and nothing is dropped.
 
-    The pool drains one batch (256 measurements) a second, so the job fills
-    it unless it measures fewer than 256 tensors a second. With 200 ms a
-    batch, a job slowed by a loaded machine (two other busy processes on two
-    cores) kept pace with the drain and dropped nothing."""
+    The pool drains one batch (256 measurements) in 3 s, so the job fills it
+    unless it measures fewer than 86 tensors a second. With 200 ms a batch, a
+    job slowed by a loaded machine (two other busy processes on two cores)
+    kept pace with the drain and dropped nothing; with 1 s, one on a machine
+    with a load of 9 on two cores did too."""
     job = """
     x = torch.randn(64, 64).to("testdev")
     testdev.set_job_thread()
@@ -228,14 +229,14 @@ def test_a_full_pool_of_pending_results_follows_the_queue_rules(run):
     """
     # Statistics only (OPDUMP_SKETCH=0): the launches of fingerprints and
     # sketches would slow the job below the pace that fills the pool.
-    dropping = run(job, testdev=True, OPDUMP_QUEUE_FULL="drop", TESTDEV_SYNC_US="1000000", OPDUMP_SKETCH="0")
+    dropping = run(job, testdev=True, OPDUMP_QUEUE_FULL="drop", TESTDEV_SYNC_US="3000000", OPDUMP_SKETCH="0")
     assert dropping.returncode == 0, dropping.stderr
     measured, dropped, _, waits, failed = dropping.result()
     t = dropping.table()
     assert dropped > 0 and waits == 0 and failed == 0
     assert (t.stats_status == "dropped").sum() == dropped
     assert (t.stats_status == "computed").sum() >= measured > 0
-    blocking = run(job, testdev=True, TESTDEV_SYNC_US="1000000", OPDUMP_SKETCH="0")
+    blocking = run(job, testdev=True, TESTDEV_SYNC_US="3000000", OPDUMP_SKETCH="0")
     assert blocking.returncode == 0, blocking.stderr
     measured, dropped, _, waits, failed = blocking.result()
     assert dropped == 0 and waits > 0 and failed == 0
