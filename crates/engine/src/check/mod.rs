@@ -218,8 +218,9 @@ impl Checks {
             p.row = Some(row);
             return true;
         }
-        let p = s.pending.remove(&id).expect("present");
-        s.pending_bytes -= p.charge;
+        if let Some(p) = s.pending.remove(&id) {
+            s.pending_bytes -= p.charge;
+        }
         count(&mut s.summary, &row);
         drop(s);
         self.write(&row);
@@ -387,7 +388,9 @@ impl Checks {
                 loop {
                     let name = capture_file::file_name(self.settings.pid, out.next_capture);
                     out.next_capture += 1;
-                    let file = out.file.as_mut().expect("made above");
+                    let Some(file) = out.file.as_mut() else {
+                        return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+                    };
                     match file.write_beside(&name, &bytes) {
                         Ok(_) => {
                             return Ok(format!("checks/rank={}/{name}", out.rank.unwrap_or(0)))
