@@ -19,7 +19,7 @@ pub fn render(r: &CheckReport) -> String {
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump check</title><style>\
          body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
          td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}td.l{text-align:left}code{font-size:12px}.fail td{background:#fff0ee}\
+         th{background:#f5f5f5}td.l{text-align:left}code{font-size:12px}td.cmd{text-align:left;word-break:break-all}.fail td{background:#fff0ee}\
          .unfinished td{background:#fffbe6}p.verdict{font-size:16px}.bad{color:#b00}</style></head><body>",
     );
     let _ = write!(
@@ -54,7 +54,7 @@ pub fn render(r: &CheckReport) -> String {
                 o,
                 "<tr class=\"fail\"><td>{}</td><td class=\"l\"><code>{}</code></td><td class=\"l\"><code>{}</code></td>\
                  <td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\"><code>{}</code></td></tr>",
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"cmd\"><code>{}</code></td></tr>",
                 k + 1,
                 esc(&f.signature),
                 esc(f.module.as_deref().unwrap_or("-")),
