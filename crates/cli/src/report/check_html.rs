@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::check::{count, count_line, rank_list, CheckReport, FAIL_RATIO};
-use super::html::esc;
+use super::html::{end_page, esc};
 use super::terminal::{num, thousands};
 
 fn opt(v: Option<f64>) -> String {
@@ -115,13 +115,6 @@ pub fn render(r: &CheckReport) -> String {
         );
     }
     o.push_str("</table>");
-    if !r.notes.is_empty() {
-        o.push_str("<h2>Notes</h2><ul>");
-        for n in &r.notes {
-            let _ = write!(o, "<li>{}</li>", esc(n));
-        }
-        o.push_str("</ul>");
-    }
-    o.push_str("</body></html>\n");
+    end_page(&mut o, &r.notes);
     o
 }

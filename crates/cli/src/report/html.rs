@@ -1002,15 +1002,20 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
     o.push_str("</table>");
     only_section(&mut o, "A", &r.only_in_a);
     only_section(&mut o, "B", &r.only_in_b);
-    if !r.notes.is_empty() {
+    end_page(&mut o, &r.notes);
+    o
+}
+
+/// The notes section, when there are notes, and the end of the page.
+pub fn end_page(o: &mut String, notes: &[String]) {
+    if !notes.is_empty() {
         o.push_str("<h2>Notes</h2><ul>");
-        for n in &r.notes {
+        for n in notes {
             let _ = write!(o, "<li>{}</li>", esc(n));
         }
         o.push_str("</ul>");
     }
     o.push_str("</body></html>\n");
-    o
 }
 
 /// The page of `compare --rank all` (or a set of ranks): the fleet verdict
