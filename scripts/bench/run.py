@@ -31,13 +31,22 @@ online compare).
 the variables in its environment, e.g. on-passive=on,OMP_WAIT_POLICY=PASSIVE.
 
 Then the device tables: the TinyLM step on the test device `testdev`, with a
-simulated cost per host wait (TESTDEV_SYNC_US), one table per way testdev runs
+simulated cost per host wait (TESTDEV_SYNC_US, --testdev-sync-us, default 20 µs)
+and per kernel launch (TESTDEV_LAUNCH_US, --testdev-launch-us, default 5 µs; every
+configuration, the baseline too, pays it), one table per way testdev runs
 (TESTDEV_SETTINGS: with kernels of its own and a fused statistics kernel; with
 ATen reductions for the statistics, as on CUDA; with its CPU fallback seen),
 in the configurations
   baseline, off, on  as above
   on-sync     OPDUMP=1 OPDUMP_DEVICE_SYNC=1 (the job's thread waits for every measured tensor)
+  on-sketch   OPDUMP=1 OPDUMP_SKETCH=16 (statistics with fingerprint and sketch)
   on-before   OPDUMP=1 with the library given by --before-lib (an earlier build, for before/after)
+Under each device table a second one gives, per dumping configuration, over
+the timed steps and the final flush: the device tensors opdump measured a step
+(torch.ops.opdump.device_stats()[0]), opdump's launches per measured tensor
+(testdev's "observer" launches: those made with opdump's dispatch key
+excluded, i.e. its statistics work) and the job's thread's time per measured
+tensor ((median step time - baseline's) / measured tensors a step).
 
 Then the parts: the writer alone (scripts/bench/writer-bench) and
 `opdump compare` on two synthetic dumps of 1,000,000 op calls each.
@@ -76,7 +85,7 @@ WORKLOADS = {
     "testdev": dict(d=128, layers=2, heads=4, seq=32, batch=16, vocab=512, device="testdev"),
 }
 CONFIGS = ["baseline", "off", "hook-only", "on", "on-noreuse", "peer", "msprobe"]
-DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-before"]
+DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-sketch", "on-before"]
 # How testdev runs, for the device tables: (title, environment).
 TESTDEV_SETTINGS = {
     "fused": ("testdev with kernels of its own and a fused statistics kernel "
@@ -213,19 +222,30 @@ def child(spec: dict) -> None:
                 debugger.stop()
                 debugger.step()
 
+        def device_measured() -> int | None:
+            """Device tensors opdump measured so far (None: not dumping, or
+            a build without device_stats)."""
+            if cfg not in DUMPING or not hasattr(torch.ops.opdump, "device_stats"):
+                return None
+            return int(torch.ops.opdump.device_stats()[0])
+
         flush()
         before = counts()
-        if device == "testdev":
-            testdev.reset_counters()
         times, cpu = [], []
         ran = 0
         t_start = None
         untimed = set()
+        measured0 = None
         for i, (x, y) in enumerate(data):
             if i == plan["warmup"]:
                 flush()  # the timed window starts with nothing queued or buffered
                 # flush() completes every file: what comes after is the timed steps'.
                 untimed = _dump_files(out_dir) if cfg in DUMPING else set()
+                if device == "testdev":
+                    # testdev's counts and opdump's measured tensors cover the
+                    # timed steps and the final flush: not the warm-up steps.
+                    testdev.reset_counters()
+                    measured0 = device_measured()
             c0 = time.process_time()  # every thread of the process (opdump's writer too)
             t0 = time.perf_counter()
             step(x, y)
@@ -252,6 +272,11 @@ def child(spec: dict) -> None:
             # Host waits of the job's thread during the timed steps and the
             # final flush (counted by the test device), per timed step.
             rep["job_waits_per_step"] = testdev.host_waits()["job"] / len(times)
+            # Launches over the same window; "observer" are opdump's own.
+            rep["launches"] = testdev.launches()
+            measured1 = device_measured()
+            if measured0 is not None and measured1 is not None:
+                rep["device_measured"] = measured1 - measured0
         for k, v in after.items():
             rep[k] = v - before.get(k, 0) if k not in ("dropped", "failed", "files") else v
         if cfg in DUMPING:
@@ -622,9 +647,47 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
         lines.append("")
         lines.extend(f"- {n}" for n in notes)
     lines.append("")
-    if not device:
+    if device:
+        lines += device_cost_table(configs, results, meds, device)
+    else:
         lines += bound_table(workload, threads, results, meds)
     return lines
+
+
+def device_cost_table(configs: list[str], results: dict, meds: dict, device: dict) -> list[str]:
+    """Per dumping configuration, what one measured device tensor costs:
+    opdump's launches (testdev's observer count) and the job's thread's time
+    (added median step time over the measured tensors a step). Both over the
+    timed steps and the final flush; medians over the repeats."""
+    rows, costs = [], {}
+    for c in configs:
+        if base_of(c) not in DUMPING:
+            continue
+        good = [r for r in results[c] if r.get("times") and "device_measured" in r and "launches" in r]
+        if not good:
+            why = sorted({r.get("error", "no count of measured tensors (device_stats)") for r in results[c]})
+            rows.append(f"| {c} | – | – | – | {'; '.join(why)[:120]} |")
+            continue
+        per_step = statistics.median(r["device_measured"] / len(r["times"]) for r in good)
+        launches = [r["launches"]["observer"] / r["device_measured"] for r in good if r["device_measured"]]
+        per_tensor = statistics.median(launches) if launches else None
+        host_us = (meds[c] - meds["baseline"]) / per_step * 1e6 if "baseline" in meds and c in meds and per_step \
+            else None
+        costs[c] = {"measured_per_step": per_step, "launches_per_measured": per_tensor,
+                    "host_us_per_measured": host_us}
+        observer = statistics.median(r["launches"]["observer"] / len(r["times"]) for r in good)
+        rows.append(f"| {c} | {per_step:,.0f} | {observer:,.0f} | "
+                    f"{'–' if per_tensor is None else f'{per_tensor:,.2f}'} | "
+                    f"{'–' if host_us is None else f'{host_us:,.2f}'} |")
+    SUMMARY.setdefault("device_costs", {})[device["key"]] = costs
+    if not rows:
+        return []
+    return [f"**What a measured device tensor costs, {device['key']}** (timed steps and final flush, median of "
+            f"the repeats; testdev at {SUMMARY['testdev_launch_us']:g} µs per launch, as the baseline):", "",
+            "| config | measured tensors/step (device_stats) | opdump's launches/step (testdev observer) "
+            "| opdump's launches / measured tensor | job's thread µs / measured tensor ((median − baseline) ÷ "
+            "measured/step) |",
+            "|---|---:|---:|---:|---:|"] + rows + [""]
 
 
 # --------------------------------------------------------------------------
@@ -768,7 +831,9 @@ def hook_only_support(tmp: Path, lib: str) -> str:
 
 
 # Figures for the goal table: {"groups": {(workload, threads): (medians, amortized)},
-# "writer": rows/s, "compare": (seconds, MiB)}.
+# "writer": rows/s, "compare": (seconds, MiB)}; and per device table (TESTDEV_SETTINGS
+# key) "device_costs": {config: {"measured_per_step", "launches_per_measured",
+# "host_us_per_measured"}}.
 SUMMARY: dict = {"groups": {}}
 
 
@@ -789,7 +854,8 @@ def goal_table() -> list[str]:
     for (wl, t, dev), (meds, ams, cpus) in groups.items():
         base, base_am, base_cpu = meds.get("baseline"), ams.get("baseline"), cpus.get("baseline")
         if dev:
-            wl = f"{wl} ({dev}, {SUMMARY['testdev_sync_us']:g} µs per host wait)"
+            wl = (f"{wl} ({dev}, {SUMMARY['testdev_sync_us']:g} µs per host wait, "
+                  f"{SUMMARY['testdev_launch_us']:g} µs per launch)")
         if base and "off" in meds:
             r, rc = meds["off"] / base, cpus["off"] / base_cpu
             rows.append(f"| loaded but off, {wl}, {tname(t)} | ≤ 1.02× | {r:.2f}× (CPU time {rc:.2f}×) "
@@ -973,6 +1039,8 @@ def main() -> int:
     ap.add_argument("--testdev-only", action="store_true", help="only the device tables on testdev")
     ap.add_argument("--testdev-sync-us", type=float, default=20,
                     help="device tables: simulated cost of each host wait on testdev (TESTDEV_SYNC_US)")
+    ap.add_argument("--testdev-launch-us", type=float, default=5,
+                    help="device tables: simulated cost of each kernel launch on testdev (TESTDEV_LAUNCH_US)")
     ap.add_argument("--testdev-settings", default=",".join(TESTDEV_SETTINGS),
                     help="device tables, a comma list of: " + ", ".join(TESTDEV_SETTINGS))
     ap.add_argument("--testdev-configs", default=",".join(DEVICE_CONFIGS))
@@ -1006,6 +1074,7 @@ def main() -> int:
               f"{', '.join(w for w in WORKLOADS if w != 'testdev')} (testdev: the device tables)", file=sys.stderr)
         return 2
     SUMMARY["testdev_sync_us"] = args.testdev_sync_us
+    SUMMARY["testdev_launch_us"] = args.testdev_launch_us
     if not LIB.exists():
         print(f"bench: {LIB} is missing; run scripts/setup.sh", file=sys.stderr)
         return 2
@@ -1094,8 +1163,9 @@ def main() -> int:
                                     py_for, tmp)
         for setting in [t for t in args.testdev_settings.split(",") if t and device_configs]:
             what, env = TESTDEV_SETTINGS[setting]
-            env = dict(env, TESTDEV_SYNC_US=f"{args.testdev_sync_us:g}")
-            title = f"{what}, {args.testdev_sync_us:g} µs per host wait"
+            env = dict(env, TESTDEV_SYNC_US=f"{args.testdev_sync_us:g}",
+                       TESTDEV_LAUNCH_US=f"{args.testdev_launch_us:g}")
+            title = f"{what}, {args.testdev_sync_us:g} µs per host wait, {args.testdev_launch_us:g} µs per launch"
             print(f"bench: {title}", file=sys.stderr, flush=True)
             report += bench_threads(1, ["testdev"], device_configs, args, py_for, tmp,
                                     {"title": title, "env": env, "key": setting})
