@@ -119,9 +119,9 @@ def load(build: bool = True) -> None:
 
     build: build (or rebuild a stale) library first, as build.py does.
     Raises ValueError when TESTDEV_FAULT, TESTDEV_SYNC_US, TESTDEV_LAUNCH_US,
-    TESTDEV_DIRECT, TESTDEV_FUSED_STATS or TESTDEV_HIDE_FALLBACK (read as the
-    library loads) is malformed, RuntimeError when
-    PrivateUse1 is already taken by another backend.
+    TESTDEV_DIRECT, TESTDEV_FUSED_STATS, TESTDEV_FUSED_BATCH or
+    TESTDEV_HIDE_FALLBACK (read as the library loads) is malformed,
+    RuntimeError when PrivateUse1 is already taken by another backend.
     """
     global _loaded
     with _lock:
@@ -237,6 +237,13 @@ def fused_stats_enabled() -> bool:
     return _ops().fused_stats_enabled()
 
 
+def fused_batch_enabled() -> bool:
+    """Whether testdev implements opdump::fused_stats_batch, the statistics
+    (and fingerprints and sketches) of several tensors in one kernel
+    (TESTDEV_FUSED_BATCH=0 or TESTDEV_FUSED_STATS=0 at load turns it off)."""
+    return _ops().fused_batch_enabled()
+
+
 def fallback_hidden() -> bool:
     """Whether the fallback hides its own dispatcher calls (its copies, the CPU
     kernel's parts) from an observer (TESTDEV_HIDE_FALLBACK=1 at load)."""
@@ -342,6 +349,8 @@ __all__ = [
     "fault",
     "fault_counts",
     "fault_spec",
+    "fused_batch_enabled",
+    "fused_stats_enabled",
     "host_waits",
     "launches",
     "library_path",
