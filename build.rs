@@ -22,6 +22,7 @@ fn main() {
             "cpp/signature_device.cpp",
             "cpp/device_stats.cpp",
             "cpp/device_batches.cpp",
+            "cpp/device_hold.cpp",
             "cpp/device_complete.cpp",
             "cpp/device_counters.cpp",
             "cpp/device_reduce.cpp",

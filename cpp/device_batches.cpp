@@ -19,7 +19,7 @@ namespace opdump::devstats {
 const Settings& settings() {
   static const Settings s = [] {
     const DeviceSettings d = device_settings();
-    return Settings{d.sync, d.block, std::chrono::milliseconds(d.wait_ms)};
+    return Settings{d.sync, d.hold, d.block, std::chrono::milliseconds(d.wait_ms)};
   }();
   return s;
 }
@@ -60,20 +60,26 @@ std::vector<at::Tensor> stats_blocks(Batch& b) {
     b.lengths_host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
     std::copy(b.lengths.begin(), b.lengths.end(), b.lengths_host.mutable_data_ptr<int64_t>());
     const at::Tensor lengths = b.lengths_host.to(b.device, /*non_blocking=*/true);
-    blocks.push_back(segment_rows(b.stage.narrow(0, 0, b.staged), lengths));
+    blocks.push_back(segment_rows(b.stage.narrow(0, 0, b.filled), lengths));
     b.stage.reset();  // back to the allocator, in stream order
   }
   for (auto& block : blocks) block = block.reshape({-1});
   return blocks;
 }
 
-// One flat host copy: the statistics rows, then the signature rows; and the
-// event that says it has arrived.
+// One flat host copy: the statistics rows, the signature rows, then the
+// batch kernel's rows; and the event that says it has arrived.
 void copy_to_host(Batch& b, std::vector<at::Tensor> blocks) {
   b.stats_values = 0;
   for (const auto& block : blocks) b.stats_values += block.numel();
-  if (!b.sig_rows.empty()) blocks.push_back(at::cat(b.sig_rows));
+  b.kernel_values = b.stats_values;
+  if (!b.sig_rows.empty()) {
+    blocks.push_back(at::cat(b.sig_rows));
+    b.kernel_values += blocks.back().numel();
+  }
   b.sig_rows.clear();
+  for (const auto& block : b.kernel_blocks) blocks.push_back(block.reshape({-1}));
+  b.kernel_blocks.clear();
   b.device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);
   if (b.device_rows.scalar_type() != at::kDouble) b.device_rows = b.device_rows.to(at::kDouble);
   b.host = at::empty(b.device_rows.sizes(),
@@ -98,11 +104,23 @@ void close(std::vector<std::unique_ptr<Batch>>::iterator it) {
     // outside measure(): at a flush.
     c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
     c10::StreamGuard guard(b->stream);
+    if (b->held > 0) {
+      std::vector<size_t> held;
+      for (size_t i = 0; i < b->parts.size(); ++i)
+        if (b->parts[i].held.defined()) held.push_back(i);
+      read_held(*b, held);
+    }
     copy_to_host(*b, stats_blocks(*b));
   } catch (const std::exception& e) {
     b->failed = true;
     warn(rust::Str(std::string("sending device statistics to the host failed: ") + e.what()));
   }
+  // A held part left (its read threw before it was released) goes now.
+  for (auto& p : b->parts)
+    if (p.held.defined()) {
+      p.held.reset();
+      g.held.fetch_sub(1, std::memory_order_relaxed);
+    }
   g.in_flight.push_back(std::move(b));
   if (!g.thread_started) {
     std::thread(completion_loop).detach();

@@ -73,16 +73,32 @@ void complete_batch(Batch& b) {
   TensorStats none{};
   null_stats(none);
   for (const auto& part : b.parts) {
-    if (!ok) {
+    if (!ok || part.failed) {
       g_failed.fetch_add(1, std::memory_order_relaxed);
       complete(part.result, none, {}, false);
       continue;
     }
     Acc acc;
+    SignatureValues sv;
+    if (part.kernel_row >= 0) {
+      // The batch kernel's row: statistics, then the signature's.
+      const int64_t width = kFields + (b.sig_k > 0 ? kSignatureHead + b.sig_k : 0);
+      const double* row = v + b.kernel_values + part.kernel_row * width;
+      acc = piece_acc(row, part.piece_numel.empty() ? 0 : part.piece_numel[0]);
+      if (b.sig_k > 0) {
+        sig::Signature s;
+        s.k = b.sig_k;
+        signature_finish_row(row + kFields, b.sig_k, s);
+        sv.has = true;
+        sv.fingerprint = s.fingerprint();
+        sv.sketch.assign(s.sketch, s.sketch + s.k);
+      }
+      complete(part.result, stats_of(acc), std::move(sv), true);
+      continue;
+    }
     const int64_t first = part.segment >= 0 ? b.piece_rows + part.segment : part.first;
     for (size_t i = 0; i < part.piece_numel.size(); ++i)
       acc.merge(piece_acc(v + (first + static_cast<int64_t>(i)) * kFields, part.piece_numel[i]));
-    SignatureValues sv;
     if (part.sig_count > 0) {
       sig::Signature s;
       s.k = b.sig_k;

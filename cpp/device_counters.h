@@ -12,5 +12,8 @@ namespace opdump::devstats {
 // that pool (or for each result under OPDUMP_DEVICE_SYNC); failed on the
 // device.
 extern std::atomic<int64_t> g_measured, g_dropped, g_capturing, g_job_waits, g_failed;
+// Held tensors read early, before an op wrote their memory (counted per op
+// and batch).
+extern std::atomic<int64_t> g_early_reads;
 
 }  // namespace opdump::devstats

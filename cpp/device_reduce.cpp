@@ -33,6 +33,31 @@ const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(cons
   return v == 2 ? &op : nullptr;
 }
 
+namespace {
+
+// Whether the backend of `t` registered a kernel for `op`, asked once per
+// device type in `known` (0: not asked yet, 1: none, 2: registered).
+using Known = std::array<std::atomic<uint8_t>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>;
+bool registered(const c10::OperatorHandle& op, const at::Tensor& t, Known& known) {
+  auto& k = known[static_cast<size_t>(t.device().type())];
+  uint8_t v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = op.hasKernelForDispatchKey(c10::legacyExtractDispatchKey(t.key_set())) ? 2 : 1;
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+}  // namespace
+
+const c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>* batch_kernel(const at::Tensor& t) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("opdump::fused_stats_batch", "")
+                             .typed<at::Tensor(at::TensorList, int64_t)>();
+  static Known known{};
+  return registered(op, t, known) ? &op : nullptr;
+}
+
 // The row of one piece, launched on the current stream. Non-finite values
 // are replaced by the mean of the finite ones, which leaves the extremes, the
 // mean and the spread of the finite values as they are, so one var_mean and

@@ -57,6 +57,9 @@ void for_each_piece(const at::Tensor& t, F&& f) {
 
 // The backend's kernel for opdump::fused_stats for `t`'s device, or nullptr.
 const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(const at::Tensor& t);
+// The backend's kernel for opdump::fused_stats_batch for `t`'s device, or
+// nullptr.
+const c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>* batch_kernel(const at::Tensor& t);
 // The row of one piece in `acc` (float64, or float32 where the device has no
 // float64), launched on the current stream.
 at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc);

@@ -62,20 +62,38 @@ namespace {
 
 c10::Stream current_stream(c10::Device d) { return c10::impl::getDeviceGuardImpl(d.type())->getStream(d); }
 
-bool is_full(const Batch& b, bool stage, int64_t numel) {
-  return b.parts.size() >= kBatchResults || (stage && b.staged + numel > kStageElements);
+// How a measurement goes into a batch.
+enum class Way : uint8_t {
+  Stage,   // copied into the staging buffer at once
+  Hold,    // held, staged at the close (or before a write)
+  Kernel,  // held, given to the backend's batch kernel at the close
+  Now,     // reduced at once: in pieces, or by the backend's kernel
+};
+
+bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes) {
+  if (b.parts.size() >= kBatchResults) return true;
+  switch (way) {
+    case Way::Stage:
+    case Way::Hold:
+      return b.staged + numel > kStageElements;
+    case Way::Kernel:
+      return b.held_bytes + nbytes > kHoldBytes;
+    case Way::Now:
+      return false;
+  }
+  return false;
 }
 
 // The open batch of (device, stream) with room for a measurement of `numel`
 // elements: a full one is closed (waiting for room in flight under the queue
 // rules), a missing one opened. nullptr when no room was made. g.mutex held.
-Batch* batch_with_room(std::unique_lock<std::mutex>& lock, c10::Device device, c10::Stream stream, bool stage,
-                       int64_t numel) {
+Batch* batch_with_room(std::unique_lock<std::mutex>& lock, c10::Device device, c10::Stream stream, Way way,
+                       int64_t numel, int64_t nbytes) {
   auto it = find_open(device, stream);
-  if (it != g.open.end() && is_full(**it, stage, numel)) {
+  if (it != g.open.end() && is_full(**it, way, numel, nbytes)) {
     if (!make_room(lock, std::chrono::steady_clock::now() + settings().wait)) return nullptr;
     it = find_open(device, stream);  // the wait let other threads in
-    if (it != g.open.end() && is_full(**it, stage, numel)) close(it);
+    if (it != g.open.end() && is_full(**it, way, numel, nbytes)) close(it);
     it = find_open(device, stream);
   }
   if (it == g.open.end()) {
@@ -103,13 +121,33 @@ void launch_fused(const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>&
 // `t` copied, in `acc`, into the batch's staging buffer: its row comes from
 // the segment reductions at the batch's close.
 void stage(const at::Tensor& t, at::ScalarType acc, Batch& b, Batch::Part& part) {
+  // Complex tensors are staged by magnitude; the buffer is float64.
   if (!b.stage.defined()) b.stage = at::empty({kStageElements}, at::TensorOptions().dtype(acc).device(b.device));
   const at::Tensor src = t.is_complex() ? at::abs(t) : t;
-  b.stage.narrow(0, b.staged, t.numel()).view(t.sizes()).copy_(src);
+  b.stage.narrow(0, b.filled, t.numel()).view(t.sizes()).copy_(src);
   part.segment = static_cast<int64_t>(b.lengths.size());
   part.piece_numel.push_back(t.numel());
   b.lengths.push_back(t.numel());
   b.staged += t.numel();
+  b.filled += t.numel();
+}
+
+// `t` held by the batch until it closes: an alias, so that the job may
+// change its sizes without changing what is read. The part counts in the
+// staging buffer (or the kernel's bound) from now on.
+void hold(const at::Tensor& t, Way way, Batch& b, Batch::Part& part) {
+  // Made here, not by aten::alias, which records the tensor as the view's
+  // base: a grad held that way would count one more use, and autograd would
+  // copy it instead of taking it (the job's ops would change).
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(t.storage()), t.key_set(),
+                                                   t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  part.held = at::Tensor(std::move(impl));
+  part.storage = t.storage().unsafeGetStorageImpl();
+  ++b.held;
+  g.held.fetch_add(1, std::memory_order_relaxed);
+  if (way == Way::Hold) b.staged += t.numel();
+  b.held_bytes += static_cast<int64_t>(t.nbytes());
 }
 
 // The rows of `t`'s pieces, reduced now; none of them when one fails.
@@ -125,6 +163,10 @@ void launch_pieces(const at::Tensor& t, at::ScalarType acc, Batch& b, Batch::Par
     throw;
   }
 }
+
+}  // namespace
+
+namespace devstats {
 
 // The signature rows of `t` for a sketch of length `k`; none when one fails
 // (the row then has statistics without a fingerprint).
@@ -149,7 +191,7 @@ void launch_signature(const at::Tensor& t, int k, Batch& b, Batch::Part& part) {
   }
 }
 
-}  // namespace
+}  // namespace devstats
 
 DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   if (stream_capturing(t)) {
@@ -159,25 +201,66 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   const c10::Device device = t.device();
   const c10::Stream stream = current_stream(device);
   const at::ScalarType acc = device.is_mps() ? at::kFloat : at::kDouble;  // MPS has no float64
-  const auto* fused = fused_kernel(t);
-  const bool staged = fused == nullptr && t.numel() <= kStageMaxElements;
+  // The fingerprint and sketch, on devices that accumulate in float64 (the
+  // fingerprint's sums must be exact).
+  const int k = acc == at::kDouble ? sketch_size_once() : 0;
+  const BatchKernel* kernel = settings().hold ? batch_kernel(t) : nullptr;
+  const auto* fused = kernel == nullptr ? fused_kernel(t) : nullptr;
+  const auto nbytes = static_cast<int64_t>(t.nbytes());
+  Way way = Way::Now;
+  if (kernel != nullptr) {
+    way = nbytes <= kHoldBytes / 4 ? Way::Kernel : Way::Now;
+  } else if (fused == nullptr && t.numel() <= kStageMaxElements) {
+    // Held: dense real tensors, whose memory can be read in any order.
+    const bool holdable = settings().hold && acc == at::kDouble && !t.is_complex() && t.is_non_overlapping_and_dense();
+    way = holdable ? Way::Hold : Way::Stage;
+  }
+  // Memory an op running now writes may change without another op: read
+  // at once.
+  if ((way == Way::Hold || way == Way::Kernel) && being_written(t.storage().unsafeGetStorageImpl()))
+    way = way == Way::Hold ? Way::Stage : Way::Now;
   std::unique_lock<std::mutex> lock(g.mutex);
-  Batch* batch = batch_with_room(lock, device, stream, staged, t.numel());
+  Batch* batch = batch_with_room(lock, device, stream, way, t.numel(), nbytes);
   if (batch == nullptr) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return DeviceLaunch::Dropped;
   }
   Batch& b = *batch;
-  Batch::Part part{std::make_shared<DeviceResult>(), static_cast<int64_t>(b.rows.size()), -1, {}};
-  if (fused != nullptr)
-    launch_fused(*fused, t, b, part);
-  else if (staged)
-    stage(t, acc, b, part);
-  else
-    launch_pieces(t, acc, b, part);
-  // The fingerprint and sketch, on devices that accumulate in float64 (the
-  // fingerprint's sums must be exact).
-  if (const int k = sketch_size_once(); k > 0 && acc == at::kDouble) launch_signature(t, k, b, part);
+  if (k > 0) b.sig_k = k;
+  Batch::Part part;
+  part.result = std::make_shared<DeviceResult>();
+  part.first = static_cast<int64_t>(b.rows.size());
+  switch (way) {
+    case Way::Kernel:
+      b.kernel = kernel;
+      hold(t, way, b, part);
+      break;
+    case Way::Hold:
+      hold(t, way, b, part);
+      part.held_signature = k > 0;
+      break;
+    case Way::Stage:
+      stage(t, acc, b, part);
+      break;
+    case Way::Now:
+      if (kernel != nullptr) {
+        // Too large to hold: the batch kernel on it alone.
+        b.kernel = kernel;
+        hold(t, Way::Kernel, b, part);
+        b.parts.push_back(std::move(part));
+        read_held(b, {b.parts.size() - 1});
+        result = b.parts.back().result;
+        g_measured.fetch_add(1, std::memory_order_relaxed);
+        if (settings().sync) close_and_wait(lock, device, stream);
+        return DeviceLaunch::Queued;
+      }
+      if (fused != nullptr)
+        launch_fused(*fused, t, b, part);
+      else
+        launch_pieces(t, acc, b, part);
+      break;
+  }
+  if (k > 0 && way != Way::Kernel && way != Way::Hold) launch_signature(t, k, b, part);
   result = part.result;
   b.parts.push_back(std::move(part));
   g_measured.fetch_add(1, std::memory_order_relaxed);
@@ -191,32 +274,13 @@ bool device_flush(int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
   std::unique_lock<std::mutex> lock(g.mutex);
-  bool all = true;
-  // Oldest first; a batch on a stream that captures stays open.
-  for (size_t i = 0; i < g.open.size();) {
-    Batch& b = *g.open[i];
-    bool capturing;
-    try {
-      c10::StreamGuard guard(b.stream);
-      capturing = stream_capturing(b.probe);
-    } catch (const std::exception&) {
-      capturing = true;
-    }
-    if (capturing || b.parts.empty()) {
-      all = all && b.parts.empty();
-      ++i;
-      continue;
-    }
-    if (g.in_flight.size() >= kMaxInFlight &&
-        !g.changed.wait_until(lock, deadline, [] { return g.in_flight.size() < kMaxInFlight; }))
-      return false;
-    close(g.open.begin() + static_cast<std::ptrdiff_t>(i));  // erases it: same i again
-  }
+  const bool all = close_open(lock, deadline);
   return g.changed.wait_until(lock, deadline, [] { return g.in_flight.empty(); }) && all;
 }
 
 void register_device_ops(torch::Library& ops) {
   ops.def("fused_stats(Tensor t) -> Tensor");
+  ops.def("fused_stats_batch(Tensor[] tensors, int sketch=0) -> Tensor");
   register_capture_ops(ops);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "opdump/src/bridge.rs.h"
 
@@ -114,6 +115,25 @@ enum class DeviceLaunch : uint8_t {
 
 // Launches the measurement of `t` on its device and current stream.
 DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result);
+
+// For the run of an op that writes the memory of its Tensor(a!) arguments
+// (device_hold.cpp): the held measurements of that memory are read first,
+// and until the op returns, tensors on that memory are read when measured,
+// not held, since the op's kernel may write them without another op.
+class WriteScope {
+ public:
+  WriteScope(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& stack);
+  ~WriteScope();
+  WriteScope(const WriteScope&) = delete;
+  WriteScope& operator=(const WriteScope&) = delete;
+
+ private:
+  size_t pushed_ = 0;
+};
+// Whether an op running on this thread writes `s` (a WriteScope is open).
+bool being_written(const c10::StorageImpl* s);
+// Closes the open batches (opdump is switched off: writes are no longer seen).
+void device_close_open();
 
 // Row `later.row` takes `r`'s statistics, `repeat` times each element (a
 // broadcast view), with `status`. When they are known already they are put

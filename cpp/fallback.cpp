@@ -167,6 +167,7 @@ void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
+  WriteScope writing(schema, *stack);
   op.redispatchBoxed(next, stack);
   try {
     const auto& returns = schema.returns();
@@ -226,6 +227,7 @@ void record_inputs(Recorder& rec, const c10::OperatorHandle& op, const torch::ji
 // Runs the op with its wall time. The user's own error goes back to them
 // unchanged, after its message is put into the record.
 void run_timed(Recorder& rec, const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
+  WriteScope writing(op.schema(), *stack);
   rec.call.start_ns = epoch_ns();
   const auto t0 = std::chrono::steady_clock::now();
   try {

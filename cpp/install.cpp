@@ -11,6 +11,7 @@
 
 #include <torch/library.h>
 
+#include "opdump/cpp/device_stats.h"
 #include "opdump/cpp/internal.h"
 #include "opdump/cpp/opdump.h"
 #include "opdump/src/bridge.rs.h"
@@ -101,6 +102,8 @@ void set_active(bool on) {
     key_on_for_this_thread();
   } else {
     thread_hook_disable();
+    // Writes are no longer seen: nothing may stay held.
+    device_close_open();
   }
   const bool passing = on && hook_only();
   g_hook_only.store(passing, std::memory_order_release);

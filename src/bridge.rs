@@ -198,6 +198,9 @@ pub mod ffi {
         /// Measure device tensors synchronously: each record waits for the
         /// device on the job's thread.
         sync: bool,
+        /// Hold measured device tensors and read many per launch
+        /// (OPDUMP_DEVICE_HOLD).
+        hold: bool,
         /// When the pool of pending results is full: wait (true) or drop.
         block: bool,
         wait_ms: i64,
@@ -584,6 +587,7 @@ fn device_settings() -> ffi::DeviceSettings {
     let s = runtime::device_settings();
     ffi::DeviceSettings {
         sync: s.sync,
+        hold: s.hold,
         block: s.block,
         wait_ms: s.wait_ms,
     }

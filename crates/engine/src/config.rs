@@ -41,6 +41,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_CHECK_PER_SIGNATURE", "1", "with OPDUMP_CHECK: how many calls of each signature (op, overload, dtypes, shapes and other arguments) are checked"),
     ("OPDUMP_CHECK_MAX_BYTES", "268435456", "with OPDUMP_CHECK: the most bytes of one call's input tensors copied to the host for its check; a call over it is not checked (no_reference); copies waiting for the checking thread stay under 4 times it, and a call that finds the queue full is checked at its next call; both counted"),
     ("OPDUMP_CHECK_SECONDS", "300", "with OPDUMP_CHECK: the most seconds the checking thread spends on checks in a process; signatures met after that are counted, not checked. 0 is no limit"),
+    ("OPDUMP_DEVICE_HOLD", "1", "0 reads every device tensor when it is measured, one launch each, instead of holding it until its batch closes or an op is about to write its memory: for jobs whose own kernels write tensors outside the dispatcher (Inductor's fused kernels, Triton, extensions that take raw pointers)"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
     ("OPDUMP_FILE_MODE", "600", "permission bits (octal) of dump files; directories get the matching execute bits"),
@@ -84,6 +85,8 @@ pub struct Config {
     pub queue_wait: Duration,
     /// Device tensors are measured with a wait on the job's thread.
     pub device_sync: bool,
+    /// Device tensors are held until their batch closes, read many per launch.
+    pub device_hold: bool,
     /// Python module hooks while dumping (module, name, fwd_seq).
     pub modules: bool,
     /// The source line of top-level calls outside backward.
@@ -144,6 +147,7 @@ impl Default for Config {
             queue_full: QueueFull::Block,
             queue_wait: Duration::from_millis(10_000),
             device_sync: false,
+            device_hold: true,
             modules: true,
             source: false,
             capture: Vec::new(),
@@ -253,6 +257,7 @@ fn set_switch(c: &mut Config, name: &str, v: &str) -> Outcome {
         "OPDUMP_MODULES" => &mut c.modules,
         "OPDUMP_SOURCE" => &mut c.source,
         "OPDUMP_DEVICE_SYNC" => &mut c.device_sync,
+        "OPDUMP_DEVICE_HOLD" => &mut c.device_hold,
         _ => return None,
     };
     let accepted = match name {
@@ -572,6 +577,7 @@ mod tests {
                 "a number of bytes",
             ),
             ("OPDUMP_DEVICE_SYNC", "2", "1", "use 1 or 0"),
+            ("OPDUMP_DEVICE_HOLD", "sometimes", "0", "use 1 or 0"),
             ("OPDUMP_FORK", "sometimes", "record", "use off"),
             (
                 "OPDUMP_REFERENCE",

@@ -371,6 +371,7 @@ fn flush_device() -> bool {
 /// settings, which it shares with the record channel.
 pub struct DeviceSettings {
     pub sync: bool,
+    pub hold: bool,
     pub block: bool,
     pub wait_ms: i64,
 }
@@ -379,6 +380,7 @@ pub fn device_settings() -> DeviceSettings {
     let c = get().map(|rt| rt.config.clone()).unwrap_or_default();
     DeviceSettings {
         sync: c.device_sync,
+        hold: c.device_hold,
         block: c.queue_full == config::QueueFull::Block,
         wait_ms: i64::try_from(c.queue_wait.as_millis()).unwrap_or(i64::MAX),
     }
@@ -410,8 +412,9 @@ pub fn warn(what: &str) {
 }
 
 /// What happened to device measurements, for the exit report: [measured,
-/// dropped, capturing, waits on the job's thread, failed].
-fn device_counts() -> [i64; 5] {
+/// dropped, capturing, waits on the job's thread, failed, held tensors read
+/// early before a write].
+fn device_counts() -> [i64; 6] {
     let v = (host::get().device_counts)();
     std::array::from_fn(|i| v.get(i).copied().unwrap_or(0))
 }
@@ -464,7 +467,7 @@ extern "C" fn at_exit() {
                 "{written} op calls written; {dropped} dropped (channel full), {failed} lost (write failures). To drop none, set OPDUMP_QUEUE_FULL=block with a longer OPDUMP_QUEUE_WAIT_MS, or record less (OPDUMP_STEPS, OPDUMP_INCLUDE)"
             ));
         }
-        let [_, dev_dropped, _, _, dev_failed] = device_counts();
+        let [_, dev_dropped, _, _, dev_failed, _] = device_counts();
         if dev_dropped > 0 || dev_failed > 0 {
             say(&format!(
                 "{dev_dropped} device tensors not measured (status dropped: results pool full), \
@@ -596,9 +599,9 @@ pub fn capture_reserve(bytes: u64, outputs: bool) -> bool {
 }
 
 /// [measured, dropped, capturing, waits on the job's thread, failed] device
-/// tensors.
+/// tensors, and the reads of held tensors made early, before a write.
 pub fn control_device_stats() -> Vec<i64> {
-    guarded(vec![0; 5], || device_counts().to_vec())
+    guarded(vec![0; 6], || device_counts().to_vec())
 }
 
 pub fn internal_error(what: &str) {
