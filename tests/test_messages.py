@@ -286,6 +286,10 @@ NOT_CAUSED = {
     "device statistics did not all come back": "device path: needs an accelerator that hangs at exit",
     "waiting for device statistics failed": "device path: needs an accelerator that reports an error",
     "sending device statistics to the host failed": "device path: needs an accelerator that reports an error",
+    "reading held device tensors failed": "device path: needs an accelerator that reports an error, "
+    "or a batch kernel that breaks its contract",
+    "reading held device tensors before a write failed": "device path: needs an accelerator that reports an error",
+    "closing device batches failed": "device path: needs an accelerator that reports an error",
     "cannot find cudaStreamIsCapturing": "device path: needs a CUDA build of torch without the symbol",
     "capturing the inputs of": "device path: needs a device copy that fails",
     "the working directory cannot be opened": "needs a working directory removed under the command",
