@@ -73,7 +73,9 @@ struct Batch {
   at::Tensor probe;  // an empty tensor on the device, to ask about captures
   std::vector<at::Tensor> rows;  // one [kFields] tensor per piece, on the device
   // One [kSignatureHead + K] tensor per signature piece (signature_row), on the device.
-  std::vector<at::Tensor> sig_rows;
+  std::vector<at::Tensor> sig_rows;  // or blocks of such rows, flat
+  int64_t sig_row_count = 0;         // rows in sig_rows
+  std::vector<at::Tensor> keep;      // host memory its copies read, kept until its event
   // Blocks of the backend's batch kernel, [n, kFields + kSignatureHead + K] each.
   std::vector<at::Tensor> kernel_blocks;
   int64_t kernel_rows = 0;

@@ -71,6 +71,8 @@ void read_by_kernel(Batch& b, const std::vector<size_t>& idx) {
   b.kernel_rows += n;
 }
 
+void signatures(Batch& b, const std::vector<size_t>& members, const at::Tensor& src);
+
 // The held tensors of `idx`, one concatenation per dtype, copied (and
 // converted) into the staging buffer: two launches per dtype. Their
 // fingerprints and sketches are made now too.
@@ -91,9 +93,13 @@ void read_by_staging(Batch& b, const std::vector<size_t>& idx) {
     int64_t total = 0;
     for (size_t i : members) {
       const at::Tensor& t = b.parts[i].held;
-      // Dense (held only so): its memory in any order, as the statistics
-      // do not depend on it.
-      flats.push_back(t.as_strided({t.numel()}, {1}, t.storage_offset()));
+      // In logical order, for the fingerprint and sketch; otherwise a dense
+      // tensor's memory in any order, as the statistics do not depend on
+      // it. Any other is copied (one launch).
+      if (t.is_contiguous() || (t.is_non_overlapping_and_dense() && !b.parts[i].held_signature))
+        flats.push_back(t.as_strided({t.numel()}, {1}, t.storage_offset()));
+      else
+        flats.push_back(t.contiguous().view({-1}));
       total += t.numel();
     }
     if (!b.stage.defined())
@@ -106,9 +112,58 @@ void read_by_staging(Batch& b, const std::vector<size_t>& idx) {
       p.piece_numel.assign(1, p.held.numel());
       b.lengths.push_back(p.held.numel());
       b.filled += p.held.numel();
-      if (p.held_signature) launch_signature(p.held, b.sig_k, b, p);
     }
+    signatures(b, members, src);
   }
+}
+
+// The fingerprints and sketches of the held tensors `members`, which are
+// one after the other in `src`, in logical order: a fixed number of
+// launches per run of up to kSignaturePieceElements elements.
+void signatures(Batch& b, const std::vector<size_t>& members, const at::Tensor& src) {
+  const int k = b.sig_k;
+  std::vector<size_t> run;
+  int64_t run_start = 0, run_len = 0, offset = 0;
+  auto flush = [&] {
+    if (run.empty()) return;
+    const auto m = static_cast<int64_t>(run.size());
+    at::Tensor meta = at::empty({2 * m}, at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
+    int64_t* v = meta.mutable_data_ptr<int64_t>();
+    int64_t start = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      v[j] = b.parts[run[j]].held.numel();
+      v[m + j] = start;
+      start += v[j];
+    }
+    try {
+      const at::Tensor on_device = meta.to(b.device, /*non_blocking=*/true);
+      b.keep.push_back(meta);  // read by the copy until the batch's event
+      b.sig_rows.push_back(signature_rows(src.narrow(0, run_start, run_len), on_device, m, k, kSignaturePieceElements));
+      for (int64_t j = 0; j < m; ++j) {
+        b.parts[run[j]].sig_first = b.sig_row_count + j;
+        b.parts[run[j]].sig_count = 1;
+      }
+      b.sig_row_count += m;
+    } catch (const std::exception&) {
+      // Statistics without fingerprints, as when one tensor's fails.
+    }
+    run.clear();
+    run_len = 0;
+  };
+  for (size_t i : members) {
+    Batch::Part& p = b.parts[i];
+    const int64_t n = p.held.numel();
+    if (p.held_signature) {
+      if (run_len + n > kSignaturePieceElements) flush();
+      if (run.empty()) run_start = offset;
+      run.push_back(i);
+      run_len += n;
+    } else {
+      flush();
+    }
+    offset += n;
+  }
+  flush();
 }
 
 // Whether the memory `t` views is still all there.

@@ -172,20 +172,23 @@ namespace devstats {
 // (the row then has statistics without a fingerprint).
 void launch_signature(const at::Tensor& t, int k, Batch& b, Batch::Part& part) {
   const size_t before = b.sig_rows.size();
+  const int64_t rows_before = b.sig_row_count;
   try {
     int64_t first = 0;
-    part.sig_first = static_cast<int64_t>(before);
+    part.sig_first = rows_before;
     split(
         t,
         [&](const at::Tensor& p) {
           b.sig_rows.push_back(signature_row(p, first, k, kSignaturePieceElements));
+          ++b.sig_row_count;
           first += p.numel();
         },
         kSignaturePieceElements);
-    part.sig_count = static_cast<int64_t>(b.sig_rows.size() - before);
+    part.sig_count = b.sig_row_count - rows_before;
     b.sig_k = k;
   } catch (...) {
     b.sig_rows.resize(before);
+    b.sig_row_count = rows_before;
     part.sig_first = -1;
     part.sig_count = 0;
   }
@@ -211,8 +214,8 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   if (kernel != nullptr) {
     way = nbytes <= kHoldBytes / 4 ? Way::Kernel : Way::Now;
   } else if (fused == nullptr && t.numel() <= kStageMaxElements) {
-    // Held: dense real tensors, whose memory can be read in any order.
-    const bool holdable = settings().hold && acc == at::kDouble && !t.is_complex() && t.is_non_overlapping_and_dense();
+    // Held: real tensors (complex ones are staged by magnitude at once).
+    const bool holdable = settings().hold && acc == at::kDouble && !t.is_complex();
     way = holdable ? Way::Hold : Way::Stage;
   }
   // Memory an op running now writes may change without another op: read

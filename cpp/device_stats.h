@@ -45,6 +45,13 @@ SignatureValues signature_of_row(const TensorRow& row);
 // largest piece there will be.
 constexpr int64_t kSignatureHead = 3;
 at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t most);
+// The rows of consecutive tensors in `flat` (1-D, contiguous), of `lengths`
+// elements each (at most `most` in all), each as signature_row gives it for
+// the whole tensor: [m, kSignatureHead + k], flat, in a fixed number of
+// launches. `lengths_on_device` holds the lengths, then their starts in
+// `flat` (int64, 2m).
+at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& lengths_on_device, int64_t m, int k,
+                          int64_t most);
 namespace sig {
 struct Signature;
 }

@@ -70,6 +70,42 @@ at::Tensor lane_keys(const at::TensorOptions& opts) {
   return t;
 }
 
+// What the fingerprint and sketch give an element by its place alone, for
+// the first `elems` elements of a tensor (2 * elems words), computed once on
+// the host with the definition's own functions and kept on `device` for the
+// process: the key of word w, and for element e its sketch bucket (bits 0-7)
+// and whether its sign flips (bit 8). With them a batch of tensors needs no
+// hashing on the device: one gather each.
+struct PlaceTables {
+  at::Tensor key;     // int64 [2 * elems]
+  at::Tensor bucket;  // int64 [elems]
+};
+const PlaceTables& place_tables(const at::TensorOptions& opts, int k, int64_t elems) {
+  static std::mutex mu;
+  static auto* kept = new std::unordered_map<c10::Device, PlaceTables>;  // never freed: torch may be gone at exit
+  std::lock_guard<std::mutex> lock(mu);
+  PlaceTables& t = (*kept)[opts.device()];
+  if (!t.key.defined()) {
+    at::Tensor key = at::empty({2 * elems}, at::TensorOptions().dtype(at::kLong));
+    int64_t* kv = key.mutable_data_ptr<int64_t>();
+    for (int64_t w = 0; w < 2 * elems; ++w)
+      kv[w] = (sig::block_key(static_cast<uint64_t>(w)) ^ sig::kLaneKeys.k[w & (sig::kBlockWords - 1)]) | 1u;
+    at::Tensor bucket = at::empty({elems}, at::TensorOptions().dtype(at::kLong));
+    int64_t* bv = bucket.mutable_data_ptr<int64_t>();
+    const int lg = __builtin_ctz(static_cast<unsigned>(k));
+    for (int64_t e = 0; e < elems; ++e) {
+      const uint32_t g = static_cast<uint32_t>(e >> lg) * sig::kGolden;
+      const uint32_t r = static_cast<uint32_t>(e) & static_cast<uint32_t>(k - 1);
+      const uint32_t a = sig::fmix32(g + sig::kSignSeed);
+      const uint32_t c = sig::fmix32(g + sig::kProjSeed) & static_cast<uint32_t>(k - 1);
+      bv[e] = static_cast<int64_t>(r ^ c) | (static_cast<int64_t>((a >> r) & 1u) << 8);
+    }
+    t.key = key.to(opts.device());
+    t.bucket = bucket.to(opts.device());
+  }
+  return t;
+}
+
 // The piece's values as 32-bit words (int64), in order, NaNs canonical.
 at::Tensor words_of(at::Tensor x) {
   if (x.is_complex()) x = at::view_as_real(x.resolve_conj());
@@ -101,28 +137,83 @@ at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t 
   const at::Tensor u = words_of(piece);
   const int64_t per = piece.is_complex() ? 2 : 1;
   const int64_t word0 = first * per * (piece.element_size() / per == 8 ? 2 : 1);
-  const at::Tensor w = iota(opts, u.numel(), 4 * most).add(word0);
-  const at::Tensor block =
-      fmix32(at::bitwise_and(mul32(at::bitwise_and(w.__rshift__(6), kLow32), sig::kGolden).add(int64_t{sig::kBlockSeed}),
-                             kLow32));
-  const at::Tensor key = at::bitwise_or(at::bitwise_xor(block, lane_keys(opts).index({at::bitwise_and(w, 63)})), 1);
+  const int64_t n = piece.numel();
+  // Within the place tables (a tensor's first `most` elements): their keys
+  // and buckets are slices of them, no hashing on the device.
+  const bool tabled = first + n <= most && word0 + u.numel() <= 2 * most;
+  const PlaceTables* place = tabled ? &place_tables(opts, k, most) : nullptr;
+  at::Tensor key;
+  if (tabled) {
+    key = place->key.narrow(0, word0, u.numel());
+  } else {
+    const at::Tensor w = iota(opts, u.numel(), 4 * most).add(word0);
+    const at::Tensor block = fmix32(
+        at::bitwise_and(mul32(at::bitwise_and(w.__rshift__(6), kLow32), sig::kGolden).add(int64_t{sig::kBlockSeed}),
+                        kLow32));
+    key = at::bitwise_or(at::bitwise_xor(block, lane_keys(opts).index({at::bitwise_and(w, 63)})), 1);
+  }
   const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
   const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
   const at::Tensor f = at::stack({u0.mul(k0).sum(), u0.mul(k1).add(u1.mul(k0)).sum(), u1.mul(k1).sum()}).to(at::kDouble);
   // Sketch: element e of group g = e / K at r = e mod K goes, signed by bit r
   // of a_g, to bucket r XOR c_g.
-  const int lg = __builtin_ctz(static_cast<unsigned>(k));
   // Complex magnitudes in float64, as on the CPU.
   at::Tensor x = (piece.is_complex() ? at::abs(piece.to(at::kComplexDouble)) : piece.to(at::kDouble)).reshape({-1});
   x = at::nan_to_num(x, 0.0, 0.0, 0.0);
-  const at::Tensor e = iota(opts, x.numel(), 2 * most).add(first);
-  const at::Tensor g = mul32(at::bitwise_and(e.__rshift__(lg), kLow32), sig::kGolden);
-  const at::Tensor r = at::bitwise_and(e, k - 1);
-  const at::Tensor a = fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kSignSeed)), kLow32));
-  const at::Tensor c = at::bitwise_and(fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kProjSeed)), kLow32)), k - 1);
-  const at::Tensor sign = at::bitwise_and(at::bitwise_right_shift(a, r), 1).mul(-2).add(1).to(at::kDouble);
-  const at::Tensor y = at::zeros({k}, x.options()).index_add_(0, at::bitwise_xor(r, c), x.mul(sign));
+  at::Tensor sign, bucket;
+  if (tabled) {
+    const at::Tensor sb = place->bucket.narrow(0, first, n);
+    sign = at::bitwise_and(sb.__rshift__(8), 1).mul(-2).add(1).to(at::kDouble);
+    bucket = at::bitwise_and(sb, 255);
+  } else {
+    const int lg = __builtin_ctz(static_cast<unsigned>(k));
+    const at::Tensor e = iota(opts, x.numel(), 2 * most).add(first);
+    const at::Tensor g = mul32(at::bitwise_and(e.__rshift__(lg), kLow32), sig::kGolden);
+    const at::Tensor r = at::bitwise_and(e, k - 1);
+    const at::Tensor a = fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kSignSeed)), kLow32));
+    const at::Tensor c =
+        at::bitwise_and(fmix32(at::bitwise_and(g.add(static_cast<int64_t>(sig::kProjSeed)), kLow32)), k - 1);
+    sign = at::bitwise_and(at::bitwise_right_shift(a, r), 1).mul(-2).add(1).to(at::kDouble);
+    bucket = at::bitwise_xor(r, c);
+  }
+  const at::Tensor y = at::zeros({k}, x.options()).index_add_(0, bucket, x.mul(sign));
   return at::cat({f, y});
+}
+
+at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& meta, int64_t m, int k, int64_t most) {
+  const auto opts = flat.options().dtype(at::kLong);
+  const int64_t n = flat.numel();
+  const PlaceTables& place = place_tables(opts, k, most);
+  const at::Tensor lengths = meta.narrow(0, 0, m), starts = meta.narrow(0, m, m);
+  // Each element's tensor (seg) and its index in that tensor (e).
+  const at::Tensor seg = at::repeat_interleave(iota(opts, m, most), lengths, 0, n);
+  const at::Tensor e = iota(opts, n, 2 * most).sub(at::repeat_interleave(starts, lengths, 0, n));
+  at::Tensor f;
+  {
+    // Fingerprint: word w of a tensor is at 2e + j for 8-byte elements.
+    const at::Tensor u = words_of(flat);
+    const int64_t per = u.numel() / std::max<int64_t>(n, 1);
+    at::Tensor w = e, wseg = seg;
+    if (per > 1) {
+      w = e.mul(per).unsqueeze(1).add(iota(opts, per, per).unsqueeze(0)).reshape({-1});
+      wseg = seg.repeat_interleave(per);
+    }
+    const at::Tensor key = place.key.index({w});
+    const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
+    const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
+    // The limb sums per tensor, exact in int64 (each below 2^53).
+    const at::Tensor terms = at::stack({u0.mul(k0), u0.mul(k1).add(u1.mul(k0)), u1.mul(k1)}, 1);
+    f = at::zeros({m, 3}, opts).index_add_(0, wseg, terms).to(at::kDouble);
+  }
+  // Sketch: element e goes, its sign flipped or not, to its bucket in row
+  // seg of a [m, k] table, as signature_row adds it.
+  at::Tensor x = (flat.is_complex() ? at::abs(flat.to(at::kComplexDouble)) : flat.to(at::kDouble));
+  x = at::nan_to_num(x, 0.0, 0.0, 0.0);
+  const at::Tensor sb = place.bucket.index({e});
+  const at::Tensor sign = at::bitwise_and(sb.__rshift__(8), 1).mul(-2).add(1).to(at::kDouble);
+  const at::Tensor idx = seg.mul(k).add(at::bitwise_and(sb, 255));
+  const at::Tensor y = at::zeros({m * k}, x.options()).index_add_(0, idx, x.mul(sign)).view({m, k});
+  return at::cat({f, y}, 1).reshape({-1});
 }
 
 void signature_finish_row(const double* v, int k, sig::Signature& s) {
