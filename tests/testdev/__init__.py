@@ -119,7 +119,7 @@ def load(build: bool = True) -> None:
 
     build: build (or rebuild a stale) library first, as build.py does.
     Raises ValueError when TESTDEV_FAULT, TESTDEV_SYNC_US, TESTDEV_LAUNCH_US,
-    TESTDEV_DIRECT, TESTDEV_FUSED_STATS, TESTDEV_FUSED_BATCH or
+    TESTDEV_DIRECT, TESTDEV_FUSED_STATS, TESTDEV_FUSED_BATCH, TESTDEV_FOREACH or
     TESTDEV_HIDE_FALLBACK (read as the library loads) is malformed,
     RuntimeError when PrivateUse1 is already taken by another backend.
     """

@@ -597,6 +597,23 @@ std::vector<std::unique_ptr<torch::Library>>& libraries() {
   return *libs;
 }
 
+// TESTDEV_FOREACH=1: the `_foreach_` ops run as one kernel each, on the CPU
+// as the fallback runs any op, as a backend with its own multi-tensor
+// kernels (CUDA's) runs them; otherwise PyTorch's composite slow path runs
+// them as one op per tensor, as on the CPU.
+void register_foreach_kernels(torch::Library& m) {
+  if (!env_switch("TESTDEV_FOREACH", false)) return;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+    const std::string bare = name.name.substr(6);
+    // The library keeps the name: it must outlive the registration.
+    static auto* names = new std::vector<std::unique_ptr<std::string>>;
+    names->push_back(std::make_unique<std::string>(name.overload_name.empty() ? bare
+                                                                              : bare + "." + name.overload_name));
+    m.impl(names->back()->c_str(), torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  }
+}
+
 void register_all() {
   auto& dispatcher = c10::Dispatcher::singleton();
   if (dispatcher.findOp(c10::OperatorName("testdev::set_fault", ""))) {
@@ -625,6 +642,7 @@ void register_all() {
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   register_device_kernels(*libs.back());
   register_direct_kernels(*libs.back());
+  register_foreach_kernels(*libs.back());
   libs.push_back(std::make_unique<torch::Library>(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
   libs.back()->fallback(torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
