@@ -312,16 +312,19 @@ def test_a_held_tensor_written_in_place_is_measured_before_the_write(run, kernel
 def test_a_training_step_launches_few_kernels_per_measured_tensor(run, kernel):
     """opdump's own launches (testdev's observer count) over one TinyLM
     training step, per measured device tensor, with statistics alone and
-    with the sketch: a count, not a time. The bounds are today's figures
-    with some room (scripts/bench/run.py reports them)."""
-    bound = {"fused": 0.6, "aten": 1.2}["fused" if kernel["TESTDEV_FUSED_STATS"] == "1" else "aten"]
-    for sketch, limit in (("0", bound), ("16", bound if kernel["TESTDEV_FUSED_STATS"] == "1" else None)):
-        r = tinylm_job(run, OPDUMP_SKETCH=sketch, TESTDEV_HIDE_FALLBACK="1", **kernel).result()
+    with the sketch: a count, not a time. testdev runs the optimizer's
+    `_foreach_` ops as one kernel each (TESTDEV_FOREACH=1), as CUDA does.
+    The bounds are today's figures with some room (scripts/bench/run.py
+    reports them): with the batch kernel 0.024 per tensor, with ATen ops
+    0.89 for the statistics and 6.5 with the sketch."""
+    fused = kernel["TESTDEV_FUSED_STATS"] == "1"
+    bounds = {"0": 0.04 if fused else 1.2, "16": 0.04 if fused else 10.0}
+    for sketch, limit in bounds.items():
+        r = tinylm_job(run, OPDUMP_SKETCH=sketch, TESTDEV_HIDE_FALLBACK="1", TESTDEV_FOREACH="1", **kernel).result()
         per = r["launches"]["observer"] / r["measured"]
-        assert r["measured"] > 1000, r
+        assert r["measured"] > 500, r
         print(f"sketch {sketch}: {per:.3f} launches per measured tensor")
-        if limit is not None:
-            assert per <= limit, (sketch, per, r)
+        assert per <= limit, (sketch, per, r)
 
 
 def test_nothing_is_launched_or_waited_on_while_the_stream_captures(run):

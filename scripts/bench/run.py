@@ -88,12 +88,12 @@ CONFIGS = ["baseline", "off", "hook-only", "on", "on-noreuse", "peer", "msprobe"
 DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-sketch", "on-before"]
 # How testdev runs, for the device tables: (title, environment).
 TESTDEV_SETTINGS = {
-    "fused": ("testdev with kernels of its own and a fused statistics kernel "
-              "(TESTDEV_HIDE_FALLBACK=1), as a backend with its own kernels",
-              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "1", "TESTDEV_DIRECT": "1"}),
-    "aten": ("testdev with kernels of its own, statistics by ATen reductions "
-             "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FUSED_STATS=0), as on CUDA",
-             {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "1"}),
+    "fused": ("testdev with kernels of its own, multi-tensor `_foreach_` kernels and a batch statistics kernel "
+              "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FOREACH=1), as a backend with its own kernels",
+              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "1", "TESTDEV_DIRECT": "1", "TESTDEV_FOREACH": "1"}),
+    "aten": ("testdev with kernels of its own and multi-tensor `_foreach_` kernels, statistics by ATen ops "
+             "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FOREACH=1 TESTDEV_FUSED_STATS=0), as on CUDA",
+             {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "1", "TESTDEV_FOREACH": "1"}),
     "fallback": ("testdev with its CPU fallback seen and no direct kernels "
                  "(TESTDEV_DIRECT=0 TESTDEV_FUSED_STATS=0), as the 26-50x were measured",
                  {"TESTDEV_HIDE_FALLBACK": "0", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "0"}),
