@@ -5,9 +5,9 @@
 // with a few launches per dtype (a concatenation into the staging buffer)
 // or one call of the backend's batch kernel. What it holds must still hold
 // the values it had when it was measured, so before any op that writes
-// memory (an in-place op, an out= argument, a Tensor(a!)[] list) the held
-// tensors on that memory are read first, all of them in one go
-// (device_before_write). Releasing the alias at the read lets the job's
+// memory (an in-place op, an out= argument, a Tensor(a!)[] list, the
+// running statistics batch norm updates without saying so) the held tensors
+// on that memory are read first, all of them in one go (WriteScope). Releasing the alias at the read lets the job's
 // freed memory go back to the allocator in stream order, as it would have.
 //
 // Why hold rather than copy at once: a copy costs a launch per tensor, which
@@ -243,6 +243,15 @@ namespace {
 // The memory the ops running on this thread write (WriteScope).
 thread_local std::vector<const c10::StorageImpl*> t_writing;
 
+// Arguments that kernels write though the schema does not say so: the
+// running statistics of the batch-norm family (native_batch_norm and the
+// composite ops above it update them in training). Taken as written in any
+// mode: a read too early costs one launch, a write unseen a wrong row.
+bool written_unannotated(const c10::Argument& a) {
+  const std::string& n = a.name();
+  return n.size() > 8 && n[0] == 'r' && (n == "running_mean" || n == "running_var");
+}
+
 // The held measurements of `written` read now, before an op writes it.
 void read_before_write(const std::vector<const c10::StorageImpl*>& all, size_t from) {
   if (g.held.load(std::memory_order_relaxed) == 0) return;
@@ -286,7 +295,7 @@ WriteScope::WriteScope(const c10::FunctionSchema& schema, const torch::jit::Stac
   const size_t first = stack.size() - args.size();
   const size_t before = t_writing.size();
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!is_written(args[i])) continue;
+    if (!is_written(args[i]) && !written_unannotated(args[i])) continue;
     for_each_tensor_indexed(stack[first + i], [&](const at::Tensor& t, int64_t) {
       if (t.defined() && t.has_storage()) t_writing.push_back(t.storage().unsafeGetStorageImpl());
     });

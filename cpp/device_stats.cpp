@@ -303,6 +303,7 @@ void device_atfork_child() {
   for (auto& b : g.in_flight) b.release();
   g.open.clear();
   g.in_flight.clear();
+  g.held.store(0, std::memory_order_relaxed);
   g.thread_started = false;
   g.stalled = false;
   g.results.unlock();
