@@ -6,7 +6,8 @@
 // or one call of the backend's batch kernel. What it holds must still hold
 // the values it had when it was measured, so before any op that writes
 // memory (an in-place op, an out= argument, a Tensor(a!)[] list, the
-// running statistics batch norm updates without saying so) the held tensors
+// running statistics batch norm updates and the tensors of c10d's
+// collectives, neither of which their schemas mark) the held tensors
 // on that memory are read first, all of them in one go (WriteScope). Releasing the alias at the read lets the job's
 // freed memory go back to the allocator in stream order, as it would have.
 //
@@ -294,8 +295,12 @@ WriteScope::WriteScope(const c10::FunctionSchema& schema, const torch::jit::Stac
   const auto& args = schema.arguments();
   const size_t first = stack.size() - args.size();
   const size_t before = t_writing.size();
+  // The collectives of c10d write their tensors in place (on the
+  // communication stream, after the current one) with no annotation at all:
+  // every tensor they take counts as written.
+  const bool collective = schema.name().rfind("c10d::", 0) == 0;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!is_written(args[i]) && !written_unannotated(args[i])) continue;
+    if (!collective && !is_written(args[i]) && !written_unannotated(args[i])) continue;
     for_each_tensor_indexed(stack[first + i], [&](const at::Tensor& t, int64_t) {
       if (t.defined() && t.has_storage()) t_writing.push_back(t.storage().unsafeGetStorageImpl());
     });
