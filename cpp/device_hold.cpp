@@ -7,9 +7,10 @@
 // the values it had when it was measured, so before any op that writes
 // memory (an in-place op, an out= argument, a Tensor(a!)[] list, the
 // running statistics batch norm updates and the tensors of c10d's
-// collectives, neither of which their schemas mark) the held tensors
-// on that memory are read first, all of them in one go (WriteScope). Releasing the alias at the read lets the job's
-// freed memory go back to the allocator in stream order, as it would have.
+// collectives, neither of which their schemas mark) the held tensors on that
+// memory are read first, all of them in one go (WriteScope). Releasing the
+// alias at the read lets the job's freed memory go back to the allocator in
+// stream order, as it would have.
 //
 // Why hold rather than copy at once: a copy costs a launch per tensor, which
 // is what the launch limit forbids; multi-tensor reductions (`_foreach_`)

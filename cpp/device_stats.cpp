@@ -5,14 +5,16 @@
 //   elements, each converted to float64 on its own; a dense tensor is read
 //   through a flat view of its memory, so no full-size copy is ever made.
 //   What a piece costs at most is stated at piece_row.
-// - Launches: a tensor of up to kStageMaxElements elements costs one launch:
-//   a copy, converted to float64, into the batch's staging buffer; when the
-//   batch closes, about twenty segment reductions over that buffer measure
-//   all of its tensors at once (segment_rows). A larger tensor is reduced at
-//   once, piece by piece, about fifteen launches a piece (piece_row). On a
-//   backend with a kernel for opdump::fused_stats, every tensor is one launch
-//   of that kernel. Each way a measurement gives one row of kFields values
-//   per piece or tensor.
+// - Launches: a tensor of up to kStageMaxElements elements is held by its
+//   batch (device_hold.cpp) and read with the others when the batch closes:
+//   one concatenation per dtype into the batch's float64 staging buffer,
+//   then about twenty segment reductions over that buffer (segment_rows). A
+//   complex one, or any under OPDUMP_DEVICE_HOLD=0, is copied into the
+//   buffer at once. A larger tensor is reduced at once, piece by piece, about
+//   fifteen launches a piece (piece_row). On a backend with a kernel for
+//   opdump::fused_stats_batch, the held tensors of a batch are one launch of
+//   it; with only opdump::fused_stats, every tensor is one launch. Each way a
+//   measurement gives one row of kFields values per piece or tensor.
 //   A batch collects up to kBatchResults measurements on one device and
 //   stream; closing it computes the staged rows, copies all rows to the host
 //   asynchronously (pinned memory on CUDA) and records an event, all on that

@@ -68,11 +68,14 @@ constexpr int64_t kDeviceScratchBytes = int64_t{64} << 20;
 // from their mean; anything when none is finite). Complex tensors are
 // measured by magnitude, integers and bools as float64.
 //
-// A backend may compute it in one kernel: opdump defines the op
+// A backend may compute it in one kernel: opdump defines the ops
 //   opdump::fused_stats(Tensor t) -> Tensor      (the row, on t's device)
-// and uses a backend's kernel for it, registered on the backend's dispatch
+//   opdump::fused_stats_batch(Tensor[] tensors, int sketch=0) -> Tensor
+//     (a row per tensor: the statistics, then, for sketch K > 0, the
+//     signature row of signature_row for the whole tensor)
+// and uses a backend's kernel for them, registered on the backend's dispatch
 // key, when there is one (it must take at most kDeviceScratchBytes of device
-// memory). Otherwise the row comes from ATen reductions, in pieces.
+// memory). Otherwise the rows come from ATen ops.
 constexpr int64_t kFields = 8;
 
 // A recorded call whose rows wait for device results. The job's thread fills
