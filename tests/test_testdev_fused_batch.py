@@ -3,16 +3,14 @@
 8 statistics of opdump::fused_stats (bit for bit), then with a sketch of
 length K the fingerprint in three limbs and the sketch before its Hadamard
 transform. Checked against independent numpy computations of the
-definition (README: "Fingerprint and sketch"; the constants are read from
-cpp/signature.h), against what opdump records on the CPU for the same
+definition (signature_ref.py), against what opdump records on the CPU for the same
 values, and against the switches that turn it off."""
 
 import json
-import re
 
 import numpy as np
 
-from conftest import ROOT
+import signature_ref as ref
 
 K = 16
 
@@ -49,74 +47,20 @@ names = ["float32", "bfloat16", "float16", "float64", "int64", "int8", "bool", "
 """
 
 
-def _constants():
-    text = (ROOT / "cpp" / "signature.h").read_text()
-    c = {m[1]: int(m[2], 16) for m in re.finditer(r"constexpr uint32_t (k\w+) = (0x[0-9A-Fa-f]+)u;", text)}
-    assert {"kBlockSeed", "kLaneSeed", "kGolden", "kSignSeed", "kProjSeed"} <= set(c), c
-    return {k: np.uint32(v) for k, v in c.items()}
-
-
-C = _constants()
-
-
-def fmix32(h):
-    h = h.astype(np.uint32)
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
-    return h
-
-
-# The bits of each dtype's canonical quiet NaN (what masked_fill(isnan(x), nan) writes).
-CANONICAL_NAN = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
-
-
-def words(t):
-    """The tensor's values as 32-bit words (uint64 array), in logical order."""
-    import torch
-
-    x = t.resolve_conj().resolve_neg().contiguous()
-    if x.is_complex():
-        x = torch.view_as_real(x)  # real then imaginary part, per element
-    x = x.reshape(-1)
-    size = x.element_size()
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]
-    bits = x.view(as_int).numpy().view(unsigned).copy()
-    canonical = CANONICAL_NAN.get(str(x.dtype).removeprefix("torch."))
-    if canonical is not None:
-        bits[torch.isnan(x).numpy()] = canonical
-    bits = bits.astype(np.uint64)
-    if size == 8:  # low word, then high
-        bits = np.stack([bits & np.uint64(0xFFFFFFFF), bits >> np.uint64(32)], axis=1).reshape(-1)
-    return bits
-
-
-def fingerprint(t):
-    u = words(t)
-    w = np.arange(len(u), dtype=np.uint64)
-    block = fmix32((w >> np.uint64(6)).astype(np.uint32) * C["kGolden"] + C["kBlockSeed"])
-    lanes = fmix32(np.arange(64, dtype=np.uint32) * C["kGolden"] + C["kLaneSeed"])
-    key = (block ^ lanes[(w & np.uint64(63)).astype(np.int64)]) | np.uint32(1)
-    with np.errstate(over="ignore"):
-        return int(np.sum(u * key.astype(np.uint64), dtype=np.uint64))
+# The definition's reference (signature_ref.py): the words, keys and
+# fingerprint of a tensor, and its elements as the sketch takes them.
+fingerprint = ref.fingerprint
 
 
 def sketch_y(t, k):
     """y (the sketch before its Hadamard transform), and per bucket the sum
     of the magnitudes added to it (the scale of its rounding)."""
-    import torch
-
-    x = t.resolve_conj().resolve_neg().reshape(-1)
-    x = (x.to(torch.complex128).abs() if x.is_complex() else x.to(torch.float64)).numpy()
-    x = np.where(np.isfinite(x), x, 0.0)
+    x = ref.values(t.resolve_conj().resolve_neg())
     e = np.arange(len(x), dtype=np.uint64)
     lg = k.bit_length() - 1
-    h = (e >> np.uint64(lg)).astype(np.uint32) * C["kGolden"]
-    a = fmix32(h + C["kSignSeed"])
-    c = fmix32(h + C["kProjSeed"]) & np.uint32(k - 1)
+    h = (e >> np.uint64(lg)).astype(np.uint32) * np.uint32(ref.GOLDEN)
+    a = ref.fmix32(h + np.uint32(ref.SIGN_SEED))
+    c = ref.fmix32(h + np.uint32(ref.PROJ_SEED)) & np.uint32(k - 1)
     r = (e & np.uint64(k - 1)).astype(np.uint32)
     sign = np.where((a >> r) & np.uint32(1), -1.0, 1.0)
     y, scale = np.zeros(k), np.zeros(k)
