@@ -14,29 +14,12 @@
 
 namespace opdump::devstats {
 
-// The backend's kernel for opdump::fused_stats, where it registered one
-// (device_stats.h), asked once per device type: backends register theirs
-// when they load, before their tensors are measured.
-const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(const at::Tensor& t) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("opdump::fused_stats", "")
-                             .typed<at::Tensor(const at::Tensor&)>();
-  // 0: not asked yet, 1: none, 2: registered.
-  static std::array<std::atomic<uint8_t>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
-      known{};
-  auto& k = known[static_cast<size_t>(t.device().type())];
-  uint8_t v = k.load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = op.hasKernelForDispatchKey(c10::legacyExtractDispatchKey(t.key_set())) ? 2 : 1;
-    k.store(v, std::memory_order_relaxed);
-  }
-  return v == 2 ? &op : nullptr;
-}
-
 namespace {
 
 // Whether the backend of `t` registered a kernel for `op`, asked once per
-// device type in `known` (0: not asked yet, 1: none, 2: registered).
+// device type in `known` (0: not asked yet, 1: none, 2: registered):
+// backends register theirs when they load, before their tensors are
+// measured.
 using Known = std::array<std::atomic<uint8_t>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>;
 bool registered(const c10::OperatorHandle& op, const at::Tensor& t, Known& known) {
   auto& k = known[static_cast<size_t>(t.device().type())];
@@ -49,6 +32,16 @@ bool registered(const c10::OperatorHandle& op, const at::Tensor& t, Known& known
 }
 
 }  // namespace
+
+// The backend's kernel for opdump::fused_stats, where it registered one
+// (device_stats.h).
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>* fused_kernel(const at::Tensor& t) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("opdump::fused_stats", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  static Known known{};
+  return registered(op, t, known) ? &op : nullptr;
+}
 
 const c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>* batch_kernel(const at::Tensor& t) {
   static const auto op = c10::Dispatcher::singleton()

@@ -249,25 +249,21 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
       break;
     case Way::Now:
       if (kernel != nullptr) {
-        // Too large to hold: the batch kernel on it alone.
+        // Too large to hold: the batch kernel on it alone, below.
         b.kernel = kernel;
         hold(t, Way::Kernel, b, part);
-        b.parts.push_back(std::move(part));
-        read_held(b, {b.parts.size() - 1});
-        result = b.parts.back().result;
-        g_measured.fetch_add(1, std::memory_order_relaxed);
-        if (settings().sync) close_and_wait(lock, device, stream);
-        return DeviceLaunch::Queued;
-      }
-      if (fused != nullptr)
+      } else if (fused != nullptr) {
         launch_fused(*fused, t, b, part);
-      else
+      } else {
         launch_pieces(t, acc, b, part);
+      }
       break;
   }
-  if (k > 0 && way != Way::Kernel && way != Way::Hold) launch_signature(t, k, b, part);
+  // A held tensor gets its fingerprint and sketch when it is read.
+  if (k > 0 && !part.held.defined()) launch_signature(t, k, b, part);
   result = part.result;
   b.parts.push_back(std::move(part));
+  if (way == Way::Now && kernel != nullptr) read_held(b, {b.parts.size() - 1});
   g_measured.fetch_add(1, std::memory_order_relaxed);
   if (settings().sync) close_and_wait(lock, device, stream);
   return DeviceLaunch::Queued;

@@ -106,6 +106,25 @@ const PlaceTables& place_tables(const at::TensorOptions& opts, int k, int64_t el
   return t;
 }
 
+// Words times keys in 16-bit limbs, [n, 3] int64: u0 k0, u0 k1 + u1 k0,
+// u1 k1, whose sums over a piece or a tensor are exact (each below 2^53).
+at::Tensor limb_terms(const at::Tensor& u, const at::Tensor& key) {
+  const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
+  const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
+  return at::stack({u0.mul(k0), u0.mul(k1).add(u1.mul(k0)), u1.mul(k1)}, 1);
+}
+
+// The values the sketch adds, in float64 and in order: complex ones by
+// magnitude (in float64, as on the CPU), NaN and infinities as 0.
+at::Tensor sketch_values(const at::Tensor& t) {
+  const at::Tensor x = (t.is_complex() ? at::abs(t.to(at::kComplexDouble)) : t.to(at::kDouble)).reshape({-1});
+  return at::nan_to_num(x, 0.0, 0.0, 0.0);
+}
+
+// The sign (+1 or -1, float64) and the bucket of entries of PlaceTables::bucket.
+at::Tensor sign_of(const at::Tensor& sb) { return at::bitwise_and(sb.__rshift__(8), 1).mul(-2).add(1).to(at::kDouble); }
+at::Tensor bucket_of(const at::Tensor& sb) { return at::bitwise_and(sb, 255); }
+
 // The piece's values as 32-bit words (int64), in order, NaNs canonical.
 at::Tensor words_of(at::Tensor x) {
   if (x.is_complex()) x = at::view_as_real(x.resolve_conj());
@@ -152,19 +171,15 @@ at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t 
                         kLow32));
     key = at::bitwise_or(at::bitwise_xor(block, lane_keys(opts).index({at::bitwise_and(w, 63)})), 1);
   }
-  const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
-  const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
-  const at::Tensor f = at::stack({u0.mul(k0).sum(), u0.mul(k1).add(u1.mul(k0)).sum(), u1.mul(k1).sum()}).to(at::kDouble);
+  const at::Tensor f = limb_terms(u, key).sum(0).to(at::kDouble);
   // Sketch: element e of group g = e / K at r = e mod K goes, signed by bit r
   // of a_g, to bucket r XOR c_g.
-  // Complex magnitudes in float64, as on the CPU.
-  at::Tensor x = (piece.is_complex() ? at::abs(piece.to(at::kComplexDouble)) : piece.to(at::kDouble)).reshape({-1});
-  x = at::nan_to_num(x, 0.0, 0.0, 0.0);
+  const at::Tensor x = sketch_values(piece);
   at::Tensor sign, bucket;
   if (tabled) {
     const at::Tensor sb = place->bucket.narrow(0, first, n);
-    sign = at::bitwise_and(sb.__rshift__(8), 1).mul(-2).add(1).to(at::kDouble);
-    bucket = at::bitwise_and(sb, 255);
+    sign = sign_of(sb);
+    bucket = bucket_of(sb);
   } else {
     const int lg = __builtin_ctz(static_cast<unsigned>(k));
     const at::Tensor e = iota(opts, x.numel(), 2 * most).add(first);
@@ -198,21 +213,15 @@ at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& meta, int64_
       w = e.mul(per).unsqueeze(1).add(iota(opts, per, per).unsqueeze(0)).reshape({-1});
       wseg = seg.repeat_interleave(per);
     }
-    const at::Tensor key = place.key.index({w});
-    const at::Tensor u0 = at::bitwise_and(u, 0xffff), u1 = u.__rshift__(16);
-    const at::Tensor k0 = at::bitwise_and(key, 0xffff), k1 = key.__rshift__(16);
-    // The limb sums per tensor, exact in int64 (each below 2^53).
-    const at::Tensor terms = at::stack({u0.mul(k0), u0.mul(k1).add(u1.mul(k0)), u1.mul(k1)}, 1);
-    f = at::zeros({m, 3}, opts).index_add_(0, wseg, terms).to(at::kDouble);
+    // The limb sums per tensor.
+    f = at::zeros({m, 3}, opts).index_add_(0, wseg, limb_terms(u, place.key.index({w}))).to(at::kDouble);
   }
   // Sketch: element e goes, its sign flipped or not, to its bucket in row
   // seg of a [m, k] table, as signature_row adds it.
-  at::Tensor x = (flat.is_complex() ? at::abs(flat.to(at::kComplexDouble)) : flat.to(at::kDouble));
-  x = at::nan_to_num(x, 0.0, 0.0, 0.0);
+  const at::Tensor x = sketch_values(flat);
   const at::Tensor sb = place.bucket.index({e});
-  const at::Tensor sign = at::bitwise_and(sb.__rshift__(8), 1).mul(-2).add(1).to(at::kDouble);
-  const at::Tensor idx = seg.mul(k).add(at::bitwise_and(sb, 255));
-  const at::Tensor y = at::zeros({m * k}, x.options()).index_add_(0, idx, x.mul(sign)).view({m, k});
+  const at::Tensor idx = seg.mul(k).add(bucket_of(sb));
+  const at::Tensor y = at::zeros({m * k}, x.options()).index_add_(0, idx, x.mul(sign_of(sb))).view({m, k});
   return at::cat({f, y}, 1).reshape({-1});
 }
 
