@@ -186,6 +186,14 @@ fn parse_count(v: &str) -> Option<u64> {
     v.trim().replace('_', "").parse::<u64>().ok()
 }
 
+/// A finite number of seconds, 0 or more.
+fn parse_seconds(v: &str) -> Option<f64> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0 && s.is_finite())
+}
+
 /// Reads the configuration from `vars` (the process environment in
 /// production, a list in tests).
 pub fn parse<I: IntoIterator<Item = (String, String)>>(vars: I) -> Parsed {
@@ -342,7 +350,7 @@ fn set_output(c: &mut Config, name: &str, v: &str) -> Outcome {
             "a row count above 0 is expected",
         ),
         "OPDUMP_ROTATE_SECS" => take(
-            v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()),
+            parse_seconds(v).filter(|s| *s > 0.0),
             |s| c.rotate_every = Duration::from_secs_f64(s),
             "a number of seconds above 0 is expected",
         ),
@@ -420,10 +428,7 @@ fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
             "a number of bytes above 0 is expected, e.g. 268435456",
         ),
         "OPDUMP_CHECK_SECONDS" => take(
-            v.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| *s >= 0.0 && s.is_finite()),
+            parse_seconds(v),
             |s| c.check_budget = Duration::from_secs_f64(s),
             "a number of seconds is expected, 0 for no limit",
         ),
