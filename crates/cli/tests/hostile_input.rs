@@ -17,8 +17,8 @@ const SECS: u64 = 20;
 
 // --- Report files: symlinks and modes -----------------------------------
 
-/// Gives the link itself to `nobody`, as if that user had planted it: a
-/// link of the user's own is followed (README, "Guarantees").
+/// Gives the link itself to `nobody`, as if that user had planted it (a
+/// link of the user's own is replaced too: tests/probe_files.rs).
 fn plant_as_another_user(link: &Path) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(link.as_os_str().as_bytes()).unwrap();

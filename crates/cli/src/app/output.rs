@@ -14,14 +14,20 @@
 //!
 //! Renaming over a target that is not a regular file would replace it: a
 //! device node (`/dev/full`), a FIFO a reader waits on, `/dev/stdout`. Such
-//! a target is written in place instead, the way a shell's `>` would, or
-//! refused with one line where writing makes no sense (a directory, a
-//! socket) or would destroy data (a block device). A symlink is followed
-//! only where the kernel's `fs.protected_symlinks` would follow it in a
-//! sticky directory: when its owner is the user or the owner of the
-//! directory that holds it (`/dev/stdout`, a link the user made). Any other
-//! link is replaced, so a planted `/tmp/report.html -> /dev/sda` is never
-//! written through.
+//! a target, when the user named it (`--html FILE`), is written in place
+//! instead, the way a shell's `>` would, or refused with one line where
+//! writing makes no sense (a directory, a socket) or would destroy data (a
+//! block device). A symlink is followed only to such a node, and only where
+//! the kernel's `fs.protected_symlinks` would follow it in a sticky
+//! directory: when its owner is the user or the owner of the directory that
+//! holds it (`/dev/stdout`, a link the user made). A link to a regular file
+//! is replaced, whoever made it (unless it is the process's own stdout, as
+//! `--html /dev/stdout > page.html` makes it): the owner of the folder that
+//! holds it may be whoever planted it, and a job of the user's own (often
+//! root's) may have made it; following it would let the link choose which
+//! file a report overwrites. A file opdump names itself inside a folder
+//! (repro's files, `compare.json`) is always a new file renamed into place,
+//! whatever is there ([`write_bytes_in`], [`write_file_in`]).
 
 use std::fs::{DirBuilder, File, Metadata, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -108,6 +114,12 @@ fn target(path: &Path) -> Result<Target> {
         return Ok(Target::Replace);
     }
     match std::fs::metadata(path) {
+        // A link to a regular file is never written through: that file may
+        // be anyone's (see the module's comment). Our own stdout is the
+        // exception: the shell redirected it there.
+        Ok(pointed) if pointed.is_file() && stdout_if_it_is(&pointed).is_none() => {
+            Ok(Target::Replace)
+        }
         Ok(pointed) => writable_node(path, pointed, true),
         // A dangling link: nothing to write through to.
         Err(_) => Ok(Target::Replace),
@@ -233,6 +245,29 @@ pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     write_file(path, |f| f.write_all(bytes).map_err(|e| io_err(path, e)))
 }
 
+/// Writes the file `name` that opdump names inside `dir` (repro's files,
+/// `compare.json`) through `fill`: always a new file renamed into place.
+/// Whatever is at that name was not named by the user, so it is replaced,
+/// never followed or written in place, be it a link, a FIFO or a device.
+pub fn write_file_in(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut File) -> Result<()>,
+) -> Result<PathBuf> {
+    let path = dir.join(name);
+    replace(&path, fill)?;
+    Ok(path)
+}
+
+/// [`write_file_in`] with a whole buffer.
+pub fn write_bytes_in(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    use std::io::Write;
+    let path = dir.join(name);
+    write_file_in(dir, name, |f| {
+        f.write_all(bytes).map_err(|e| io_err(&path, e))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,23 +330,25 @@ mod tests {
         assert_eq!(names_in(t.path()), 2);
     }
 
+    /// A link of the user's own to a regular file is replaced, not
+    /// followed: it may have been planted by a job of the same user (the
+    /// probe of issue 44, as root, found repro's files written through).
     #[test]
-    fn a_link_of_the_user_is_written_through() {
+    fn a_link_of_the_user_to_a_file_is_replaced() {
         let t = tempfile::tempdir().unwrap();
-        let mine = t.path().join("mine.json");
-        std::fs::write(&mine, b"an older and longer report").unwrap();
+        let other = t.path().join("other.txt");
+        std::fs::write(&other, b"keep me").unwrap();
         let target = t.path().join("report.json");
-        std::os::unix::fs::symlink(&mine, &target).unwrap();
+        std::os::unix::fs::symlink(&other, &target).unwrap();
         write_bytes(&target, b"{}").unwrap();
-        assert_eq!(std::fs::read(&mine).unwrap(), b"{}");
-        assert!(std::fs::symlink_metadata(&target)
-            .unwrap()
-            .file_type()
-            .is_symlink());
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep me");
+        assert!(std::fs::symlink_metadata(&target).unwrap().is_file());
+        assert_eq!(std::fs::read(&target).unwrap(), b"{}");
+        assert_eq!(names_in(t.path()), 2);
     }
 
     #[test]
-    fn a_link_of_the_directory_owner_is_written_through() {
+    fn a_link_of_the_directory_owner_to_a_file_is_replaced() {
         if !is_root() {
             eprintln!("skipped: giving a directory to another user needs root");
             return;
@@ -326,11 +363,52 @@ mod tests {
         lchown(&target, OTHER_UID);
         lchown(&dir, OTHER_UID);
         write_bytes(&target, b"{}").unwrap();
-        assert_eq!(std::fs::read(&theirs).unwrap(), b"{}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"old");
+        assert!(std::fs::symlink_metadata(&target).unwrap().is_file());
+    }
+
+    /// A link of the user's own to a FIFO (as `/dev/stdout` is to a pipe)
+    /// is still written through.
+    #[test]
+    fn a_link_of_the_user_to_a_fifo_is_written_through() {
+        let t = tempfile::tempdir().unwrap();
+        let fifo = t.path().join("page.fifo");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+        let target = t.path().join("page.html");
+        std::os::unix::fs::symlink(&fifo, &target).unwrap();
+        let read = read_in_thread(&fifo);
+        write_bytes(&target, b"<html>").unwrap();
+        let got = read.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got.expect("the reader got nothing"), b"<html>");
         assert!(std::fs::symlink_metadata(&target)
             .unwrap()
             .file_type()
             .is_symlink());
+    }
+
+    /// A file opdump names in a folder replaces whatever is at its name:
+    /// a link of the user's own, or a FIFO that would block the write.
+    #[test]
+    fn a_file_named_by_opdump_replaces_links_and_fifos() {
+        let t = tempfile::tempdir().unwrap();
+        let other = t.path().join("other.txt");
+        std::fs::write(&other, b"keep me").unwrap();
+        let out = t.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&other, out.join("call.json")).unwrap();
+        let fifo = out.join("repro.py");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+        write_bytes_in(&out, "call.json", b"{}").unwrap();
+        write_bytes_in(&out, "repro.py", b"print()").unwrap();
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep me");
+        for (name, bytes) in [("call.json", &b"{}"[..]), ("repro.py", b"print()")] {
+            let p = out.join(name);
+            assert!(std::fs::symlink_metadata(&p).unwrap().is_file(), "{name}");
+            assert_eq!(std::fs::read(&p).unwrap(), bytes);
+        }
+        assert_eq!(names_in(&out), 2);
     }
 
     #[test]

@@ -185,7 +185,7 @@ pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
         parquet::write(&pairs, dir, &progress)?;
         let mut buf = Vec::new();
         json::write(&report, &mut buf)?;
-        output::write_bytes(&dir.join("compare.json"), &buf)?;
+        output::write_bytes_in(dir, "compare.json", &buf)?;
     }
     if let Some(path) = &a.html {
         output::write_bytes(path, html::render(&report, &pairs).as_bytes())?;

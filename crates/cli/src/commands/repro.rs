@@ -306,7 +306,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         &[(&*file_a, "a.safetensors"), (&*file_b, "b.safetensors")]
     };
     for (file, name) in files {
-        output::write_bytes(&out.join(name), file.bytes())?;
+        output::write_bytes_in(&out, name, file.bytes())?;
     }
     let detail = c.detail(k);
     let call = CallFile {
@@ -331,8 +331,8 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
     };
     let json = serde_json::to_string_pretty(&call)
         .map_err(|e| CliError::new(format!("call.json: {e}")))?;
-    output::write_bytes(&out.join("call.json"), json.as_bytes())?;
-    output::write_bytes(&out.join("repro.py"), SCRIPT.as_bytes())?;
+    output::write_bytes_in(&out, "call.json", json.as_bytes())?;
+    output::write_bytes_in(&out, "repro.py", SCRIPT.as_bytes())?;
     Ok((out, call.device_b))
 }
 

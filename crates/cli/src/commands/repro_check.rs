@@ -171,11 +171,11 @@ pub fn run(path: &Path, out: Option<PathBuf>) -> Result<(PathBuf, CheckRow)> {
             "reason": row.reason,
         })),
     };
-    output::write_bytes(&out.join("b.safetensors"), file.bytes())?;
+    output::write_bytes_in(&out, "b.safetensors", file.bytes())?;
     let json = serde_json::to_string_pretty(&call)
         .map_err(|e| CliError::new(format!("call.json: {e}")))?;
-    output::write_bytes(&out.join("call.json"), json.as_bytes())?;
-    output::write_bytes(&out.join("repro.py"), SCRIPT.as_bytes())?;
+    output::write_bytes_in(&out, "call.json", json.as_bytes())?;
+    output::write_bytes_in(&out, "repro.py", SCRIPT.as_bytes())?;
     Ok((out, row))
 }
 

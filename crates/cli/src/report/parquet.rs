@@ -401,8 +401,9 @@ pub fn write(
 ) -> Result<std::path::PathBuf> {
     output::create_dir(dir)?;
     let path = dir.join(FILE_NAME);
-    output::write_file(&path, |file| write_rows(pairs, &path, file, progress))?;
-    Ok(path)
+    output::write_file_in(dir, FILE_NAME, |file| {
+        write_rows(pairs, &path, file, progress)
+    })
 }
 
 fn write_rows(

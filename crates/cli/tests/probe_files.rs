@@ -1,0 +1,205 @@
+//! The files the CLI writes and reads, as a hostile user probes them
+//! (issue 44): no output is ever written through a symlink planted at its
+//! name, even one of the user's own (`repro --out`, `repro --check`,
+//! `compare --out/--html`, `check --html`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{path_str, run_timeout, small_dump, tmp, TimedRun};
+use opdump_format::{Capture, CapturedTensor};
+use opdump_testkit::synth::{input, output, DumpWriter};
+
+const SECS: u64 = 60;
+const KEEP: &[u8] = b"the other file, which no opdump command may change";
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One captured gelu call whose output holds `out`.
+fn captured_gelu(dir: &Path, out: &[f32]) {
+    let x = [0.5f32, -1.0, 2.0, 1.5];
+    let mut w = DumpWriter::new(dir, 0, "cpu");
+    let t = |key: &str, v: &[f32]| CapturedTensor {
+        key: key.into(),
+        dtype: "float32".into(),
+        shape: vec![4],
+        data: f32s(v),
+    };
+    let cap = Capture {
+        selector: "aten::gelu#0".into(),
+        args: "[]".into(),
+        tensors: vec![t("input.self", &x), t("output.0", out)],
+        outputs_skipped: false,
+        file: None,
+    };
+    w.leaf_captured(
+        "aten::gelu",
+        vec![input("self", "float32", &[4], 1.0)],
+        vec![output(0, "float32", &[4], 2.0)],
+        cap,
+    )
+    .expect("write");
+    w.close().expect("close");
+}
+
+/// Two dumps whose captured gelu differs: `opdump repro A B` reproduces it.
+fn captured_pair(root: &Path) -> (PathBuf, PathBuf) {
+    let (a, b) = (root.join("a"), root.join("b"));
+    captured_gelu(&a, &[0.35, -0.16, 1.95, 1.40]);
+    captured_gelu(&b, &[1.40, -0.16, 1.95, 0.35]);
+    (a, b)
+}
+
+/// A dump with check results (`checks/rank=0/part-4242.jsonl`) and the
+/// capture file of its failed check; returns the dump and that file.
+fn checked_dump(root: &Path) -> (PathBuf, PathBuf) {
+    let src = root.join("src");
+    captured_gelu(&src, &[0.35, -0.16, 1.95, 1.40]);
+    let (capture,) = glob_one(&src.join("rank=0/device=cpu"), "capture-");
+    let dump = root.join("checked");
+    let rank = dump.join("checks/rank=0");
+    std::fs::create_dir_all(&rank).unwrap();
+    let name = "capture-4242-0.safetensors";
+    std::fs::copy(capture, rank.join(name)).unwrap();
+    let row = serde_json::json!({
+        "kind": "check", "signature": "aten::gelu.default(float32[4])", "op": "aten::gelu",
+        "overload": "default", "args": "", "module": null, "phase": "forward", "step": 0,
+        "seq": 0, "rank": 0, "device": "cpu", "dtype": "float32", "device_err": 1e-3,
+        "cpu_err": 6e-8, "ratio": 1.6e4, "device_ulp": null, "cpu_ulp": null,
+        "reduction_len": null, "verdict": "fail", "reason": null,
+        "capture": format!("checks/rank=0/{name}"),
+    });
+    let summary = serde_json::json!({
+        "kind": "summary", "rank": 0, "pid": 4242, "checked": 1, "passed": 0, "failed": 1,
+        "no_reference": 0, "signatures": 1, "skipped_bytes": 0, "skipped_budget": 0,
+        "skipped_busy": 0,
+    });
+    std::fs::write(rank.join("part-4242.jsonl"), format!("{row}\n{summary}\n")).unwrap();
+    (dump, rank.join(name))
+}
+
+/// The one file in `dir` whose name starts with `prefix`.
+fn glob_one(dir: &Path, prefix: &str) -> (PathBuf,) {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    (found[0].clone(),)
+}
+
+/// Plants, in `dir` (created if missing), a symlink of the user's own named
+/// as each of `names`, all pointing at one other file; returns that file.
+fn plant(root: &Path, dir: &Path, names: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let other = root.join("other.txt");
+    std::fs::write(&other, KEEP).unwrap();
+    for name in names {
+        std::os::unix::fs::symlink(&other, dir.join(name)).unwrap();
+    }
+    other
+}
+
+/// The other file is untouched; each output is a regular file now, with
+/// something in it; nothing else (no temporary file) is in `dir`.
+fn expect_replaced(r: &TimedRun, other: &Path, dir: &Path, names: &[&str]) {
+    assert!(!r.timed_out && r.code != 2, "exit {}: {}", r.code, r.stderr);
+    let now = std::fs::read(other).unwrap();
+    assert!(
+        now == KEEP,
+        "the other file was written through a link: it starts {:?}",
+        String::from_utf8_lossy(&now[..now.len().min(60)])
+    );
+    for name in names {
+        let m = std::fs::symlink_metadata(dir.join(name)).unwrap();
+        assert!(m.file_type().is_file(), "{name} is not a regular file now");
+        assert!(m.len() > 0, "{name} is empty");
+    }
+    let mut left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !names.contains(&n.as_str()))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
+}
+
+#[test]
+fn repro_out_replaces_planted_links() {
+    let t = tmp();
+    let (a, b) = captured_pair(t.path());
+    let out = t.path().join("out");
+    let names = ["repro.py", "a.safetensors", "b.safetensors", "call.json"];
+    let other = plant(t.path(), &out, &names);
+    let r = run_timeout(
+        &["repro", path_str(&a), path_str(&b), "--out", path_str(&out)],
+        SECS,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    expect_replaced(&r, &other, &out, &names);
+}
+
+#[test]
+fn repro_check_replaces_planted_links() {
+    let t = tmp();
+    let (_, capture) = checked_dump(t.path());
+    let out = t.path().join("out");
+    let names = ["repro.py", "b.safetensors", "call.json"];
+    let other = plant(t.path(), &out, &names);
+    let r = run_timeout(
+        &[
+            "repro",
+            "--check",
+            path_str(&capture),
+            "--out",
+            path_str(&out),
+        ],
+        SECS,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    expect_replaced(&r, &other, &out, &names);
+}
+
+#[test]
+fn compare_reports_replace_planted_links() {
+    let t = tmp();
+    let dump = t.path().join("d");
+    small_dump(&dump);
+    let rep = t.path().join("rep");
+    let names = ["compare.json", "compare.parquet"];
+    let other = plant(t.path(), &rep, &names);
+    let pages = t.path().join("pages");
+    plant(t.path(), &pages, &["page.html"]);
+    let d = path_str(&dump);
+    let r = run_timeout(
+        &[
+            "compare",
+            d,
+            d,
+            "--out",
+            path_str(&rep),
+            "--html",
+            path_str(&pages.join("page.html")),
+        ],
+        SECS,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    expect_replaced(&r, &other, &rep, &names);
+    expect_replaced(&r, &other, &pages, &["page.html"]);
+}
+
+#[test]
+fn check_html_replaces_a_planted_link() {
+    let t = tmp();
+    let (dump, _) = checked_dump(t.path());
+    let pages = t.path().join("pages");
+    let other = plant(t.path(), &pages, &["check.html"]);
+    let page = pages.join("check.html");
+    let r = run_timeout(&["check", path_str(&dump), "--html", path_str(&page)], SECS);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    expect_replaced(&r, &other, &pages, &["check.html"]);
+}
