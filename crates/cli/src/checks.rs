@@ -235,17 +235,29 @@ pub fn parse(text: &str, path: &Path, rank: u32) -> Result<CheckFile> {
 /// Reads one file: a regular file only (a FIFO is an error, not a wait),
 /// of a bounded size, in UTF-8.
 pub fn read_file(path: &Path, rank: u32) -> Result<CheckFile> {
+    let too_large = || {
+        CliError::new(format!(
+            "{}: larger than {} bytes, not a file of check results opdump wrote; move it out of the dump",
+            path.display(),
+            MAX_FILE_BYTES
+        ))
+    };
     let file = opdump_format::regular::open_regular(path).map_err(CliError::from)?;
-    let mut bytes = Vec::new();
+    // The size the file has now, before a byte of it is read; the read
+    // below stays bounded too, for a file that grows meanwhile.
+    let size = file
+        .metadata()
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?
+        .len();
+    if size > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(CliError::new(format!(
-            "{}: larger than {} bytes, not a file of check results opdump wrote; move it out of the dump",
-            path.display(),
-            MAX_FILE_BYTES
-        )));
+        return Err(too_large());
     }
     let text = String::from_utf8(bytes).map_err(|e| {
         bad_line(

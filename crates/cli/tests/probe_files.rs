@@ -1,11 +1,14 @@
 //! The files the CLI writes and reads, as a hostile user probes them
 //! (issue 44): no output is ever written through a symlink planted at its
 //! name, even one of the user's own (`repro --out`, `repro --check`,
-//! `compare --out/--html`, `check --html`).
+//! `compare --out/--html`, `check --html`); `opdump check` refuses an
+//! oversized file before reading it.
 
 mod common;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use common::{path_str, run_timeout, small_dump, tmp, TimedRun};
 use opdump_format::{Capture, CapturedTensor};
@@ -202,4 +205,58 @@ fn check_html_replaces_a_planted_link() {
     let r = run_timeout(&["check", path_str(&dump), "--html", path_str(&page)], SECS);
     assert_eq!(r.code, 1, "{}", r.stderr);
     expect_replaced(&r, &other, &pages, &["check.html"]);
+}
+
+/// Runs `opdump args`, and returns its exit status, stderr and peak RSS in
+/// KiB (wait4's rusage of the child alone).
+#[allow(clippy::zombie_processes)] // wait4 reaps it, not std's wait
+fn run_with_rss(args: &[&str]) -> (i32, String, i64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_opdump"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn opdump");
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage we own, filled by wait4 for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the child spawned above, which std has not reaped.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    (code, reader.join().unwrap(), usage.ru_maxrss)
+}
+
+#[test]
+fn check_refuses_an_oversized_file_before_reading_it() {
+    let t = tmp();
+    let rank = t.path().join("d/checks/rank=0");
+    std::fs::create_dir_all(&rank).unwrap();
+    // Sparse: past the 1 GiB limit without taking the disk space.
+    let f = std::fs::File::create(rank.join("part-1.jsonl")).unwrap();
+    f.set_len((1 << 30) + 1).unwrap();
+    drop(f);
+    let (code, stderr, rss_kib) = run_with_rss(&["check", path_str(&t.path().join("d"))]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("opdump: ") && stderr.contains("larger than"),
+        "{stderr}"
+    );
+    // Reading the file first took over 1 GiB of memory.
+    assert!(
+        rss_kib < 256 * 1024,
+        "peak RSS {rss_kib} KiB: the file was read before it was refused"
+    );
 }
