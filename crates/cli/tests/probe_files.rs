@@ -2,7 +2,8 @@
 //! (issue 44): no output is ever written through a symlink planted at its
 //! name, even one of the user's own (`repro --out`, `repro --check`,
 //! `compare --out/--html`, `check --html`); `opdump check` refuses an
-//! oversized file before reading it.
+//! oversized file before reading it; a bit flipped inside a data page of a
+//! dump is one line and exit 2, never a verdict.
 
 mod common;
 
@@ -259,4 +260,48 @@ fn check_refuses_an_oversized_file_before_reading_it() {
         rss_kib < 256 * 1024,
         "peak RSS {rss_kib} KiB: the file was read before it was refused"
     );
+}
+
+/// Flips one bit in the middle of the first data page of `column`'s chunk
+/// in the first row group of the Parquet file `path`.
+fn flip_bit_in_page(path: &Path, column: &str) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let rg = reader.metadata().row_group(0);
+    let chunk = rg
+        .columns()
+        .iter()
+        .find(|c| c.column_path().string() == column)
+        .unwrap_or_else(|| panic!("no column {column}"));
+    let (start, len) = chunk.byte_range();
+    assert!(
+        chunk.dictionary_page_offset().is_none(),
+        "{column} has a dictionary page"
+    );
+    let mut bytes = std::fs::read(path).unwrap();
+    // Past the page header (tens of bytes), inside a literal run of the
+    // Snappy-compressed values: without a checksum this reads without an
+    // error, and compare names a false introducer (exit 1).
+    let at = (start + len * 3 / 10) as usize;
+    bytes[at] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_bit_flipped_in_a_data_page_is_one_line_and_exit_2() {
+    let t = tmp();
+    let a = t.path().join("a");
+    small_dump(&a);
+    let b = t.path().join("b");
+    small_dump(&b);
+    let (file,) = glob_one(&b.join("rank=0/device=cpu"), "part-");
+    flip_bit_in_page(&file, "max");
+    for args in [
+        ["compare", path_str(&a), path_str(&b)],
+        ["compare", path_str(&b), path_str(&a)],
+    ] {
+        let r = run_timeout(&args, SECS);
+        common::expect_one_line(&r, "a flipped bit", "checksum");
+        assert!(r.stderr.contains(path_str(&file)), "{}", r.stderr);
+    }
 }

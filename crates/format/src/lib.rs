@@ -2,6 +2,7 @@
 //!
 //! - [`record`]: one op call and its tensors, as the plugin produces them;
 //! - [`capture`]: the safetensors file of a call `OPDUMP_CAPTURE` chose;
+//! - [`checksum`]: the CRC of each column chunk, which readers check;
 //! - [`columns`]: the one table of a dump file's columns (one row per
 //!   tensor), and the [`Stats`] of a tensor;
 //! - [`schema`]: the Arrow schema and batch builder made from that table;
@@ -19,6 +20,7 @@
 //! file format, for crates that judge records held in memory.
 
 pub mod capture;
+pub mod checksum;
 pub mod columns;
 pub mod error;
 pub mod ranges;

@@ -40,6 +40,8 @@ pub mod meta {
     /// Set in the files of a forked child: the pid of the process it forked
     /// from, whose seq numbers it continues.
     pub const FORKED_FROM: &str = "opdump.forked_from";
+    /// The CRC-32 of each column chunk (see [`crate::checksum`]).
+    pub const CHUNK_CRC32: &str = "opdump.chunk_crc32";
 }
 
 impl ColType {

@@ -28,6 +28,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
 use crate::capture;
+use crate::checksum;
 use crate::error::{Error, Result};
 use crate::record::OpRecord;
 use crate::schema::{col, meta, schema, BatchBuilder, SCHEMA_VERSION};
@@ -74,7 +75,12 @@ impl Default for RotateOptions {
 }
 
 struct OpenFile {
-    writer: ArrowWriter<BufWriter<CheckedFile>>,
+    writer: ArrowWriter<Summed<BufWriter<CheckedFile>>>,
+    /// The CRC of each column chunk of the row groups written so far, the
+    /// chunks' places, and how many row groups that is.
+    sums: Vec<u32>,
+    ranges: Vec<(u64, u64)>,
+    summed_groups: usize,
     /// The hidden and the final name, in the partition directory.
     tmp_name: CString,
     dest_name: CString,
@@ -87,6 +93,100 @@ struct OpenFile {
     op_calls: u64,
     seq_min: i64,
     seq_max: i64,
+}
+
+impl OpenFile {
+    /// The CRCs of the column chunks of the row groups completed since the
+    /// last call, from the bytes [`Summed`] kept of them.
+    fn sum_row_groups(&mut self) -> Result<()> {
+        let groups = self.writer.flushed_row_groups();
+        if groups.len() == self.summed_groups {
+            return Ok(());
+        }
+        let ranges: Vec<(u64, u64)> = groups[self.summed_groups..]
+            .iter()
+            .flat_map(|g| g.columns().iter().map(|c| c.byte_range()))
+            .collect();
+        self.summed_groups = groups.len();
+        // The last bytes of the row group may still be in the writer's own
+        // buffer.
+        self.writer.sync().map_err(|e| Error::io(&self.tmp, e))?;
+        let summed = self.writer.inner_mut();
+        for &(start, len) in &ranges {
+            let sum = summed.sum(start, len).ok_or_else(|| {
+                Error::format(
+                    &self.tmp,
+                    format!(
+                        "column chunk at {start}+{len} was not seen written; cannot checksum it"
+                    ),
+                )
+            })?;
+            self.sums.push(sum);
+        }
+        if let Some(end) = ranges.iter().map(|(s, l)| s + l).max() {
+            summed.forget_before(end);
+        }
+        self.ranges.extend(ranges);
+        Ok(())
+    }
+
+    /// What goes into the footer: the sums and the CRC of the places.
+    fn chunk_sums(&self) -> checksum::ChunkSums {
+        checksum::ChunkSums {
+            layout: checksum::layout_sum(self.ranges.iter().copied()),
+            chunks: self.sums.clone(),
+        }
+    }
+}
+
+/// A writer that keeps the bytes written through it from the first one
+/// not yet checksummed: a column chunk's place in the file is known only
+/// once its row group is complete, and then its bytes are here to sum.
+/// It holds about one row group's encoded bytes, as the Parquet writer
+/// itself does while it encodes one.
+struct Summed<W> {
+    inner: W,
+    /// The file offset of `kept[0]`.
+    kept_from: u64,
+    kept: Vec<u8>,
+}
+
+impl<W> Summed<W> {
+    fn new(inner: W) -> Self {
+        Summed {
+            inner,
+            kept_from: 0,
+            kept: Vec::new(),
+        }
+    }
+
+    /// The CRC of the `len` bytes at file offset `start`, if they are kept.
+    fn sum(&self, start: u64, len: u64) -> Option<u32> {
+        let from = usize::try_from(start.checked_sub(self.kept_from)?).ok()?;
+        let to = from.checked_add(usize::try_from(len).ok()?)?;
+        self.kept.get(from..to).map(checksum::crc32)
+    }
+
+    /// Drops the bytes before file offset `end`.
+    fn forget_before(&mut self, end: u64) {
+        let n = usize::try_from(end.saturating_sub(self.kept_from))
+            .unwrap_or(usize::MAX)
+            .min(self.kept.len());
+        self.kept.drain(..n);
+        self.kept_from += n as u64;
+    }
+}
+
+impl<W: Write> Write for Summed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.kept.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Writes the records of one partition (`rank=<R>/device=<D>/`) into a
@@ -270,13 +370,16 @@ impl RotatingWriter {
         }
         let props = props.build();
         let writer = ArrowWriter::try_new(
-            BufWriter::with_capacity(1 << 20, file),
+            Summed::new(BufWriter::with_capacity(1 << 20, file)),
             schema(),
             Some(props),
         )
         .map_err(|e| Error::parquet(&tmp, e))?;
         Ok(self.file.insert(OpenFile {
             writer,
+            sums: Vec::new(),
+            ranges: Vec::new(),
+            summed_groups: 0,
             tmp_name,
             dest_name,
             tmp,
@@ -327,7 +430,9 @@ impl RotatingWriter {
         let batch = self.builder.finish()?;
         file.writer
             .write(&batch)
-            .map_err(|e| Error::parquet(&file.tmp, e))
+            .map_err(|e| Error::parquet(&file.tmp, e))?;
+        // The writer completes a row group when it holds enough rows.
+        file.sum_row_groups()
     }
 
     /// Completes the open file if it is older than `max_age`.
@@ -377,12 +482,15 @@ impl RotatingWriter {
     /// Adds the metadata, writes the footer, and renames the file into view,
     /// only if its descriptor and its hidden name are still the file created.
     fn complete(metadata: &[(String, String)], dir: &mut GuardedFd, mut f: OpenFile) -> Result<()> {
+        f.writer.flush().map_err(|e| Error::parquet(&f.tmp, e))?;
+        f.sum_row_groups()?;
         let counts = [
             (meta::SCHEMA_VERSION, SCHEMA_VERSION.to_string()),
             (meta::ROWS, f.rows.to_string()),
             (meta::OP_CALLS, f.op_calls.to_string()),
             (meta::SEQ_MIN, f.seq_min.to_string()),
             (meta::SEQ_MAX, f.seq_max.to_string()),
+            (meta::CHUNK_CRC32, f.chunk_sums().to_text()),
         ];
         for (k, v) in metadata
             .iter()
@@ -397,6 +505,7 @@ impl RotatingWriter {
             .into_inner()
             .map_err(|e| Error::parquet(&f.tmp, e))?;
         let mut file = buf
+            .inner
             .into_inner()
             .map_err(|e| Error::io(&f.tmp, e.into_error()))?;
         fsguard::publish(dir, &mut file, &f.tmp_name, &f.dest_name)

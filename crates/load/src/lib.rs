@@ -6,11 +6,13 @@
 //! - [`rank_keys`]: the rows the ranks vote needs, in windows of steps;
 //! - [`spill`]: where a large dump's rows wait, out of memory;
 //! - [`captures`]: the capture files a dump names, opened on first use;
+//! - `chunks`: each column chunk checked against its CRC before it is decoded;
 //! - [`panic_guard`]: a decoder's panic on a malformed file becomes an error.
 //!
 //! [`Dump`]: opdump_judge::Dump
 
 pub mod captures;
+mod chunks;
 pub mod error;
 pub mod panic_guard;
 pub mod rank_keys;

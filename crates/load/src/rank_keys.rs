@@ -286,6 +286,7 @@ fn read_file(f: &RankFile, rank: u32, win: (i64, i64), sink: &mut Sink<'_>) -> R
     let mut roots = required_roots(path, &schema, &REQUIRED)?;
     roots.extend(OPTIONAL.iter().filter_map(|n| schema.index_of(n).ok()));
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    crate::chunks::check(path, builder.metadata(), &mask, Some(&groups))?;
     let err = |e: &dyn std::fmt::Display| Error::new(format!("{}: {e}", path.display()));
     let reader = builder
         .with_projection(mask)

@@ -829,6 +829,8 @@ impl Builder {
                 .filter_map(|n| arrow_schema.index_of(n).ok()),
         );
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        // A step filter reads only `step`, which the mask holds.
+        crate::chunks::check(path, &metadata, &mask, None)?;
         let builder = match &self.steps {
             Some(steps) => {
                 let step = arrow_schema.index_of(col::STEP).map_err(|_| {
