@@ -186,6 +186,11 @@ fn parse_count(v: &str) -> Option<u64> {
     v.trim().replace('_', "").parse::<u64>().ok()
 }
 
+/// A count in `range`.
+fn count_in(v: &str, range: std::ops::RangeInclusive<u64>) -> Option<u64> {
+    parse_count(v).filter(|n| range.contains(n))
+}
+
 /// A finite number of seconds, 0 or more.
 fn parse_seconds(v: &str) -> Option<f64> {
     v.trim()
@@ -193,6 +198,29 @@ fn parse_seconds(v: &str) -> Option<f64> {
         .ok()
         .filter(|s| *s >= 0.0 && s.is_finite())
 }
+
+/// A number of seconds from 0 (or above 0, when `zero` is not allowed) to
+/// `max`, as a Duration (which panics past u64::MAX seconds: the bound is
+/// checked first).
+fn seconds_in(v: &str, zero: bool, max: f64) -> Option<Duration> {
+    parse_seconds(v)
+        .filter(|s| (zero || *s > 0.0) && *s <= max)
+        .map(Duration::from_secs_f64)
+}
+
+// The upper bounds of the numeric variables. Each lies far past any useful
+// setting and keeps what is done with the value from overflowing or
+// failing: a Duration, a deadline of now plus a wait (the device path's
+// too, in C++ chrono), four times a byte count, a channel whose slots are
+// allocated at once.
+const MAX_ROTATE_ROWS: u64 = 1_000_000_000;
+const MAX_ROTATE_SECS: f64 = 86_400.0;
+const MAX_QUEUE: u64 = 1 << 20;
+const MAX_QUEUE_WAIT_MS: u64 = 3_600_000;
+/// 1 TiB: of captured tensors in one process, or of one checked call's inputs.
+const MAX_BYTES: u64 = 1 << 40;
+const MAX_CHECK_PER_SIGNATURE: u64 = 1_000_000;
+const MAX_CHECK_SECONDS: f64 = 604_800.0;
 
 /// Reads the configuration from `vars` (the process environment in
 /// production, a list in tests).
@@ -327,9 +355,9 @@ fn set_capture(c: &mut Config, name: &str, v: &str) -> Outcome {
             format!("{why}; selectors are aten::gelu#0, aten::gelu@step=1#2 or module=blocks.0.mlp#0, separated by ;")
         }),
         "OPDUMP_CAPTURE_MAX_BYTES" => take(
-            parse_count(v),
+            count_in(v, 0..=MAX_BYTES),
             |n| c.capture_max_bytes = n,
-            "a number of bytes is expected, e.g. 1073741824",
+            "a number of bytes from 0 to 1099511627776 (1 TiB) is expected, e.g. 1073741824",
         ),
         _ => return None,
     })
@@ -345,14 +373,14 @@ fn set_output(c: &mut Config, name: &str, v: &str) -> Outcome {
             "give a directory path",
         ),
         "OPDUMP_ROTATE_ROWS" => take(
-            parse_count(v).filter(|n| *n > 0),
+            count_in(v, 1..=MAX_ROTATE_ROWS),
             |n| c.rotate_rows = n,
-            "a row count above 0 is expected",
+            "a row count above 0 and at most 1000000000 is expected, e.g. 500000",
         ),
         "OPDUMP_ROTATE_SECS" => take(
-            parse_seconds(v).filter(|s| *s > 0.0),
-            |s| c.rotate_every = Duration::from_secs_f64(s),
-            "a number of seconds above 0 is expected",
+            seconds_in(v, false, MAX_ROTATE_SECS),
+            |d| c.rotate_every = d,
+            "a number of seconds above 0 and at most 86400 (a day) is expected, e.g. 10",
         ),
         "OPDUMP_FILE_MODE" => take(
             u32::from_str_radix(v.trim().trim_start_matches("0o"), 8)
@@ -416,21 +444,19 @@ fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
                 .map_err(|e| format!("use 1 (check every op), 0, or {}", regex_problem(e))),
         },
         "OPDUMP_CHECK_PER_SIGNATURE" => take(
-            parse_count(v)
-                .filter(|n| *n > 0)
-                .and_then(|n| u32::try_from(n).ok()),
+            count_in(v, 1..=MAX_CHECK_PER_SIGNATURE).and_then(|n| u32::try_from(n).ok()),
             |n| c.check_per_signature = n,
-            "a count of calls above 0 is expected, e.g. 1",
+            "a count of calls above 0 and at most 1000000 is expected, e.g. 1",
         ),
         "OPDUMP_CHECK_MAX_BYTES" => take(
-            parse_count(v).filter(|n| *n > 0),
+            count_in(v, 1..=MAX_BYTES),
             |n| c.check_max_bytes = n,
-            "a number of bytes above 0 is expected, e.g. 268435456",
+            "a number of bytes above 0 and at most 1099511627776 (1 TiB) is expected, e.g. 268435456",
         ),
         "OPDUMP_CHECK_SECONDS" => take(
-            parse_seconds(v),
-            |s| c.check_budget = Duration::from_secs_f64(s),
-            "a number of seconds is expected, 0 for no limit",
+            seconds_in(v, true, MAX_CHECK_SECONDS),
+            |d| c.check_budget = d,
+            "a number of seconds from 0 (no limit) to 604800 (a week) is expected, e.g. 300",
         ),
         _ => return None,
     })
@@ -440,9 +466,9 @@ fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
 fn set_queue(c: &mut Config, name: &str, v: &str) -> Outcome {
     Some(match name {
         "OPDUMP_QUEUE" => take(
-            parse_count(v).filter(|n| *n > 0),
+            count_in(v, 1..=MAX_QUEUE),
             |n| c.queue = n as usize,
-            "a capacity above 0 is expected",
+            "a capacity above 0 and at most 1048576 op calls is expected, e.g. 16384",
         ),
         "OPDUMP_QUEUE_FULL" => take(
             match v.trim() {
@@ -454,9 +480,9 @@ fn set_queue(c: &mut Config, name: &str, v: &str) -> Outcome {
             "use block or drop",
         ),
         "OPDUMP_QUEUE_WAIT_MS" => take(
-            parse_count(v),
+            count_in(v, 0..=MAX_QUEUE_WAIT_MS),
             |n| c.queue_wait = Duration::from_millis(n),
-            "a number of milliseconds is expected",
+            "a number of milliseconds from 0 to 3600000 (an hour) is expected, e.g. 10000",
         ),
         _ => return None,
     })
@@ -635,6 +661,79 @@ mod tests {
             let r = p(&[(name, "anything")]);
             assert!(r.errors.is_empty() && r.warnings.is_empty(), "{name}");
         }
+    }
+
+    /// Every seconds, size or count variable has a range: a value past it
+    /// (1e20 seconds made `Duration::from_secs_f64` panic) is one error
+    /// that names the variable and the range, and the bounds are taken.
+    #[test]
+    fn numeric_variables_refuse_values_outside_their_range() {
+        let cases = [
+            (
+                "OPDUMP_CHECK_SECONDS",
+                &["1e20", "604800.5", "-1", "nan"][..],
+                &["0", "604800"][..],
+            ),
+            (
+                "OPDUMP_ROTATE_SECS",
+                &["1e20", "86401", "0", "1e400"],
+                &["0.001", "86400"],
+            ),
+            (
+                "OPDUMP_QUEUE_WAIT_MS",
+                &["18446744073709551615", "3600001"],
+                &["0", "3600000"],
+            ),
+            (
+                "OPDUMP_QUEUE",
+                &["0", "1048577", "99999999999999999999"],
+                &["1", "1048576"],
+            ),
+            (
+                "OPDUMP_ROTATE_ROWS",
+                &["0", "1000000001"],
+                &["1", "1000000000"],
+            ),
+            (
+                "OPDUMP_CHECK_MAX_BYTES",
+                &["0", "1099511627777"],
+                &["1", "1099511627776"],
+            ),
+            (
+                "OPDUMP_CAPTURE_MAX_BYTES",
+                &["1099511627777", "-1"],
+                &["0", "1099511627776"],
+            ),
+            (
+                "OPDUMP_CHECK_PER_SIGNATURE",
+                &["0", "1000001", "4294967296"],
+                &["1", "1000000"],
+            ),
+        ];
+        for (name, bad, good) in cases {
+            for v in bad {
+                let r = std::panic::catch_unwind(|| p(&[(name, v)]))
+                    .unwrap_or_else(|_| panic!("{name}={v} panicked"));
+                assert_eq!(r.errors.len(), 1, "{name}={v}: {:?}", r.errors);
+                let e = &r.errors[0];
+                assert!(
+                    e.starts_with(&format!("{name}={v:?} is not valid: ")),
+                    "{e}"
+                );
+                assert!(
+                    e.contains("at most") || e.contains(" to "),
+                    "no range in: {e}"
+                );
+            }
+            for v in good {
+                let r = p(&[(name, v)]);
+                assert!(r.errors.is_empty(), "{name}={v}: {:?}", r.errors);
+            }
+        }
+        let r = p(&[("OPDUMP_CHECK_SECONDS", "604800")]);
+        assert_eq!(r.config.check_budget, Duration::from_secs(604_800));
+        let r = p(&[("OPDUMP_QUEUE_WAIT_MS", "3600000")]);
+        assert_eq!(r.config.queue_wait, Duration::from_secs(3600));
     }
 
     #[test]
