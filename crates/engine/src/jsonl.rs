@@ -58,7 +58,8 @@ impl JsonLines {
 
     /// Writes a new file `name` beside this one, whole or not at all: under
     /// a hidden name first, renamed when complete. Refuses a name that is
-    /// taken.
+    /// taken. A write that fails (a full disk, `ulimit -f`) removes the
+    /// hidden file: a failed capture leaves nothing behind.
     pub fn write_beside(&mut self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
         let dest = CString::new(name).map_err(std::io::Error::other)?;
         let tmp = CString::new(format!(".{name}.tmp")).map_err(std::io::Error::other)?;
@@ -66,8 +67,17 @@ impl JsonLines {
             return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
         }
         let mut file = CheckedFile::create_new(&mut self.at, &tmp, self.file_mode)?;
-        file.write_all(bytes)?;
-        opdump_fsguard::publish(&mut self.at, &mut file, &tmp, &dest)?;
+        let id = file.identity();
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| opdump_fsguard::publish(&mut self.at, &mut file, &tmp, &dest));
+        if let Err(e) = written {
+            // Closed first (if still ours); removed only if the hidden name
+            // is still the file created, never a file put in its place.
+            drop(file);
+            let _ = opdump_fsguard::remove_if(&mut self.at, &tmp, id);
+            return Err(e);
+        }
         Ok(self.path.with_file_name(name))
     }
 }
