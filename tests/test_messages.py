@@ -227,6 +227,8 @@ ELSEWHERE = {
     "descriptor <n> no longer refers": ("tests/test_hostile.py", "no longer refers"),
     "is no longer the file opdump wrote": ("crates/fsguard/tests/descriptors.rs", "no longer the file opdump wrote"),
     "corrupt footer": ("crates/cli/tests/hostile_input.rs", "corrupt footer"),
+    "fails its checksum": ("crates/cli/tests/probe_files.rs", '"checksum"'),
+    "not a file of check results opdump wrote": ("crates/cli/tests/probe_files.rs", "larger than"),
     "not a regular file": ("crates/cli/tests/hostile_input.rs", "not a regular file"),
     "its own ancestor": ("crates/cli/tests/hostile_input.rs", "its own ancestor"),
     "is not a device name": ("tests/test_repro_hostile.py", "not a device name"),
@@ -305,7 +307,6 @@ NOT_CAUSED = {
                                                    "before it",
     "the accuracy check of <op> could not copy": "device path: needs a device copy that fails",
     "the partition device=": "needs a dump whose partition directory names no device; opdump never writes one",
-    "not a file of check results opdump wrote": "needs a check file of 1 GiB",
 }
 
 # Caused by a test below: catalogue key -> (text of the cause in the line as
