@@ -1,9 +1,10 @@
 //! The files the CLI writes and reads, as a hostile user probes them
 //! (issue 44): no output is ever written through a symlink planted at its
 //! name, even one of the user's own (`repro --out`, `repro --check`,
-//! `compare --out/--html`, `check --html`); `opdump check` refuses an
-//! oversized file before reading it; a bit flipped inside a data page of a
-//! dump is one line and exit 2, never a verdict.
+//! `compare --out/--html`, `compare --rank all --html`, `check --html`);
+//! `opdump check` refuses an oversized file before reading it; a bit
+//! flipped inside a data page of a dump is one line and exit 2, never a
+//! verdict.
 
 mod common;
 
@@ -206,6 +207,39 @@ fn check_html_replaces_a_planted_link() {
     let r = run_timeout(&["check", path_str(&dump), "--html", path_str(&page)], SECS);
     assert_eq!(r.code, 1, "{}", r.stderr);
     expect_replaced(&r, &other, &pages, &["check.html"]);
+}
+
+#[test]
+fn fleet_html_replaces_a_planted_link() {
+    use opdump_testkit::synth::{write_model_rank, RankOf, Variant};
+    let t = tmp();
+    let dump = t.path().join("d");
+    for rank in 0..2 {
+        let of = RankOf {
+            rank,
+            fingerprints: false,
+            odd_grad_at: None,
+        };
+        write_model_rank(
+            &dump,
+            &of,
+            &common::small_model(),
+            &Variant::default(),
+            false,
+            500_000,
+        )
+        .expect("write rank");
+    }
+    let pages = t.path().join("pages");
+    let other = plant(t.path(), &pages, &["ranks.html"]);
+    let d = path_str(&dump);
+    let page = pages.join("ranks.html");
+    let r = run_timeout(
+        &["compare", d, d, "--rank", "all", "--html", path_str(&page)],
+        SECS,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    expect_replaced(&r, &other, &pages, &["ranks.html"]);
 }
 
 /// Runs `opdump args`, and returns its exit status, stderr and peak RSS in
