@@ -271,6 +271,9 @@ pub mod ffi {
         fn intern_name(name: &str) -> u32;
         /// One `opdump:` line on stderr; opdump stays on.
         fn warn(what: &str);
+        /// First thing on every thread C++ starts (`start_thread`): the
+        /// rule every thread of opdump's keeps (`opdump_fsguard::spawn`).
+        fn own_thread_started();
         /// The error a ticket with `stop` raises in the job.
         fn stop_message() -> String;
         /// The CPU check of the named call is done (on its own thread).
@@ -610,6 +613,10 @@ fn intern_name(name: &str) -> u32 {
 
 fn warn(what: &str) {
     runtime::warn(what);
+}
+
+fn own_thread_started() {
+    let _ = opdump_fsguard::block_file_size_signal();
 }
 
 fn stop_message() -> String {

@@ -111,15 +111,9 @@ impl Sink {
             failed: false,
             feed,
         };
-        let handle = std::thread::Builder::new()
-            .name("opdump-writer".into())
-            .spawn(move || {
-                // First, before any write: a write past a file-size limit then
-                // fails with EFBIG (handled as a full disk) instead of SIGXFSZ
-                // killing the job. It cannot fail for a valid signal set.
-                let _ = opdump_fsguard::block_file_size_signal();
-                worker.run(rx)
-            })?;
+        // A write past a file-size limit fails with EFBIG on this thread
+        // (handled as a full disk) instead of SIGXFSZ killing the job.
+        let handle = opdump_fsguard::spawn("opdump-writer", move || worker.run(rx))?;
         Ok(Sink {
             tx,
             worker: Mutex::new(Some(handle)),

@@ -540,6 +540,26 @@ pub fn enter_dir(
     adopt_dir(fd, dir_mode).map_err(refuse)
 }
 
+/// Starts a thread of opdump's own. Every thread opdump starts, in Rust
+/// here and in C++ (`start_thread`, which calls [`block_file_size_signal`]
+/// through the bridge), keeps one rule: SIGXFSZ is blocked before its body
+/// runs, so no thread of opdump's can be killed by a file-size limit. A
+/// thread started from the job's thread would otherwise inherit the job's
+/// mask, and with it the signal's default action.
+pub fn spawn<F, T>(name: &str, body: F) -> io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            // It cannot fail for a valid signal set.
+            let _ = block_file_size_signal();
+            body()
+        })
+}
+
 /// Blocks SIGXFSZ on the calling thread. Call it first thing on a thread
 /// that writes files: a write past `ulimit -f` then fails with EFBIG (handled
 /// as a full disk) instead of killing the whole process, which is what the

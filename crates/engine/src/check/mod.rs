@@ -19,24 +19,29 @@
 //! spends at most `OPDUMP_CHECK_SECONDS`.
 
 pub mod row;
+mod writer;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use opdump_format::{capture as capture_file, Capture, OpRecord, Phase};
+use opdump_format::{Capture, Phase};
 use opdump_judge::check::{self as rule, CheckVerdict};
 use opdump_judge::metrics::reduction_length_of_shapes;
 use opdump_judge::opclass::{classify, OpClass};
 
-use crate::jsonl::JsonLines;
 use row::{CheckRow, SummaryRow};
+use writer::{Line, Place, Writer};
 
 /// The copies waiting for the checking thread stay under this many times
 /// OPDUMP_CHECK_MAX_BYTES: a burst of large calls (a forward pass) queues
 /// while the thread works through them.
 pub const QUEUE_CALLS: u64 = 4;
+
+/// How long the exit waits for the writer thread to write the summary
+/// after the lines before it.
+const SUMMARY_WAIT: Duration = Duration::from_secs(10);
 
 /// What the check needs from the configuration and the process.
 pub struct Settings {
@@ -108,20 +113,12 @@ struct State {
     summary: SummaryRow,
 }
 
-#[derive(Default)]
-struct Output {
-    file: Option<JsonLines>,
-    /// The file could not be made: said once, nothing more is tried.
-    refused: bool,
-    next_capture: u64,
-    rank: Option<u32>,
-}
-
 /// The state of the check in this process.
 pub struct Checks {
     settings: Settings,
     state: Mutex<State>,
-    out: Mutex<Output>,
+    /// Started at the first line (writer.rs).
+    writer: Mutex<Option<Writer>>,
 }
 
 impl Checks {
@@ -129,7 +126,7 @@ impl Checks {
         Checks {
             settings,
             state: Mutex::new(State::default()),
-            out: Mutex::new(Output::default()),
+            writer: Mutex::new(None),
         }
     }
 
@@ -241,10 +238,13 @@ impl Checks {
         let Some(mut row) = p.row else { return };
         count(&mut s.summary, &row);
         drop(s);
-        if let Some(c) = capture {
-            row.capture = self.write_capture(&p.call, c);
+        match capture {
+            Some(c) => {
+                row.capture = None;
+                self.send(Line::Failed(Box::new((row, p.call, c))));
+            }
+            None => self.write(&row),
         }
-        self.write(&row);
     }
 
     /// Call `id` was not checked after all: the op raised (the signature
@@ -318,131 +318,60 @@ impl Checks {
             );
             return;
         }
-        let written = {
-            let mut out = self.out.lock().ok();
-            summary.rank = out.as_ref().and_then(|o| o.rank).unwrap_or(0);
-            out.as_mut().map(|o| self.append(o, &summary))
-        };
-        if written == Some(false) {
-            summary.write_failures += 1;
-        }
+        // The writer thread writes it after every line before it.
+        let written = self.writer.lock().ok().and_then(|w| {
+            w.as_ref()
+                .and_then(|w| w.summary(summary.clone(), SUMMARY_WAIT))
+        });
+        let summary = written.unwrap_or_else(|| SummaryRow {
+            write_failures: summary.write_failures + 1,
+            ..summary
+        });
         (self.settings.say)(&exit_line(&summary, &self.settings));
     }
 
-    fn write(&self, row: &CheckRow) {
-        let ok = match self.out.lock() {
-            Ok(mut out) => {
-                out.rank.get_or_insert(row.rank);
-                self.append(&mut out, row)
+    /// Hands a line to the writer thread, started at the first; a line
+    /// that cannot be handed over is counted as not written.
+    fn send(&self, line: Line) {
+        let sent = self.writer.lock().ok().is_some_and(|mut w| {
+            if w.is_none() {
+                match Writer::start(self.place()) {
+                    Ok(started) => *w = Some(started),
+                    Err(e) => (self.settings.say)(&format!(
+                        "cannot start the accuracy check's writer thread ({e}); its results are not written"
+                    )),
+                }
             }
-            Err(_) => false,
-        };
-        if !ok {
+            w.as_ref().is_some_and(|w| w.send(line))
+        });
+        if !sent {
             if let Ok(mut s) = self.state.lock() {
                 s.summary.write_failures += 1;
             }
         }
     }
 
-    /// Appends a line, making the file at the first; false when it could
-    /// not be written.
-    fn append(&self, out: &mut Output, line: &impl serde::Serialize) -> bool {
-        self.append_ready(out) && out.file.as_mut().is_some_and(|f| f.append(line).is_ok())
+    /// Whether every line handed over so far is written (within `wait`).
+    pub fn sync(&self, wait: Duration) -> bool {
+        self.writer
+            .lock()
+            .ok()
+            .is_some_and(|w| w.as_ref().is_none_or(|w| w.sync(wait)))
     }
 
-    /// Writes the capture file of a failed call beside the check's lines;
-    /// its path relative to OPDUMP_DIR, or `None` (counted).
-    fn write_capture(&self, call: &CallInfo, capture: Capture) -> Option<String> {
-        let rec = OpRecord {
-            seq: call.seq,
-            parent_seq: None,
-            depth: 0,
-            pid: self.settings.pid,
-            thread: 0,
-            step: call.step,
-            phase: call.phase,
-            op: call.op.clone().into(),
-            overload: call.overload.clone().into(),
-            args: call.args.clone(),
-            start_ns: 0,
-            duration_ns: 0,
-            error: None,
-            module: call.module.clone().map(Into::into),
-            fwd_seq: None,
-            source: None,
-            tensors: Vec::new(),
-            capture: Some(capture),
-        };
-        let written = capture_file::serialize(&rec)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                let mut out = self
-                    .out
-                    .lock()
-                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::Other))?;
-                out.rank.get_or_insert(call.rank);
-                if !self.append_ready(&mut out) {
-                    // Said once already: the results cannot be written at all.
-                    return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
-                }
-                loop {
-                    let name = capture_file::file_name(self.settings.pid, out.next_capture);
-                    out.next_capture += 1;
-                    let Some(file) = out.file.as_mut() else {
-                        return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
-                    };
-                    match file.write_beside(&name, &bytes) {
-                        Ok(_) => {
-                            return Ok(format!("checks/rank={}/{name}", out.rank.unwrap_or(0)))
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-            });
-        match written {
-            Ok(path) => Some(path),
-            Err(e) => {
-                if let Ok(mut s) = self.state.lock() {
-                    s.summary.write_failures += 1;
-                }
-                let said = self.out.lock().map(|o| o.refused).unwrap_or(true);
-                if !said {
-                    (self.settings.say)(&format!(
-                        "writing the capture file of a failed check of {} failed ({e}); its line names no file. Free space under OPDUMP_DIR",
-                        call.op
-                    ));
-                }
-                None
-            }
-        }
+    fn write(&self, row: &CheckRow) {
+        self.send(Line::Row(row.clone()));
     }
 
-    /// Makes the file if it is not there yet (said once when it cannot
-    /// be); whether it is there.
-    fn append_ready(&self, out: &mut Output) -> bool {
-        if out.file.is_none() && !out.refused {
-            let s = &self.settings;
-            match JsonLines::create(
-                &s.dir,
-                "checks",
-                out.rank.unwrap_or(0),
-                s.pid,
-                s.file_mode,
-                s.dir_mode,
-            ) {
-                Ok(f) => out.file = Some(f),
-                Err(e) => {
-                    out.refused = true;
-                    (s.say)(&format!(
-                        "cannot write the accuracy check's results under {}/checks ({e}); the checks' verdicts are lost. \
-                         Free space or fix the permissions under OPDUMP_DIR",
-                        s.dir.display()
-                    ));
-                }
-            }
+    fn place(&self) -> Place {
+        let s = &self.settings;
+        Place {
+            dir: s.dir.clone(),
+            pid: s.pid,
+            file_mode: s.file_mode,
+            dir_mode: s.dir_mode,
+            say: s.say,
         }
-        out.file.is_some()
     }
 }
 

@@ -76,6 +76,7 @@ fn each_signature_is_checked_once_and_judged_against_the_cpu() {
         ) >= 0
     );
     assert!(!c.measured(id, measured(3e-8, 2e-8, 0.1)));
+    assert!(c.sync(Duration::from_secs(10)));
     let rows = lines(d.path());
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
@@ -111,15 +112,19 @@ fn a_fault_asks_for_its_capture_and_the_line_names_the_file() {
         }),
     );
     assert!(c.idle());
+    assert!(c.sync(Duration::from_secs(10)));
     let r = &lines(d.path())[0];
     assert_eq!(r["verdict"], "fail");
     assert!(r["ratio"].as_f64().unwrap() > 1e3);
     assert_eq!(r["device_ulp"], 1.0);
     let file = r["capture"].as_str().unwrap();
     assert_eq!(file, "checks/rank=3/capture-4242-00000.safetensors");
-    let back = capture_file::CaptureFile::open(&d.path().join(file)).unwrap();
+    let back = opdump_format::capture::CaptureFile::open(&d.path().join(file)).unwrap();
     assert!(back.tensor("input.self").is_some());
-    assert_eq!(back.metadata[capture_file::meta::OP], "aten::gelu");
+    assert_eq!(
+        back.metadata[opdump_format::capture::meta::OP],
+        "aten::gelu"
+    );
 }
 
 #[test]
@@ -138,6 +143,7 @@ fn the_byte_cap_the_queue_and_the_budget_are_counted() {
     assert_eq!(c.wanted("b", 900, call("aten::mm", 4)), -1);
     assert_eq!(c.wanted("c", 900, call("aten::mm", 5)), -1);
     c.finish();
+    assert!(c.sync(Duration::from_secs(10)));
     let rows = lines(d.path());
     assert_eq!(rows[0]["verdict"], "no_reference");
     assert!(rows[0]["reason"]
@@ -169,6 +175,7 @@ fn random_ops_have_no_reference_and_a_raising_op_is_checked_again() {
         c.wanted("x", 8, call("aten::mm", 3)) >= 0,
         "the op raised: its next call is checked"
     );
+    assert!(c.sync(Duration::from_secs(10)));
     assert_eq!(
         lines(d.path())[0]["reason"],
         "random op: another generator gives another right answer"

@@ -95,9 +95,7 @@ impl Feed {
             let _ = to_judge.send(Msg::CpuCheck(found));
         }));
         let say = setup.hooks.say;
-        let worker = std::thread::Builder::new()
-            .name("opdump-judge".into())
-            .spawn(move || Judging::new(setup).run(rx))?;
+        let worker = opdump_fsguard::spawn("opdump-judge", move || Judging::new(setup).run(rx))?;
         Ok(Feed {
             open: BTreeMap::new(),
             handed: None,
