@@ -23,6 +23,7 @@ fn main() {
             "cpp/device_stats.cpp",
             "cpp/device_batches.cpp",
             "cpp/device_hold.cpp",
+            "cpp/held_memory.cpp",
             "cpp/device_complete.cpp",
             "cpp/device_counters.cpp",
             "cpp/device_reduce.cpp",
@@ -39,6 +40,7 @@ fn main() {
             "cpp/provenance.cpp",
             "cpp/reuse.cpp",
             "cpp/rank.cpp",
+            "cpp/own_threads.cpp",
         ])
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")

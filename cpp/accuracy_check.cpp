@@ -16,7 +16,6 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -30,7 +29,7 @@ namespace {
 
 struct Job {
   int64_t id;
-  c10::OperatorHandle op;
+  RerunOp op;  // found again when it runs: see cpu_rerun.h
   torch::jit::Stack inputs64, inputs;  // the arguments, host copies
   torch::jit::Stack outputs;           // the returns, host copies
   std::string device, dtype;
@@ -77,9 +76,9 @@ std::string first_line(const std::exception& e) {
   return what.size() > 200 ? what.substr(0, 200) + "..." : what;
 }
 
-void measure(Job& job, CheckMeasure& r) {
-  const auto& schema = job.op.schema();
-  const size_t returns = schema.returns().size();
+void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
+  const auto& schema = op.handle().schema();
+  const size_t returns = job.op.returns;
   for (const auto& v : job.inputs)
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!is_float(t)) return;
@@ -88,7 +87,10 @@ void measure(Job& job, CheckMeasure& r) {
     });
   std::vector<at::Tensor> ref, cpu;
   try {
-    ref = returned_tensors(run_on_cpu(job.op, std::move(job.inputs64)), returns);
+    ref = returned_tensors(run_on_cpu(op, std::move(job.inputs64)), returns);
+  } catch (const NoRerun& e) {
+    r.why = rust::String(e.what());
+    return;
   } catch (const std::exception& e) {
     r.why = rust::String("no float64 CPU kernel for these inputs (" + first_line(e) + ")");
     return;
@@ -96,7 +98,10 @@ void measure(Job& job, CheckMeasure& r) {
   try {
     // An op that writes its arguments runs on clones: the copies as they
     // were before it ran are the capture's.
-    cpu = returned_tensors(run_on_cpu(job.op, writes_arguments(schema) ? cloned(job.inputs) : job.inputs), returns);
+    cpu = returned_tensors(run_on_cpu(op, writes_arguments(schema) ? cloned(job.inputs) : job.inputs), returns);
+  } catch (const NoRerun& e) {
+    r.why = rust::String(e.what());
+    return;
   } catch (const std::exception& e) {
     r.why = rust::String("no CPU kernel for these inputs in their own dtypes (" + first_line(e) + ")");
     return;
@@ -124,11 +129,11 @@ void measure(Job& job, CheckMeasure& r) {
 }
 
 // A failed call's capture: its inputs before it ran, its device outputs.
-void capture(Job& job) {
+void capture(Job& job, const RerunScope& op) {
   OpCall call{};
   try {
-    save_inputs(call, job.op.schema(), job.inputs, /*budgeted=*/false);
-    save_outputs(call, job.op.schema(), job.outputs, {}, /*budgeted=*/false);
+    save_inputs(call, op.handle().schema(), job.inputs, /*budgeted=*/false);
+    save_outputs(call, op.handle().schema(), job.outputs, {}, /*budgeted=*/false);
   } catch (const std::exception&) {
     call.captured = false;
     call.saved.clear();
@@ -142,13 +147,24 @@ void run(Job job) {
   r.device = rust::String(job.device);
   r.dtype = rust::String(job.dtype);
   r.device_err = r.cpu_err = r.device_vs_cpu = r.device_ulp = r.cpu_ulp = -1.0;
+  std::optional<RerunScope> op;
   try {
-    measure(job, r);
+    op.emplace(job.op);
+    measure(job, *op, r);
+  } catch (const NoRerun& e) {
+    r.why = rust::String(e.what());
   } catch (const std::exception& e) {
     r.why = rust::String("measuring failed (" + first_line(e) + ")");
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (check_measured(job.id, r)) capture(job);
+  const bool failed = check_measured(job.id, r);
+  if (failed && op) capture(job, *op);
+  // Tensors a Python kernel saw carry Python objects, freed with the GIL:
+  // they go while the scope holds it, and Python's exit waits for it.
+  job.inputs.clear();
+  job.inputs64.clear();
+  job.outputs.clear();
+  op.reset();
 }
 
 void worker() {
@@ -164,9 +180,11 @@ void worker() {
     }
     try {
       run(std::move(*job));
-    } catch (...) {
+    } catch (const std::exception&) {
       // check_measured and check_captured catch their own; a torch error
-      // while building the result leaves the check unfinished.
+      // while building the result leaves the check unfinished. Nothing
+      // else is caught: Python ends this thread at its exit by unwinding
+      // it (abi::__forced_unwind), which must go on.
     }
   }
 }
@@ -224,7 +242,7 @@ uint64_t input_bytes(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 
 void accuracy_check_enqueue(int64_t id, CpuCheckInputs&& in, const c10::OperatorHandle& op,
                             const torch::jit::Stack& stack) {
-  Job job{id, op, std::move(in.inputs64), std::move(in.inputs), {}, "", ""};
+  Job job{id, rerun_op(op), std::move(in.inputs64), std::move(in.inputs), {}, "", ""};
   {
     c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
     const size_t returns = std::min(op.schema().returns().size(), stack.size());
@@ -243,7 +261,8 @@ void accuracy_check_enqueue(int64_t id, CpuCheckInputs&& in, const c10::Operator
     std::lock_guard lock(q.m);
     if (!q.abandoned) {
       if (!q.started) {
-        std::thread(worker).detach();
+        python_watch_exit();
+        start_thread("opdump-check", worker);
         q.started = true;
       }
       q.jobs.push_back(std::move(job));

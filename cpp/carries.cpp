@@ -141,14 +141,16 @@ void apply_carry(Carry c, const at::Tensor& t) {
     forget_uninitialized(t);
 }
 
-void note_unrecorded_output(const c10::IValue& v, bool produced, bool empty, const Carries& carries,
+void note_unrecorded_output(const c10::IValue& v, bool produced, bool write, bool empty, const Carries& carries,
                             bool versioned) {
   int32_t j = v.isTensor() ? -1 : 0;
   for_each_tensor(v, [&](const at::Tensor& t) {
     const Carry carry = empty ? Carry::Remember : carries.decide(t, j, versioned);
     if (carry != Carry::Values)
       apply_carry(carry, t);
-    else if (produced)
+    else if (produced && write)
+      written_in_part(t);
+    else if (produced && part_written(t) == PartWritten::No)
       forget_uninitialized(t);
     ++j;
   });

@@ -70,7 +70,7 @@ void apply_carry(Carry c, const at::Tensor& t);
 // recorded one, so that what is recorded later does not depend on the
 // selection (OPDUMP_INCLUDE, OPDUMP_MAX_DEPTH, steps). `empty`: the output
 // is memory without values (`empty*`).
-void note_unrecorded_output(const c10::IValue& v, bool produced, bool empty, const Carries& carries,
+void note_unrecorded_output(const c10::IValue& v, bool produced, bool write, bool empty, const Carries& carries,
                             bool versioned);
 
 }  // namespace opdump

@@ -11,8 +11,6 @@
 // (cpu_check_done). The thread's calls skip opdump's key: they are not the
 // job's.
 
-#include <thread>
-
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -25,7 +23,7 @@ namespace opdump {
 namespace {
 
 struct Pending {
-  c10::OperatorHandle op;
+  RerunOp op;  // found again when it runs: see cpu_rerun.h
   torch::jit::Stack inputs64, inputs;
   std::vector<at::Tensor> device_outputs;  // host copies
   size_t returns;
@@ -40,8 +38,9 @@ void check(Pending p) {
   r.device_err = -1.0;
   r.cpu_err = -1.0;
   try {
-    auto ref = returned_tensors(run_on_cpu(p.op, std::move(p.inputs64)), p.returns);
-    auto cpu = returned_tensors(run_on_cpu(p.op, std::move(p.inputs)), p.returns);
+    const RerunScope op(p.op);
+    auto ref = returned_tensors(run_on_cpu(op, std::move(p.inputs64)), p.returns);
+    auto cpu = returned_tensors(run_on_cpu(op, std::move(p.inputs)), p.returns);
     bool any = false;
     for (size_t i = 0; i < p.device_outputs.size() && i < ref.size() && i < cpu.size(); ++i) {
       const at::Tensor& d = p.device_outputs[i];
@@ -51,6 +50,8 @@ void check(Pending p) {
       any = true;
     }
     if (!any) r.why = rust::String("no floating-point output to compare");
+  } catch (const NoRerun& e) {
+    r.why = rust::String(e.what());
   } catch (const std::exception& e) {
     std::string what = e.what();
     r.why = rust::String("the op does not run on the CPU from these inputs (" + what.substr(0, what.find('\n')) + ")");
@@ -75,7 +76,7 @@ CpuCheckInputs cpu_check_inputs(const c10::OperatorHandle& op, const torch::jit:
 void cpu_check_start(CpuCheckInputs&& in, const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
   const size_t returns = op.schema().returns().size();
-  Pending p{op, std::move(in.inputs64), std::move(in.inputs), {}, returns, "", ""};
+  Pending p{rerun_op(op), std::move(in.inputs64), std::move(in.inputs), {}, returns, "", ""};
   for (const at::Tensor& t : returned_tensors(stack, returns)) {
     if (p.device.empty() && t.defined()) {
       p.device = t.device().str();
@@ -83,7 +84,8 @@ void cpu_check_start(CpuCheckInputs&& in, const c10::OperatorHandle& op, const t
     }
     p.device_outputs.push_back(t.defined() ? t.detach().to(at::kCPU, false, true) : t);
   }
-  std::thread(check, std::move(p)).detach();
+  python_watch_exit();
+  start_thread("opdump-cpu-check", [p = std::move(p)]() mutable { check(std::move(p)); });
 }
 
 }  // namespace opdump

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "opdump/cpp/internal.h"
 
 namespace opdump {
@@ -66,9 +68,83 @@ double max_ulp(const at::Tensor& x, const at::Tensor& ref64) {
   return d.max().item<double>();
 }
 
-torch::jit::Stack run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack stack) {
+RerunOp rerun_op(const c10::OperatorHandle& op) { return RerunOp{op.operator_name(), op.schema().returns().size()}; }
+
+namespace {
+
+// Ops of these namespaces are torch's own, registered at load and never
+// removed; any other may be deregistered from Python at any time.
+bool never_deregistered(const std::string& name) { return name.starts_with("aten::") || name.starts_with("prims::"); }
+
+thread_local bool t_rerunning = false;
+thread_local std::string t_drew;  // the first op that would have drawn random numbers
+
+// Whether the op takes a random generator: every op of ATen that draws
+// random numbers (bernoulli_, normal_, rand, randperm, multinomial, the
+// dropout kernels' masks) takes one, `Generator? generator`, so an op that
+// draws anywhere inside it calls one of these.
+bool takes_generator(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments()) {
+    const c10::TypePtr& t = a.type();
+    if (t->kind() == c10::TypeKind::GeneratorType) return true;
+    if (t->kind() == c10::TypeKind::OptionalType &&
+        t->containedType(0)->kind() == c10::TypeKind::GeneratorType)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+RerunScope::RerunScope(const RerunOp& op) {
+  if (!never_deregistered(op.name.name)) {
+    gil_ = python_rerun_enter();
+    if (gil_ == -2) {
+      gil_ = -1;
+      throw NoRerun("Python was exiting, or a torch.library was being removed, when its check would have run");
+    }
+  }
+  handle_ = c10::Dispatcher::singleton().findSchema(op.name);
+  if (!handle_) {
+    python_rerun_leave(gil_);
+    gil_ = -1;
+    throw NoRerun("the op was removed before its check ran");
+  }
+}
+
+RerunScope::~RerunScope() {
+  handle_.reset();
+  python_rerun_leave(gil_);
+}
+
+bool rerunning_here() { return t_rerunning; }
+
+void rerun_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (takes_generator(op.schema())) {
+    if (t_drew.empty()) t_drew = op.operator_name().name;
+    throw NoRerun("random op: it draws random numbers (" + t_drew + ")");
+  }
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey), stack);
+}
+
+torch::jit::Stack run_on_cpu(const RerunScope& op, torch::jit::Stack stack) {
+  // opdump's key is switched on for this thread alone, so that every op
+  // the rerun calls passes rerun_fallback, which records nothing.
+  const c10::impl::LocalDispatchKeySet was = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::ForceDispatchKeyGuard keys(was.included_ | c10::DispatchKeySet(kHookKey),
+                                        was.excluded_ - c10::DispatchKeySet(kHookKey));
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  op.callBoxed(&stack);
+  t_rerunning = true;
+  t_drew.clear();
+  try {
+    op.handle().callBoxed(&stack);
+  } catch (const std::exception&) {
+    t_rerunning = false;
+    // A Python kernel turns the error into its own: the flag says why.
+    if (!t_drew.empty()) throw NoRerun("random op: it draws random numbers (" + t_drew + ")");
+    throw;
+  }
+  t_rerunning = false;
   return stack;
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -29,8 +31,49 @@ double rel_l2(const at::Tensor& x, const at::Tensor& ref);
 // last place of that dtype at ref; -1 where the dtype has no nextafter.
 double max_ulp(const at::Tensor& x, const at::Tensor& ref64);
 
-// Runs `op` on the CPU from `stack` (host values), below autograd; the
-// caller excludes opdump's key.
-torch::jit::Stack run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack stack);
+// An op as a rerun names it. The call's OperatorHandle is not kept past
+// the call: the op may be deregistered before its rerun runs (a scoped
+// torch.library op dropped while its check waits), and a handle to it would
+// then point at freed memory. The rerun finds the op again by name.
+struct RerunOp {
+  c10::OperatorName name;
+  size_t returns = 0;
+};
+RerunOp rerun_op(const c10::OperatorHandle& op);
+
+// Why a call cannot run again: the op is gone, or it draws random numbers
+// (another draw gives another right answer, and drawing would move the
+// job's generator). Its text is the check's reason.
+struct NoRerun : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The op found again for the time this scope lives. For an op outside
+// torch's own namespaces (a custom op, maybe with a Python kernel) it holds
+// the GIL, under which alone Python can deregister it. Throws NoRerun when
+// the op is gone.
+class RerunScope {
+ public:
+  explicit RerunScope(const RerunOp& op);
+  ~RerunScope();
+  RerunScope(const RerunScope&) = delete;
+  RerunScope& operator=(const RerunScope&) = delete;
+  const c10::OperatorHandle& handle() const { return *handle_; }
+
+ private:
+  int gil_ = -1;  // what python_rerun_enter returned, else -1
+  std::optional<c10::OperatorHandle> handle_;
+};
+
+// Runs the op on the CPU from `stack` (host values), below autograd and
+// unseen by opdump. Any op it calls that takes a random generator stops
+// it before the generator is touched (NoRerun): the job's CPU and device
+// generators are exactly as they would be without opdump.
+torch::jit::Stack run_on_cpu(const RerunScope& op, torch::jit::Stack stack);
+
+// On a thread inside run_on_cpu, the hook fallback calls this instead of
+// its own work (fallback.cpp).
+bool rerunning_here();
+void rerun_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 }  // namespace opdump

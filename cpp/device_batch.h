@@ -42,6 +42,8 @@ struct DeviceResult {
 
 namespace devstats {
 
+class WatchingAllocator;  // held_memory.cpp
+
 // Staging: one float64 buffer per open batch, and at a batch's close a few
 // temporaries of its size (segment_rows: at most about 41 bytes an element
 // at once, the buffer included), within the same budget.
@@ -95,6 +97,11 @@ struct Batch {
     // an alias of the measured tensor, read then. `storage`: its memory.
     at::Tensor held;
     const c10::StorageImpl* storage = nullptr;
+    // Its memory's address, and the watch on its allocations, when it was
+    // held (held_memory.cpp).
+    const void* held_address = nullptr;
+    WatchingAllocator* watch = nullptr;
+    uint64_t allocations = 0;
     bool held_signature = false;  // its fingerprint and sketch are made from `held` too
     bool failed = false;          // reading it failed: its result fails
   };
@@ -153,6 +160,14 @@ void read_held(Batch& b, const std::vector<size_t>& parts);
 bool close_open(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline);
 // Closes the open batch of (d, s) and waits until it has come back.
 void close_and_wait(std::unique_lock<std::mutex>& lock, c10::Device d, c10::Stream s);
+
+// A held part's memory watched from now until unwatch_memory, which must
+// come before its alias is released (held_memory.cpp; g.mutex held).
+void watch_memory(Batch::Part& part);
+// Whether the memory under a held part changed owner since it was held:
+// freed and allocated again, at another address or the same one.
+bool memory_changed(const Batch::Part& part);
+void unwatch_memory(Batch::Part& part);
 
 // opdump-device's loop (device_complete.cpp), started at the first close.
 void completion_loop();

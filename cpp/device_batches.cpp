@@ -118,12 +118,13 @@ void close(std::vector<std::unique_ptr<Batch>>::iterator it) {
   // A held part left (its read threw before it was released) goes now.
   for (auto& p : b->parts)
     if (p.held.defined()) {
+      unwatch_memory(p);
       p.held.reset();
       g.held.fetch_sub(1, std::memory_order_relaxed);
     }
   g.in_flight.push_back(std::move(b));
   if (!g.thread_started) {
-    std::thread(completion_loop).detach();
+    start_thread("opdump-device", completion_loop);
     g.thread_started = true;
   }
   g.changed.notify_all();

@@ -117,7 +117,6 @@ void complete_batch(Batch& b) {
 
 // opdump-device: completes the batches in flight in the order they closed.
 void completion_loop() {
-  pthread_setname_np(pthread_self(), "opdump-device");
   relax_capture_mode_for_this_thread();
   for (;;) {
     Batch* b;

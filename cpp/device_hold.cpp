@@ -44,6 +44,7 @@ namespace {
 
 void release(Batch& b, Batch::Part& p) {
   b.held_bytes -= static_cast<int64_t>(p.held.nbytes());
+  unwatch_memory(p);
   p.held.reset();
   p.storage = nullptr;
   --b.held;
@@ -193,12 +194,13 @@ namespace devstats {
 void read_held(Batch& b, const std::vector<size_t>& idx) {
   if (idx.empty()) return;
   // Memory freed under the tensor without an op (a storage resized to
-  // nothing, as FSDP does with unsharded parameters) cannot be read: that
-  // measurement fails, and is counted.
+  // nothing, as FSDP does with unsharded parameters), or freed and
+  // allocated again (held_memory.cpp), no longer holds what was measured:
+  // that measurement fails, and is counted.
   std::vector<size_t> readable;
   readable.reserve(idx.size());
   for (size_t i : idx) {
-    if (still_there(b.parts[i].held))
+    if (still_there(b.parts[i].held) && !memory_changed(b.parts[i]))
       readable.push_back(i);
     else
       b.parts[i].failed = true;
@@ -242,8 +244,20 @@ bool close_open(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::t
 
 namespace {
 
-// The memory the ops running on this thread write (WriteScope).
-thread_local std::vector<const c10::StorageImpl*> t_writing;
+// The memory the ops running on this thread write (WriteScope), as address
+// ranges: a second storage object over the same memory (from_blob, DLPack)
+// is the same memory.
+struct Span {
+  uintptr_t begin, end;
+  bool overlaps(const Span& o) const { return begin < o.end && o.begin < end; }
+};
+thread_local std::vector<Span> t_writing;
+
+Span span_of(const c10::StorageImpl* s) {
+  const auto begin = reinterpret_cast<uintptr_t>(const_cast<c10::StorageImpl*>(s)->_mutable_data_ptr_no_checks().get());
+  // A storage of no bytes still names its address, so that identity holds.
+  return Span{begin, begin + std::max<size_t>(s->nbytes(), 1)};
+}
 
 // Arguments that kernels write though the schema does not say so: the
 // running statistics of the batch-norm family (native_batch_norm and the
@@ -255,9 +269,9 @@ bool written_unannotated(const c10::Argument& a) {
 }
 
 // The held measurements of `written` read now, before an op writes it.
-void read_before_write(const std::vector<const c10::StorageImpl*>& all, size_t from) {
+void read_before_write(const std::vector<Span>& all, size_t from) {
   if (g.held.load(std::memory_order_relaxed) == 0) return;
-  const auto written = c10::ArrayRef<const c10::StorageImpl*>(all).slice(from);
+  const auto written = c10::ArrayRef<Span>(all).slice(from);
   try {
     c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
     std::lock_guard<std::mutex> lock(g.mutex);
@@ -266,9 +280,11 @@ void read_before_write(const std::vector<const c10::StorageImpl*>& all, size_t f
       if (b.held == 0) continue;
       std::vector<size_t> idx;
       for (size_t i = 0; i < b.parts.size(); ++i)
-        if (b.parts[i].storage != nullptr &&
-            std::find(written.begin(), written.end(), b.parts[i].storage) != written.end())
-          idx.push_back(i);
+        if (b.parts[i].storage != nullptr) {
+          const Span held = span_of(b.parts[i].storage);
+          if (std::any_of(written.begin(), written.end(), [&](const Span& w) { return w.overlaps(held); }))
+            idx.push_back(i);
+        }
       // Under a capture nothing may be launched, and nothing the capture
       // records runs before it ends: the batch reads them at its close.
       if (idx.empty() || capturing_now(b)) continue;
@@ -303,7 +319,7 @@ WriteScope::WriteScope(const c10::FunctionSchema& schema, const torch::jit::Stac
   for (size_t i = 0; i < args.size(); ++i) {
     if (!collective && !is_written(args[i]) && !written_unannotated(args[i])) continue;
     for_each_tensor_indexed(stack[first + i], [&](const at::Tensor& t, int64_t) {
-      if (t.defined() && t.has_storage()) t_writing.push_back(t.storage().unsafeGetStorageImpl());
+      if (t.defined() && t.has_storage()) t_writing.push_back(span_of(t.storage().unsafeGetStorageImpl()));
     });
   }
   pushed_ = t_writing.size() - before;
@@ -313,7 +329,9 @@ WriteScope::WriteScope(const c10::FunctionSchema& schema, const torch::jit::Stac
 WriteScope::~WriteScope() { t_writing.resize(t_writing.size() - pushed_); }
 
 bool being_written(const c10::StorageImpl* s) {
-  return std::find(t_writing.begin(), t_writing.end(), s) != t_writing.end();
+  if (t_writing.empty()) return false;
+  const Span span = span_of(s);
+  return std::any_of(t_writing.begin(), t_writing.end(), [&](const Span& w) { return w.overlaps(span); });
 }
 
 void device_close_open() {

@@ -146,6 +146,7 @@ void hold(const at::Tensor& t, Way way, Batch& b, Batch::Part& part) {
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   part.held = at::Tensor(std::move(impl));
   part.storage = t.storage().unsafeGetStorageImpl();
+  watch_memory(part);
   ++b.held;
   g.held.fetch_add(1, std::memory_order_relaxed);
   if (way == Way::Hold) b.staged += t.numel();

@@ -24,6 +24,7 @@
 #include "opdump/cpp/call_args.h"
 #include "opdump/cpp/call_kind.h"
 #include "opdump/cpp/carries.h"
+#include "opdump/cpp/cpu_rerun.h"
 #include "opdump/cpp/device_stats.h"
 #include <optional>
 
@@ -145,6 +146,22 @@ void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torc
   if (top_level) provenance_arguments_noted();
 }
 
+// The tensors a collective (c10d) takes are what it fills, though its
+// schema marks no write: from its return on they hold values, whole, even
+// where only a part of them held values before (FSDP's all-gather buffer).
+struct CollectiveFills {
+  c10::SmallVector<c10::IValue, 4> arguments;
+  CollectiveFills(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+    if (!uninitialized_tracking() || !outputs_asynchronous(op.operator_name().name)) return;
+    const size_t n = std::min(op.schema().arguments().size(), stack.size());
+    arguments.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
+  }
+  void done() {
+    for (const auto& v : arguments) for_each_tensor(v, [](const at::Tensor& t) { forget_uninitialized(t); });
+    arguments.clear();
+  }
+};
+
 // Arguments written by the call, for ops that return nothing.
 using Written = c10::SmallVector<std::pair<size_t, c10::IValue>, 2>;
 
@@ -167,6 +184,7 @@ void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
+  CollectiveFills filled(op, *stack);
   WriteScope writing(schema, *stack);
   op.redispatchBoxed(next, stack);
   try {
@@ -176,9 +194,11 @@ void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
       const c10::IValue& v = (*stack)[stack->size() - returns.size() + r];
       const auto* alias = returns[r].alias_info();
       if (alias == nullptr) provenance_note_all(v);
-      note_unrecorded_output(v, alias == nullptr || alias->isWrite(), empty, carries, versioned);
+      note_unrecorded_output(v, alias == nullptr || alias->isWrite(), alias != nullptr && alias->isWrite(), empty,
+                             carries, versioned);
     }
-    for (const auto& [i, v] : written) note_unrecorded_output(v, true, false, carries, versioned);
+    for (const auto& [i, v] : written) note_unrecorded_output(v, true, true, false, carries, versioned);
+    filled.done();
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
@@ -333,7 +353,13 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   AccuracyCheckGuard accuracy;
   if (ticket.check && !returns_views_only(op.schema())) start_accuracy_check(accuracy, op, *stack, rec.call);
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
+  CollectiveFills filled(op, *stack);
   run_timed(rec, op, next, stack);
+  try {
+    filled.done();
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
   if (accuracy.inputs) {
     const int64_t id = accuracy.id;
     accuracy.id = -1;
@@ -363,6 +389,9 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
 }  // namespace
 
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // opdump's own CPU reruns (cpu_rerun.cpp) pass here to be stopped
+  // before they draw random numbers; nothing of theirs is recorded.
+  if (C10_UNLIKELY(rerunning_here())) return rerun_fallback(op, ks, stack);
   const auto next = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
   if (!g_active.load(std::memory_order_relaxed) || g_hook_only.load(std::memory_order_relaxed)) {
     op.redispatchBoxed(next, stack);

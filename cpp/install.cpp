@@ -43,6 +43,19 @@ void op_module_exit() { control_module_exit(); }
 void op_name_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> names) {
   names_add(tensors, names);
 }
+// Memory a job allocated again outside the dispatcher (FSDP's
+// alloc_storage, python_hooks.cpp): no values until something writes it.
+// Python's exit begins, or a Library is destroyed (python_hooks.cpp).
+void op_python_pause() { python_pause(); }
+void op_python_resume() { python_resume(); }
+int64_t op_python_reruns() { return python_reruns(); }
+void op_fresh_memory(at::Tensor t) {
+  try {
+    remember_uninitialized(t);
+  } catch (const std::exception& e) {
+    warn(rust::Str(std::string("following re-allocated memory failed: ") + e.what()));
+  }
+}
 
 bool already_registered(c10::Dispatcher& d, std::string& why) {
   if (d.hasBackendFallbackForDispatchKey(kHookKey)) {
@@ -82,6 +95,10 @@ bool install() {
     ops->def("module_enter(str path) -> ()", &op_module_enter);
     ops->def("module_exit() -> ()", &op_module_exit);
     ops->def("name_tensors(Tensor[] tensors, str[] names) -> ()", &op_name_tensors);
+    ops->def("fresh_memory(Tensor t) -> ()", &op_fresh_memory);
+    ops->def("python_pause() -> ()", &op_python_pause);
+    ops->def("python_resume() -> ()", &op_python_resume);
+    ops->def("python_reruns() -> int", &op_python_reruns);
     register_device_ops(*ops);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,23 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 void python_hooks_want(bool on);
 void python_hooks_tick();
 std::string python_source();
+// A CPU rerun that may run Python: the GIL taken on the calling thread (a
+// PyGILState), -1 in a process without Python, -2 while reruns are paused
+// (none may start then); given back by python_rerun_leave with what enter
+// returned. python_watch_exit has Python's exit and the destruction of a
+// torch.library.Library pause them and wait for those under way
+// (python_pause, python_resume, python_reruns: python_hooks.cpp).
+int python_rerun_enter();
+void python_rerun_leave(int state);
+void python_watch_exit();
+void python_pause();
+void python_resume();
+int64_t python_reruns();
+
+// Starts a detached thread of opdump's, named `name` (a literal), that
+// blocks SIGXFSZ before `body` runs (own_threads.cpp): the only way C++
+// starts one.
+void start_thread(const char* name, std::function<void()> body);
 
 // Ids of interned names (interned.cpp), as TensorRow and OpCall carry them:
 // asked of Rust once per distinct name, then cached. u32::MAX: not had,
@@ -177,6 +195,15 @@ void reuse_atfork_release();
 void remember_uninitialized(const at::Tensor& t);
 bool still_uninitialized(const at::Tensor& t);
 void forget_uninitialized(const at::Tensor& t);
+// An op wrote `t` (in place, out=): its bytes hold values from now on,
+// the rest of its storage as before (a slice of an `empty` buffer).
+void written_in_part(const at::Tensor& t);
+// Where `t` lies in a storage of which only parts were written: wholly
+// inside them (it holds values, the rest of the storage may not), or
+// beyond them (a buffer returned after only a part of it was written).
+// No: its storage is not such a one.
+enum class PartWritten { No, Inside, Beyond };
+PartWritten part_written(const at::Tensor& t);
 // A storage on which no remembered tensor has written (a `set_` source).
 bool storage_uninitialized(const c10::StorageImpl* s);
 // Whether any memory is remembered at all (the cheap test before a lookup).

@@ -132,6 +132,103 @@ def _watch_fork_exit():
         _fork_exit_watched = True
 
 
+_FSDP_FLAG = "__opdump_fresh_memory__"
+_FSDP_MODULES = (
+    "torch.distributed.fsdp._fully_shard._fsdp_param",
+    "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+)
+_fsdp_done = False
+
+
+def _follow_fsdp_storage(compiling):
+    # FSDP2 allocates an unsharded parameter's memory again before each
+    # all-gather with untyped_storage().resize_(n), which no op shows, and
+    # views it before the all-gather's copy-out fills it: until then it
+    # holds whatever the allocator handed out. opdump is told, so that those
+    # views are `uninitialized`, not garbage recorded as `computed`. Under
+    # Dynamo the wrapper adds nothing to the graph (compiling() is constant
+    # there).
+    global _fsdp_done
+    mod = sys.modules.get(_FSDP_MODULES[0])
+    if mod is None:
+        return
+    _fsdp_done = True
+    real = getattr(mod, "alloc_storage", None)
+    if real is None or getattr(real, _FSDP_FLAG, False):
+        return
+    fresh = sys.modules["torch"].ops.opdump.fresh_memory
+
+    def alloc_storage(tensor):
+        real(tensor)
+        if not compiling():
+            fresh(tensor)
+
+    functools.update_wrapper(alloc_storage, real)
+    setattr(alloc_storage, _FSDP_FLAG, True)
+    for name in _FSDP_MODULES:
+        m = sys.modules.get(name)
+        if m is not None and getattr(m, "alloc_storage", None) is real:
+            m.alloc_storage = alloc_storage
+
+
+def _pause_reruns(seconds):
+    # opdump's CPU reruns of ops that may run Python (every op outside
+    # aten:: and prims::) start no more, and those under way finish, for at
+    # most `seconds`; sleeping gives them the GIL, which their kernels take
+    # back after each torch call.
+    import time
+
+    ops = sys.modules["torch"].ops.opdump
+    ops.python_pause()
+    deadline = time.monotonic() + seconds
+    while ops.python_reruns() > 0 and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def watch_exit():
+    # Two moments when a rerun of a custom op must not be under way:
+    # - Python's exit, before its threads can no longer take the GIL: a
+    #   rerun that took it back after that would be ended inside a
+    #   destructor and abort the process;
+    # - a torch.library.Library being destroyed (_scoped_library, a
+    #   fixture): its ops' kernels and schemas are freed, under a rerun that
+    #   may be running them (the GIL is released inside their torch calls).
+    import atexit
+    import weakref
+
+    atexit.register(_pause_reruns, 10)
+    tl = sys.modules["torch"].library
+    # A Library goes through _destroy (_scoped_library) or, when dropped,
+    # through the finalizer it registered with _del_library.
+    real_destroy, real_del = tl.Library._destroy, tl._del_library
+    if getattr(real_destroy, "__opdump_pauses__", False):
+        return
+
+    def paused(real):
+        def removes(*args):
+            done = False
+            try:
+                _pause_reruns(10)
+                done = True
+            except BaseException:
+                pass
+            try:
+                return real(*args)
+            finally:
+                if done:
+                    sys.modules["torch"].ops.opdump.python_resume()
+
+        functools.update_wrapper(removes, real)
+        removes.__opdump_pauses__ = True
+        return removes
+
+    tl.Library._destroy = paused(real_destroy)
+    tl._del_library = paused(real_del)
+    for info in list(weakref.finalize._registry.values()):
+        if getattr(info, "func", None) is real_del:
+            info.func = tl._del_library
+
+
 # want: 1, the module hooks; 2, forked children complete their files at
 # os._exit (OPDUMP_FORK=record). A fork hook cannot be removed; in a child
 # it only completes what was recorded.
@@ -163,6 +260,8 @@ def apply(want):
     def pre(mod, args):
         if compiling():
             return
+        if not _fsdp_done:
+            _follow_fsdp_storage(compiling)
         stack = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
@@ -359,5 +458,50 @@ std::string python_source() {
   py->gil_release(gil);
   return out;
 }
+
+namespace {
+
+std::atomic<int64_t> g_paused{0};        // reruns may not start (watch_exit)
+std::atomic<int64_t> g_reruns{0};        // reruns holding or taking the GIL
+std::atomic<bool> g_exit_watched{false};
+
+int watch_exit_pending(void*) {
+  const PyApi* py = python();
+  void* mod = hooks_module(*py);
+  void* fn = mod != nullptr ? py->get_attr(mod, "watch_exit") : nullptr;
+  void* done = fn != nullptr ? py->call_no_args(fn) : nullptr;
+  for (void* o : {done, fn})
+    if (o != nullptr) py->dec_ref(o);
+  if (done == nullptr) py->err_clear();  // the job's error state stays clean
+  return 0;
+}
+
+}  // namespace
+
+void python_watch_exit() {
+  const PyApi* py = python();
+  if (py == nullptr || !py->is_initialized() || g_exit_watched.exchange(true)) return;
+  if (py->add_pending_call(&watch_exit_pending, nullptr) != 0) g_exit_watched.store(false);
+}
+
+int python_rerun_enter() {
+  const PyApi* py = python();
+  if (py == nullptr || !py->is_initialized()) return -1;
+  g_reruns.fetch_add(1);
+  if (g_paused.load() > 0) {
+    g_reruns.fetch_sub(1);
+    return -2;
+  }
+  return py->gil_ensure();
+}
+
+void python_rerun_leave(int state) {
+  if (const PyApi* py = python(); py != nullptr && state >= 0) py->gil_release(state);
+  if (state != -1) g_reruns.fetch_sub(1);
+}
+
+void python_pause() { g_paused.fetch_add(1); }
+void python_resume() { g_paused.fetch_sub(1); }
+int64_t python_reruns() { return g_reruns.load(); }
 
 }  // namespace opdump

@@ -107,7 +107,21 @@ bool Recorder::add_carried(const at::Tensor& t, int32_t list_index, TensorRow& r
 bool Recorder::values_readable(const at::Tensor& t, bool produced, StatsStatus& no_values) const {
   if (produced) {
     provenance_note(t);
-    forget_uninitialized(t);
+    if (write_return) {
+      written_in_part(t);  // what it wrote; the rest of its storage as it was
+      return true;
+    }
+    // A buffer the call filled only in part (through ops it called) and
+    // returned whole: no values where nothing wrote.
+    switch (part_written(t)) {
+      case PartWritten::Beyond:
+        return false;
+      case PartWritten::Inside:
+        return true;
+      case PartWritten::No:
+        forget_uninitialized(t);
+        return true;
+    }
     return true;
   }
   if (still_uninitialized(t)) return false;
