@@ -120,3 +120,32 @@ def test_the_format_without_its_parquet_feature_has_no_arrow():
     assert run.returncode == 0, run.stderr
     assert "opdump-format" in run.stdout
     assert "arrow" not in run.stdout and "parquet" not in run.stdout, run.stdout
+
+
+# Every thread opdump starts blocks SIGXFSZ before it runs (a thread started
+# from the job's thread inherits the job's mask): one place starts them in
+# Rust (opdump_fsguard::spawn) and one in C++ (start_thread).
+THREAD_STARTERS = {
+    "rust": (REPO / "crates" / "fsguard" / "src" / "lib.rs", ("std::thread::Builder", "thread::spawn(")),
+    "c++": (REPO / "cpp" / "own_threads.cpp", ("std::thread(", "std::jthread(", "pthread_create(")),
+}
+
+
+def _product_sources():
+    for path in sorted((REPO / "cpp").rglob("*.[ch]*")):
+        yield "c++", path, path.read_text()
+    for path in sorted(list((REPO / "src").rglob("*.rs")) + list((REPO / "crates").rglob("src/**/*.rs"))):
+        if path.parts[-3:-1] == ("crates", "testkit") or "testkit" in path.parts:
+            continue
+        text = path.read_text()
+        # Unit tests start threads of their own.
+        yield "rust", path, text.split("#[cfg(test)]")[0]
+
+
+def test_threads_are_started_in_one_place_per_language():
+    for lang, path, text in _product_sources():
+        home, needles = THREAD_STARTERS[lang]
+        if path == home:
+            continue
+        for needle in needles:
+            assert needle not in text, f"{path.relative_to(REPO)} starts a thread ({needle}); use {home.name}'s"

@@ -50,6 +50,7 @@ INTERNAL = {
     "measuring the outputs of": "the C++ side's internal error, printed within the 'switches itself off' line",
     "following the memory of": "the C++ side's internal error, printed within the 'switches itself off' line",
     "registration failed": "the C++ side's internal error, printed within the 'switches itself off' line",
+    "following re-allocated memory failed": "remember_uninitialized failing on a plain tensor; only out of memory reaches it",
     "too many distinct dtypes": "an invariant of the loader (dtypes are interned in 16 bits); no file reaches it",
     "statistics columns miscounted": "an invariant of the loader; no file reaches it",
     "no file holds the spilled chunks": "an invariant of the loader's spill file; no file reaches it",
