@@ -351,7 +351,14 @@ def torchrun_fsdp(tmp_path, dump=None, **env):
                         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(FSDP_JOB)],
                        env=e, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    return sorted((json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")), key=lambda r: r["rank"])
+    # The ranks print at once: their lines may run together.
+    out, decoder, at = [], json.JSONDecoder(), p.stdout.find("{")
+    while at >= 0:
+        row, end = decoder.raw_decode(p.stdout, at)
+        out.append(row)
+        at = p.stdout.find("{", end)
+    assert len(out) == 2, p.stdout
+    return sorted(out, key=lambda r: r["rank"])
 
 
 def test_fsdp2_runs_dumped_twice_agree_and_a_ranks_fault_is_named(tmp_path):
