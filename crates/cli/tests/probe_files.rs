@@ -12,49 +12,16 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{path_str, run_timeout, small_dump, tmp, TimedRun};
-use opdump_format::{Capture, CapturedTensor};
-use opdump_testkit::synth::{input, output, DumpWriter};
+use common::{gelu_dump, path_str, run_timeout, small_dump, tmp, TimedRun};
 
 const SECS: u64 = 60;
 const KEEP: &[u8] = b"the other file, which no opdump command may change";
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// One captured gelu call whose output holds `out`.
-fn captured_gelu(dir: &Path, out: &[f32]) {
-    let x = [0.5f32, -1.0, 2.0, 1.5];
-    let mut w = DumpWriter::new(dir, 0, "cpu");
-    let t = |key: &str, v: &[f32]| CapturedTensor {
-        key: key.into(),
-        dtype: "float32".into(),
-        shape: vec![4],
-        data: f32s(v),
-    };
-    let cap = Capture {
-        selector: "aten::gelu#0".into(),
-        args: "[]".into(),
-        tensors: vec![t("input.self", &x), t("output.0", out)],
-        outputs_skipped: false,
-        file: None,
-    };
-    w.leaf_captured(
-        "aten::gelu",
-        vec![input("self", "float32", &[4], 1.0)],
-        vec![output(0, "float32", &[4], 2.0)],
-        cap,
-    )
-    .expect("write");
-    w.close().expect("close");
-}
-
 /// Two dumps whose captured gelu differs: `opdump repro A B` reproduces it.
 fn captured_pair(root: &Path) -> (PathBuf, PathBuf) {
     let (a, b) = (root.join("a"), root.join("b"));
-    captured_gelu(&a, &[0.35, -0.16, 1.95, 1.40]);
-    captured_gelu(&b, &[1.40, -0.16, 1.95, 0.35]);
+    gelu_dump(&a, &[0.35, -0.16, 1.95, 1.40], true);
+    gelu_dump(&b, &[1.40, -0.16, 1.95, 0.35], true);
     (a, b)
 }
 
@@ -62,7 +29,7 @@ fn captured_pair(root: &Path) -> (PathBuf, PathBuf) {
 /// capture file of its failed check; returns the dump and that file.
 fn checked_dump(root: &Path) -> (PathBuf, PathBuf) {
     let src = root.join("src");
-    captured_gelu(&src, &[0.35, -0.16, 1.95, 1.40]);
+    gelu_dump(&src, &[0.35, -0.16, 1.95, 1.40], true);
     let (capture,) = glob_one(&src.join("rank=0/device=cpu"), "capture-");
     let dump = root.join("checked");
     let rank = dump.join("checks/rank=0");

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use opdump_format::reader::list_files;
-use opdump_format::{OpRecord, Phase};
+use opdump_format::{Capture, CapturedTensor, OpRecord, Phase};
 use opdump_judge::align::{align, Alignment, Filter};
 use opdump_judge::dump::Dump;
 use opdump_judge::Silent;
 use opdump_load::read::{load, scan};
 use opdump_testkit::records::read_records;
-use opdump_testkit::synth::{write_model, Model, Variant};
+use opdump_testkit::synth::{input, output, write_model, DumpWriter, Model, Variant};
 
 pub fn opdump(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_opdump"))
@@ -322,4 +322,38 @@ pub fn varint(n: i64) -> Vec<u8> {
         }
         out.push(b | 0x80);
     }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A dump of one gelu call whose output holds `out`; captured or not. The
+/// statistics rows are the same for any order of `out`.
+pub fn gelu_dump(dir: &Path, out: &[f32], captured: bool) {
+    let x = [0.5f32, -1.0, 2.0, 1.5];
+    let mut w = DumpWriter::new(dir, 0, "cpu");
+    let (i, o) = (
+        vec![input("self", "float32", &[4], 1.0)],
+        vec![output(0, "float32", &[4], 2.0)],
+    );
+    if captured {
+        let t = |key: &str, v: &[f32]| CapturedTensor {
+            key: key.into(),
+            dtype: "float32".into(),
+            shape: vec![4],
+            data: f32s(v),
+        };
+        let cap = Capture {
+            selector: "aten::gelu#0".into(),
+            args: "[]".into(),
+            tensors: vec![t("input.self", &x), t("output.0", out)],
+            outputs_skipped: false,
+            file: None,
+        };
+        w.leaf_captured("aten::gelu", i, o, cap).expect("write");
+    } else {
+        w.leaf("aten::gelu", "default", "", i, o).expect("write");
+    }
+    w.close().expect("close");
 }
