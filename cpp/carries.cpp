@@ -148,10 +148,8 @@ void note_unrecorded_output(const c10::IValue& v, bool produced, bool write, boo
     const Carry carry = empty ? Carry::Remember : carries.decide(t, j, versioned);
     if (carry != Carry::Values)
       apply_carry(carry, t);
-    else if (produced && write)
-      written_in_part(t);
-    else if (produced && part_written(t) == PartWritten::No)
-      forget_uninitialized(t);
+    else if (produced)
+      produced_values(t, write);
     ++j;
   });
 }

@@ -195,15 +195,12 @@ void reuse_atfork_release();
 void remember_uninitialized(const at::Tensor& t);
 bool still_uninitialized(const at::Tensor& t);
 void forget_uninitialized(const at::Tensor& t);
-// An op wrote `t` (in place, out=): its bytes hold values from now on,
-// the rest of its storage as before (a slice of an `empty` buffer).
-void written_in_part(const at::Tensor& t);
-// Where `t` lies in a storage of which only parts were written: wholly
-// inside them (it holds values, the rest of the storage may not), or
-// beyond them (a buffer returned after only a part of it was written).
-// No: its storage is not such a one.
-enum class PartWritten { No, Inside, Beyond };
-PartWritten part_written(const at::Tensor& t);
+// An op produced `t`, as a new output or by writing it (`write`: in place,
+// out=); whether it holds values now. A write makes its own bytes values,
+// the rest of the storage as before (a slice of an `empty` buffer); a new
+// output holds none where it spans memory of which only parts were
+// written (a buffer returned after ops filled a part of it).
+bool produced_values(const at::Tensor& t, bool write);
 // A storage on which no remembered tensor has written (a `set_` source).
 bool storage_uninitialized(const c10::StorageImpl* s);
 // Whether any memory is remembered at all (the cheap test before a lookup).

@@ -107,22 +107,7 @@ bool Recorder::add_carried(const at::Tensor& t, int32_t list_index, TensorRow& r
 bool Recorder::values_readable(const at::Tensor& t, bool produced, StatsStatus& no_values) const {
   if (produced) {
     provenance_note(t);
-    if (write_return) {
-      written_in_part(t);  // what it wrote; the rest of its storage as it was
-      return true;
-    }
-    // A buffer the call filled only in part (through ops it called) and
-    // returned whole: no values where nothing wrote.
-    switch (part_written(t)) {
-      case PartWritten::Beyond:
-        return false;
-      case PartWritten::Inside:
-        return true;
-      case PartWritten::No:
-        forget_uninitialized(t);
-        return true;
-    }
-    return true;
+    return produced_values(t, write_return);
   }
   if (still_uninitialized(t)) return false;
   if (nested && !provenance_known(t)) {

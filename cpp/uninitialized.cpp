@@ -166,6 +166,12 @@ void forget_uninitialized(const at::Tensor& t) {
   g_size.store(g_entries.size(), std::memory_order_relaxed);
 }
 
+namespace {
+
+// Where `t` lies in a storage of which only parts were written: wholly
+// inside them, or beyond them. No: its storage is not such a one.
+enum class PartWritten { No, Inside, Beyond };
+
 void written_in_part(const at::Tensor& t) {
   if (g_size.load(std::memory_order_relaxed) == 0 || !trackable(t)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -199,6 +205,25 @@ PartWritten part_written(const at::Tensor& t) {
     return PartWritten::No;
   }
   return within(it->second, span_of(t)) ? PartWritten::Inside : PartWritten::Beyond;
+}
+
+}  // namespace
+
+bool produced_values(const at::Tensor& t, bool write) {
+  if (write) {
+    written_in_part(t);
+    return true;
+  }
+  switch (part_written(t)) {
+    case PartWritten::Beyond:
+      return false;
+    case PartWritten::Inside:
+      return true;
+    case PartWritten::No:
+      break;
+  }
+  forget_uninitialized(t);
+  return true;
 }
 
 bool still_uninitialized(const at::Tensor& t) {
