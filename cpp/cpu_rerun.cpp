@@ -79,6 +79,17 @@ bool never_deregistered(const std::string& name) { return name.starts_with("aten
 thread_local bool t_rerunning = false;
 thread_local std::string t_drew;  // the first op that would have drawn random numbers
 
+NoRerun drew() { return NoRerun("random op: it draws random numbers (" + t_drew + ")"); }
+
+// The rerun is under way on this thread while it lives, however it ends.
+struct Rerunning {
+  Rerunning() {
+    t_rerunning = true;
+    t_drew.clear();
+  }
+  ~Rerunning() { t_rerunning = false; }
+};
+
 // Whether the op takes a random generator: every op of ATen that draws
 // random numbers (bernoulli_, normal_, rand, randperm, multinomial, the
 // dropout kernels' masks) takes one, `Generator? generator`, so an op that
@@ -122,7 +133,7 @@ bool rerunning_here() { return t_rerunning; }
 void rerun_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (takes_generator(op.schema())) {
     if (t_drew.empty()) t_drew = op.operator_name().name;
-    throw NoRerun("random op: it draws random numbers (" + t_drew + ")");
+    throw drew();
   }
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey), stack);
 }
@@ -134,17 +145,14 @@ torch::jit::Stack run_on_cpu(const RerunScope& op, torch::jit::Stack stack) {
   c10::impl::ForceDispatchKeyGuard keys(was.included_ | c10::DispatchKeySet(kHookKey),
                                         was.excluded_ - c10::DispatchKeySet(kHookKey));
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  t_rerunning = true;
-  t_drew.clear();
+  const Rerunning rerunning;
   try {
     op.handle().callBoxed(&stack);
   } catch (const std::exception&) {
-    t_rerunning = false;
     // A Python kernel turns the error into its own: the flag says why.
-    if (!t_drew.empty()) throw NoRerun("random op: it draws random numbers (" + t_drew + ")");
+    if (!t_drew.empty()) throw drew();
     throw;
   }
-  t_rerunning = false;
   return stack;
 }
 

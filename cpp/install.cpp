@@ -43,12 +43,12 @@ void op_module_exit() { control_module_exit(); }
 void op_name_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> names) {
   names_add(tensors, names);
 }
-// Memory a job allocated again outside the dispatcher (FSDP's
-// alloc_storage, python_hooks.cpp): no values until something writes it.
 // Python's exit begins, or a Library is destroyed (python_hooks.cpp).
 void op_python_pause() { python_pause(); }
 void op_python_resume() { python_resume(); }
 int64_t op_python_reruns() { return python_reruns(); }
+// Memory a job allocated again outside the dispatcher (FSDP's
+// alloc_storage, python_hooks.cpp): no values until something writes it.
 void op_fresh_memory(at::Tensor t) {
   try {
     remember_uninitialized(t);

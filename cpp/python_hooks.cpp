@@ -176,10 +176,14 @@ def _pause_reruns(seconds):
     # aten:: and prims::) start no more, and those under way finish, for at
     # most `seconds`; sleeping gives them the GIL, which their kernels take
     # back after each torch call.
+    sys.modules["torch"].ops.opdump.python_pause()
+    _wait_reruns(seconds)
+
+
+def _wait_reruns(seconds):
     import time
 
     ops = sys.modules["torch"].ops.opdump
-    ops.python_pause()
     deadline = time.monotonic() + seconds
     while ops.python_reruns() > 0 and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -206,17 +210,19 @@ def watch_exit():
 
     def paused(real):
         def removes(*args):
-            done = False
+            # Resumed whenever it was paused, even if the wait failed.
+            ops, paused = sys.modules["torch"].ops.opdump, False
             try:
-                _pause_reruns(10)
-                done = True
+                ops.python_pause()
+                paused = True
+                _wait_reruns(10)
             except BaseException:
                 pass
             try:
                 return real(*args)
             finally:
-                if done:
-                    sys.modules["torch"].ops.opdump.python_resume()
+                if paused:
+                    ops.python_resume()
 
         functools.update_wrapper(removes, real)
         removes.__opdump_pauses__ = True
@@ -394,17 +400,26 @@ void* hooks_module(const PyApi& py) {
   return m;
 }
 
+// `fn(arg)` (or `fn()` when `arg` is null) of the module `mod`: a new
+// reference to its result, or null with Python's error set. GIL held.
+void* call_hooks(const PyApi& py, void* mod, const char* fn_name, void* arg) {
+  void* fn = mod != nullptr ? py.get_attr(mod, fn_name) : nullptr;
+  if (fn == nullptr) return nullptr;
+  void* out = arg != nullptr ? py.call_one_arg(fn, arg) : py.call_no_args(fn);
+  py.dec_ref(fn);
+  return out;
+}
+
 // Runs on the main thread with the GIL held (Py_AddPendingCall).
 int apply_pending(void*) {
   const PyApi* py = python();
   g_scheduled.store(false);
   const int want = g_want.load();
   void* mod = hooks_module(*py);
-  void* fn = mod != nullptr ? py->get_attr(mod, "apply") : nullptr;
-  void* arg = fn != nullptr ? py->long_from_long(want) : nullptr;
-  void* done = arg != nullptr ? py->call_one_arg(fn, arg) : nullptr;
+  void* arg = mod != nullptr ? py->long_from_long(want) : nullptr;
+  void* done = arg != nullptr ? call_hooks(*py, mod, "apply", arg) : nullptr;
   const int ok = done != nullptr ? py->is_true(done) : -1;
-  for (void* o : {done, arg, fn})
+  for (void* o : {done, arg})
     if (o != nullptr) py->dec_ref(o);
   if (ok < 0) {
     py->err_clear();  // the job's own error state stays as it was: clean
@@ -448,12 +463,10 @@ std::string python_source() {
   if (py->this_thread_state() == nullptr) return {};
   const int gil = py->gil_ensure();
   std::string out;
-  void* fn = py->get_attr(mod, "source");
-  void* s = fn != nullptr ? py->call_no_args(fn) : nullptr;
+  void* s = call_hooks(*py, mod, "source", nullptr);
   const char* text = s != nullptr ? py->as_utf8(s) : nullptr;
   if (text != nullptr) out = text;
-  for (void* o : {s, fn})
-    if (o != nullptr) py->dec_ref(o);
+  if (s != nullptr) py->dec_ref(s);
   if (text == nullptr) py->err_clear();
   py->gil_release(gil);
   return out;
@@ -467,12 +480,11 @@ std::atomic<bool> g_exit_watched{false};
 
 int watch_exit_pending(void*) {
   const PyApi* py = python();
-  void* mod = hooks_module(*py);
-  void* fn = mod != nullptr ? py->get_attr(mod, "watch_exit") : nullptr;
-  void* done = fn != nullptr ? py->call_no_args(fn) : nullptr;
-  for (void* o : {done, fn})
-    if (o != nullptr) py->dec_ref(o);
-  if (done == nullptr) py->err_clear();  // the job's error state stays clean
+  void* done = call_hooks(*py, hooks_module(*py), "watch_exit", nullptr);
+  if (done != nullptr)
+    py->dec_ref(done);
+  else
+    py->err_clear();  // the job's error state stays clean
   return 0;
 }
 
