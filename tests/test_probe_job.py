@@ -157,17 +157,24 @@ print(json.dumps({"total": total}))
 """
 
 
-def test_scoped_library_op_dropped_while_its_checks_are_queued(tmp_path):
+def checked_runs(tmp_path, code, n):
+    """Runs `code` with OPDUMP_CHECK `n` times, two at a time, each in its own
+    folder with its dump in `dump`; asserts every run exited 0."""
+
     def once(i):
         d = tmp_path / f"run{i}"
         d.mkdir()
-        return run_script(d, SCOPED_OP_JOB, OPDUMP="1", OPDUMP_CHECK="1", OPDUMP_DIR=d / "dump",
+        return run_script(d, code, OPDUMP="1", OPDUMP_CHECK="1", OPDUMP_DIR=d / "dump",
                           OPDUMP_CHECK_SECONDS="600")
 
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(once, range(20)))
+        runs = list(pool.map(once, range(n)))
     bad = [(p.returncode, p.stderr[-1500:]) for p in runs if p.returncode != 0]
-    assert not bad, f"{len(bad)} of 20 runs failed: {bad[0]}"
+    assert not bad, f"{len(bad)} of {n} runs failed: {bad[0]}"
+
+
+def test_scoped_library_op_dropped_while_its_checks_are_queued(tmp_path):
+    checked_runs(tmp_path, SCOPED_OP_JOB, 20)
     # The ops that were checked are named; a gone op is `no_reference`, never a crash.
     for i in range(20):
         for r in check_rows(tmp_path / f"run{i}" / "dump"):
@@ -203,16 +210,7 @@ print(json.dumps({"total": total}))
 
 
 def test_dropped_library_ops_while_their_checks_are_queued(tmp_path):
-    def once(i):
-        d = tmp_path / f"run{i}"
-        d.mkdir()
-        return run_script(d, DROPPED_LIBRARY_JOB, OPDUMP="1", OPDUMP_CHECK="1", OPDUMP_DIR=d / "dump",
-                          OPDUMP_CHECK_SECONDS="600")
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(once, range(10)))
-    bad = [(p.returncode, p.stderr[-1500:]) for p in runs if p.returncode != 0]
-    assert not bad, f"{len(bad)} of 10 runs failed: {bad[0]}"
+    checked_runs(tmp_path, DROPPED_LIBRARY_JOB, 10)
     rows = [r for i in range(10) for r in check_rows(tmp_path / f"run{i}" / "dump") if r["kind"] == "check"]
     mine = [r for r in rows if r["op"].startswith("opdump_")]
     assert mine and all(r["verdict"] in ("pass", "no_reference") for r in mine), mine

@@ -32,7 +32,7 @@ use opdump_judge::metrics::reduction_length_of_shapes;
 use opdump_judge::opclass::{classify, OpClass};
 
 use row::{CheckRow, SummaryRow};
-use writer::{Line, Place, Writer};
+use writer::{Line, Writer};
 
 /// The copies waiting for the checking thread stay under this many times
 /// OPDUMP_CHECK_MAX_BYTES: a burst of large calls (a forward pass) queues
@@ -44,6 +44,7 @@ pub const QUEUE_CALLS: u64 = 4;
 const SUMMARY_WAIT: Duration = Duration::from_secs(10);
 
 /// What the check needs from the configuration and the process.
+#[derive(Clone)]
 pub struct Settings {
     pub per_signature: u32,
     pub max_bytes: u64,
@@ -173,7 +174,7 @@ impl Checks {
                 reason: Some(reason),
                 ..base_row(signature, &call)
             };
-            self.write(&row);
+            self.write(row);
             return -1;
         }
         // The host copies: as they are, in float64, and the outputs.
@@ -220,7 +221,7 @@ impl Checks {
         }
         count(&mut s.summary, &row);
         drop(s);
-        self.write(&row);
+        self.write(row);
         false
     }
 
@@ -235,15 +236,12 @@ impl Checks {
             return;
         };
         s.pending_bytes -= p.charge;
-        let Some(mut row) = p.row else { return };
+        let Some(row) = p.row else { return };
         count(&mut s.summary, &row);
         drop(s);
         match capture {
-            Some(c) => {
-                row.capture = None;
-                self.send(Line::Failed(Box::new((row, p.call, c))));
-            }
-            None => self.write(&row),
+            Some(c) => self.send(Line::Failed(Box::new((row, p.call, c)))),
+            None => self.write(row),
         }
     }
 
@@ -335,7 +333,7 @@ impl Checks {
     fn send(&self, line: Line) {
         let sent = self.writer.lock().ok().is_some_and(|mut w| {
             if w.is_none() {
-                match Writer::start(self.place()) {
+                match Writer::start(self.settings.clone()) {
                     Ok(started) => *w = Some(started),
                     Err(e) => (self.settings.say)(&format!(
                         "cannot start the accuracy check's writer thread ({e}); its results are not written"
@@ -359,19 +357,8 @@ impl Checks {
             .is_some_and(|w| w.as_ref().is_none_or(|w| w.sync(wait)))
     }
 
-    fn write(&self, row: &CheckRow) {
-        self.send(Line::Row(row.clone()));
-    }
-
-    fn place(&self) -> Place {
-        let s = &self.settings;
-        Place {
-            dir: s.dir.clone(),
-            pid: s.pid,
-            file_mode: s.file_mode,
-            dir_mode: s.dir_mode,
-            say: s.say,
-        }
+    fn write(&self, row: CheckRow) {
+        self.send(Line::Row(row));
     }
 }
 

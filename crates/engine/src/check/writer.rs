@@ -6,14 +6,13 @@
 //! `ulimit -f` then fails here as a full disk, is counted, and never kills
 //! the job.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, unbounded, Sender};
 use opdump_format::{capture as capture_file, Capture, OpRecord};
 
 use super::row::{CheckRow, SummaryRow};
-use super::CallInfo;
+use super::{CallInfo, Settings};
 use crate::jsonl::JsonLines;
 
 /// What the writer is given, in the order it writes. Rows are large and
@@ -30,25 +29,15 @@ pub(super) enum Line {
     Barrier(Sender<()>),
 }
 
-/// Where the files go, copied from the check's settings.
-#[derive(Clone)]
-pub(super) struct Place {
-    pub dir: PathBuf,
-    pub pid: i32,
-    pub file_mode: u32,
-    pub dir_mode: u32,
-    pub say: fn(&str),
-}
-
 pub(super) struct Writer {
     tx: Sender<Line>,
 }
 
 impl Writer {
-    pub fn start(place: Place) -> std::io::Result<Writer> {
+    pub fn start(settings: Settings) -> std::io::Result<Writer> {
         let (tx, rx) = unbounded();
         let mut out = Output {
-            place,
+            settings,
             file: None,
             refused: false,
             next_capture: 0,
@@ -87,7 +76,7 @@ impl Writer {
 }
 
 struct Output {
-    place: Place,
+    settings: Settings,
     file: Option<JsonLines>,
     /// The file could not be made: said once, nothing more is tried.
     refused: bool,
@@ -140,7 +129,7 @@ impl Output {
     /// be); whether it is there.
     fn append_ready(&mut self) -> bool {
         if self.file.is_none() && !self.refused {
-            let p = &self.place;
+            let p = &self.settings;
             match JsonLines::create(
                 &p.dir,
                 "checks",
@@ -170,7 +159,7 @@ impl Output {
             seq: call.seq,
             parent_seq: None,
             depth: 0,
-            pid: self.place.pid,
+            pid: self.settings.pid,
             thread: 0,
             step: call.step,
             phase: call.phase,
@@ -194,7 +183,7 @@ impl Output {
                     return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
                 }
                 loop {
-                    let name = capture_file::file_name(self.place.pid, self.next_capture);
+                    let name = capture_file::file_name(self.settings.pid, self.next_capture);
                     self.next_capture += 1;
                     let Some(file) = self.file.as_mut() else {
                         return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
@@ -213,7 +202,7 @@ impl Output {
             Err(e) => {
                 self.failures += 1;
                 if !self.refused {
-                    (self.place.say)(&format!(
+                    (self.settings.say)(&format!(
                         "writing the capture file of a failed check of {} failed ({e}); its line names no file. Free space under OPDUMP_DIR",
                         call.op
                     ));
