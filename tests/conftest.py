@@ -28,6 +28,20 @@ def clean_env(**extra):
     return env
 
 
+def tinylm(device, dump, steps, **env):
+    """Trains TinyLM (scripts/demo.py's worker) on `device` with opdump
+    preloaded and on; returns the process, its losses (None when it failed)
+    and its `opdump:` lines. One intra-op thread: with several, MKL may split
+    a long reduction differently from one run to the next under load, and
+    the losses would then differ in the last bit with or without opdump."""
+    e = clean_env(**{"OPDUMP": "1", "OPDUMP_DIR": dump, "LD_PRELOAD": LIB, "OMP_NUM_THREADS": "1", **env})
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py"), "--worker", device, "--steps", str(steps)],
+                       env=e, capture_output=True, text=True, timeout=600)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
+    losses = json.loads(p.stdout.strip().splitlines()[-1])["losses"] if p.returncode == 0 else None
+    return p, losses, lines
+
+
 class Job:
     """The outcome of one subprocess run."""
 

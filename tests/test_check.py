@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, LIB, ROOT, clean_env
+from conftest import tinylm as train_tinylm, CLI, LIB, ROOT, clean_env
 from tests.battery import run as battery
 from tests.battery.models import FAMILIES
 
-DEMO = ROOT / "scripts" / "demo.py"
 
 
 def rows(dump):
@@ -43,14 +42,7 @@ def failed(dump):
 
 
 def tinylm(device, dump, steps=2, **env):
-    """Trains TinyLM (scripts/demo.py's worker) with opdump on; returns the
-    process, its losses and its opdump lines."""
-    e = clean_env(**{"OPDUMP": "1", "OPDUMP_DIR": dump, "LD_PRELOAD": LIB, **env})
-    p = subprocess.run([sys.executable, str(DEMO), "--worker", device, "--steps", str(steps)],
-                       env=e, capture_output=True, text=True, timeout=600)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
-    losses = json.loads(p.stdout.strip().splitlines()[-1])["losses"] if p.returncode == 0 else None
-    return p, losses, lines
+    return train_tinylm(device, dump, steps, **env)
 
 
 def largest_ratio(dump):

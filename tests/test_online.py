@@ -18,21 +18,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import CLI, LIB, ROOT, clean_env, read_dump
+from conftest import tinylm as train_tinylm, CLI, LIB, ROOT, clean_env, read_dump
 
-DEMO = ROOT / "scripts" / "demo.py"
 STEPS = 6
 
 
 def tinylm(device, dump, steps=STEPS, **env):
-    """Trains TinyLM for `steps` steps on `device` with opdump on; returns
-    the process, its losses (None when it failed) and its opdump lines."""
-    e = clean_env(OPDUMP="1", OPDUMP_DIR=dump, LD_PRELOAD=LIB, **env)
-    p = subprocess.run([sys.executable, str(DEMO), "--worker", device, "--steps", str(steps)],
-                       env=e, capture_output=True, text=True, timeout=300)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
-    losses = json.loads(p.stdout.strip().splitlines()[-1])["losses"] if p.returncode == 0 else None
-    return p, losses, lines
+    return train_tinylm(device, dump, steps, **env)
 
 
 def verdicts(dump):
