@@ -14,7 +14,6 @@ use crate::app::print::{error_line, print};
 use crate::cli::{Cli, Cmd};
 
 mod app;
-mod checks;
 mod cli;
 mod commands;
 mod report;

@@ -1,7 +1,7 @@
 //! The JSON-lines files a dump holds beside its Parquet files, one object
 //! per line, in `<OPDUMP_DIR>/<table>/rank=<R>/part-<pid>.jsonl`: the
 //! verdicts of a run judged online (`verdicts`) and the accuracy check's
-//! results (`checks`).
+//! results (`checks`); the lines' types are `opdump_format::tables`.
 //!
 //! JSON lines rather than Parquet: the file grows a line at a time while
 //! the job runs, stays readable if the job dies, and sits outside the
@@ -13,6 +13,7 @@ use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use opdump_format::tables::{part_file_name, rank_dir_name, Table};
 use opdump_fsguard::{enter_dir, open_dump_root, CheckedFile, GuardedFd};
 
 pub struct JsonLines {
@@ -26,7 +27,7 @@ pub struct JsonLines {
 impl JsonLines {
     pub fn create(
         dir: &Path,
-        table: &str,
+        table: Table,
         rank: u32,
         pid: i32,
         file_mode: u32,
@@ -34,15 +35,15 @@ impl JsonLines {
     ) -> std::io::Result<Self> {
         let refused = |r: opdump_fsguard::DirRefused| std::io::Error::other(r.to_string());
         let mut root = open_dump_root(dir, dir_mode).map_err(refused)?;
-        let mut tables = enter_dir(&mut root, dir, table, dir_mode).map_err(refused)?;
-        let rank_dir = format!("rank={rank}");
+        let mut tables = enter_dir(&mut root, dir, table.dir(), dir_mode).map_err(refused)?;
+        let rank_dir = rank_dir_name(rank);
         let mut at =
-            enter_dir(&mut tables, &dir.join(table), &rank_dir, dir_mode).map_err(refused)?;
-        let name = format!("part-{pid}.jsonl");
+            enter_dir(&mut tables, &dir.join(table.dir()), &rank_dir, dir_mode).map_err(refused)?;
+        let name = part_file_name(pid.into());
         let c_name = CString::new(name.clone()).map_err(std::io::Error::other)?;
         let file = CheckedFile::create_new(&mut at, &c_name, file_mode)?;
         Ok(JsonLines {
-            path: dir.join(table).join(rank_dir).join(name),
+            path: table.part_path(dir, rank, pid.into()),
             file,
             at,
             file_mode,

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use opdump_engine::jsonl::JsonLines;
+use opdump_format::tables::Table;
 
 const CHILD: &str = "JSONL_FULL_DISK_CHILD";
 const LIMIT: u64 = 16 * 1024;
@@ -36,7 +37,7 @@ fn child(root: &Path) {
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    let mut f = JsonLines::create(root, "checks", 0, 4242, 0o600, 0o700).unwrap();
+    let mut f = JsonLines::create(root, Table::Checks, 0, 4242, 0o600, 0o700).unwrap();
     f.append(&serde_json::json!({"kind": "check"})).unwrap();
     let err = f
         .write_beside(CAPTURE, &vec![7u8; 4 * LIMIT as usize])
@@ -81,7 +82,7 @@ fn a_planted_link_is_never_written_through() {
     let root = t.path().join("dump");
     let other = t.path().join("other.txt");
     std::fs::write(&other, b"keep me").unwrap();
-    let mut f = JsonLines::create(&root, "checks", 0, 4242, 0o600, 0o700).unwrap();
+    let mut f = JsonLines::create(&root, Table::Checks, 0, 4242, 0o600, 0o700).unwrap();
     for name in [CAPTURE.to_string(), format!(".{CAPTURE}.tmp")] {
         let link = rank_dir(&root).join(&name);
         std::os::unix::fs::symlink(&other, &link).unwrap();

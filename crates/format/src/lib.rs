@@ -10,7 +10,9 @@
 //! - [`reader`]: finding the files of a dump and reading them back;
 //! - [`regular`]: opening a dump's file only when it is a regular file;
 //! - [`ranges`]: the one syntax of step and rank sets (`0-2,10`);
-//! - [`selector`]: the one syntax naming op calls across runs (`aten::gelu@step=1#2`).
+//! - [`selector`]: the one syntax naming op calls across runs (`aten::gelu@step=1#2`);
+//! - [`tables`]: the JSON-lines tables beside the Parquet files (the
+//!   accuracy check's results, the verdicts against a reference).
 //!
 //! The plugin (`src/`) writes with it and `opdump compare` (`crates/cli`) reads with it.
 //!
@@ -31,6 +33,7 @@ pub mod regular;
 #[cfg(feature = "parquet")]
 pub mod schema;
 pub mod selector;
+pub mod tables;
 #[cfg(feature = "parquet")]
 pub mod writer;
 

@@ -7,7 +7,9 @@
 //! - [`spill`]: where a large dump's rows wait, out of memory;
 //! - [`captures`]: the capture files a dump names, opened on first use;
 //! - `chunks`: each column chunk checked against its CRC before it is decoded;
-//! - [`panic_guard`]: a decoder's panic on a malformed file becomes an error.
+//! - [`panic_guard`]: a decoder's panic on a malformed file becomes an error;
+//! - [`tables`]: the JSON-lines tables beside the Parquet files (the
+//!   accuracy check's results, a run's final verdict against a reference).
 //!
 //! [`Dump`]: opdump_judge::Dump
 
@@ -19,6 +21,7 @@ pub mod rank_keys;
 pub mod read;
 mod row_bytes;
 pub mod spill;
+pub mod tables;
 
 pub use error::{Error, Result};
 pub use read::{load, load_steps, scan, DumpIndex, FileInfo};

@@ -7,15 +7,15 @@ use std::path::Path;
 use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print_report;
-use crate::checks::{self, CheckFile};
 use crate::cli::{CheckArgs, RankChoice};
 use crate::report::check::{self, CheckReport};
 use crate::report::check_html;
+use opdump_load::tables::{self as checks, CheckFile};
 
 /// Reads the check results of `dump`, of the ranks `rank` chooses
 /// (default: every rank).
 pub fn run(dump: &Path, rank: Option<&RankChoice>) -> Result<CheckReport> {
-    let listed = checks::list(dump)?;
+    let listed = checks::list_check_files(dump)?;
     if listed.is_empty() {
         return Err(CliError::new(format!(
             "{}: no check results (no checks/rank=<R>/part-*.jsonl): run the job with OPDUMP_CHECK=1",
@@ -54,7 +54,7 @@ pub fn run(dump: &Path, rank: Option<&RankChoice>) -> Result<CheckReport> {
     let mut files: Vec<CheckFile> = Vec::new();
     for r in &wanted {
         for path in &listed[r] {
-            files.push(checks::read_file(path, *r)?);
+            files.push(checks::read_check_file(path, *r)?);
         }
     }
     Ok(CheckReport::build(dump, &files, Vec::new()))

@@ -137,32 +137,15 @@ pub(crate) fn run_scanned(
 /// stored in its dump: the `final` line of
 /// `verdicts/rank=<R>/part-<pid>.jsonl` of the process loaded, as a note.
 fn online_verdict(d: &Dump) -> Option<String> {
-    let pid = d.pid?;
-    let file = d
-        .path
-        .join("verdicts")
-        .join(format!("rank={}", d.rank))
-        .join(format!("part-{pid}.jsonl"));
-    let text = std::fs::read_to_string(&file).ok()?;
-    let last: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
-    if last.get("kind")?.as_str()? != "final" {
-        return None;
-    }
-    let outcome = last.get("outcome")?.as_str()?;
+    let (file, last) = opdump_load::tables::final_verdict(&d.path, d.rank, d.pid?)?;
     let named = last
-        .get("headline")
-        .and_then(|h| {
-            Some(format!(
-                " at {} (step {}, seq {})",
-                h.get("op")?.as_str()?,
-                h.get("step")?.as_i64()?,
-                h.get("seq_b")?.as_i64()?
-            ))
-        })
+        .headline
+        .map(|h| format!(" at {} (step {}, seq {})", h.op, h.step, h.seq_b))
         .unwrap_or_default();
     Some(format!(
-        "{} was judged against a reference dump while it ran (OPDUMP_REFERENCE): {outcome}{named}; see {}",
+        "{} was judged against a reference dump while it ran (OPDUMP_REFERENCE): {}{named}; see {}",
         d.path.display(),
+        last.outcome,
         file.display()
     ))
 }

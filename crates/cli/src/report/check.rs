@@ -11,9 +11,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::app::text::Clean;
-use crate::checks::{capture_parts, CheckFile, CheckRow, Verdict};
 use crate::report::ranks::list;
 use crate::report::terminal::{num, thousands};
+use opdump_format::tables::check::{CheckLine, CheckedCall, Verdict};
+use opdump_load::tables::{capture_parts, CheckFile};
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
 pub const CHECK_REPORT_VERSION: u32 = 1;
@@ -84,33 +85,12 @@ pub struct ProcessInfo {
     pub checked: u64,
 }
 
-/// A failing signature: its worst call (the largest ratio), and how many
-/// calls of it failed, on which ranks.
+/// A failing signature: its worst call (the largest ratio), as its line
+/// holds it, and how many calls of it failed, on which ranks.
 #[derive(Serialize, Debug, Clone)]
 pub struct Failure {
-    pub signature: String,
-    pub op: String,
-    pub overload: String,
-    pub args: String,
-    pub module: Option<String>,
-    pub phase: String,
-    pub step: i64,
-    pub seq: i64,
-    pub rank: u32,
-    pub device: String,
-    pub dtype: String,
-    pub device_err: Option<f64>,
-    pub cpu_err: Option<f64>,
-    pub ratio: Option<f64>,
-    pub device_ulp: Option<f64>,
-    pub cpu_ulp: Option<f64>,
-    pub reduction_len: Option<f64>,
-    /// The device's output against the CPU's in the same dtype, where the
-    /// plugin wrote it.
-    pub device_vs_cpu: Option<f64>,
-    pub reason: Option<String>,
-    /// As the row names it, relative to the dump.
-    pub capture: Option<String>,
+    #[serde(flatten)]
+    pub call: CheckedCall,
     /// The `opdump repro` command that rebuilds the call from its capture;
     /// null when there is no capture file.
     pub repro: Option<String>,
@@ -118,11 +98,20 @@ pub struct Failure {
     pub ranks_failed: Vec<u32>,
 }
 
+/// A failure reads as its worst call.
+impl std::ops::Deref for Failure {
+    type Target = CheckedCall;
+
+    fn deref(&self) -> &CheckedCall {
+        &self.call
+    }
+}
+
 /// A failed row's place in the order: the larger ratio first; a fail with
 /// no ratio (the plugin had none to give, e.g. NaN where the reference is
 /// finite) counts as the worst.
-fn badness(r: &CheckRow) -> f64 {
-    match r.ratio {
+fn badness(r: &CheckLine) -> f64 {
+    match r.call.ratio {
         Some(x) if !x.is_nan() => x,
         _ => f64::INFINITY,
     }
@@ -149,15 +138,15 @@ pub fn repro_command(path: &Path) -> String {
 }
 
 impl Failure {
-    fn of(dump: &Path, r: &CheckRow, notes: &mut Vec<String>) -> Self {
-        let repro = match r.capture.as_deref() {
+    fn of(dump: &Path, r: &CheckLine, notes: &mut Vec<String>) -> Self {
+        let repro = match r.call.capture.as_deref() {
             Some(c) if capture_parts(c).is_some() => {
                 let path = dump.join(c);
                 if !path.is_file() {
                     notes.push(format!(
                         "{}: the capture file of {} is missing",
                         path.display(),
-                        r.signature
+                        r.call.signature
                     ));
                 }
                 Some(repro_command(&path))
@@ -165,33 +154,14 @@ impl Failure {
             Some(c) => {
                 notes.push(format!(
                     "the capture {c:?} of {} is not a path checks/rank=<R>/<file> in the dump: no repro command",
-                    r.signature
+                    r.call.signature
                 ));
                 None
             }
             None => None,
         };
         Failure {
-            signature: r.signature.clone(),
-            op: r.op.clone(),
-            overload: r.overload.clone(),
-            args: r.args.clone(),
-            module: r.module.clone(),
-            phase: r.phase.clone(),
-            step: r.step,
-            seq: r.seq,
-            rank: r.rank,
-            device: r.device.clone(),
-            dtype: r.dtype.clone(),
-            device_err: r.device_err.filter(|v| v.is_finite()),
-            cpu_err: r.cpu_err.filter(|v| v.is_finite()),
-            ratio: r.ratio.filter(|v| v.is_finite()),
-            device_ulp: r.device_ulp.filter(|v| v.is_finite()),
-            cpu_ulp: r.cpu_ulp.filter(|v| v.is_finite()),
-            reduction_len: r.reduction_len.filter(|v| v.is_finite()),
-            device_vs_cpu: r.device_vs_cpu.filter(|v| v.is_finite()),
-            reason: r.reason.clone(),
-            capture: r.capture.clone(),
+            call: r.call.clone(),
             repro,
             calls_failed: 0,
             ranks_failed: Vec::new(),
@@ -206,7 +176,7 @@ impl CheckReport {
         let mut skipped = Skipped::default();
         let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
         // Per failing signature: its worst row, its failed calls, its ranks.
-        let mut by_sig: BTreeMap<&str, (&CheckRow, u64, Vec<u32>)> = BTreeMap::new();
+        let mut by_sig: BTreeMap<&str, (&CheckLine, u64, Vec<u32>)> = BTreeMap::new();
         let mut processes = Vec::new();
         let mut ranks: Vec<u32> = files.iter().map(|f| f.rank).collect();
         ranks.dedup();
@@ -220,20 +190,25 @@ impl CheckReport {
                     Verdict::Pass => counts.passed += 1,
                     Verdict::NoReference => {
                         counts.no_reference += 1;
-                        let why = r.reason.clone().unwrap_or_else(|| "no reason given".into());
+                        let why = r
+                            .call
+                            .reason
+                            .clone()
+                            .unwrap_or_else(|| "no reason given".into());
                         *reasons.entry(why).or_default() += 1;
                     }
                     Verdict::Fail => {
                         counts.failed += 1;
-                        let e = by_sig
-                            .entry(r.signature.as_str())
-                            .or_insert((r, 0, Vec::new()));
+                        let e =
+                            by_sig
+                                .entry(r.call.signature.as_str())
+                                .or_insert((r, 0, Vec::new()));
                         if badness(r) > badness(e.0) {
                             e.0 = r;
                         }
                         e.1 += 1;
-                        if !e.2.contains(&r.rank) {
-                            e.2.push(r.rank);
+                        if !e.2.contains(&r.call.rank) {
+                            e.2.push(r.call.rank);
                         }
                     }
                 }
@@ -256,12 +231,12 @@ impl CheckReport {
                             s.passed, s.failed, s.no_reference, lines.0, lines.1, lines.2
                         ));
                     }
-                    if let Some(n) = s.unfinished.filter(|&n| n > 0) {
+                    if let n @ 1.. = s.unfinished {
                         notes.push(format!(
                             "{file}: {n} checks were still queued when the process exited and have no line"
                         ));
                     }
-                    if let Some(n) = s.write_failures.filter(|&n| n > 0) {
+                    if let n @ 1.. = s.write_failures {
                         notes.push(format!(
                             "{file}: {n} lines or capture files could not be written"
                         ));
@@ -285,7 +260,11 @@ impl CheckReport {
             processes.push(ProcessInfo {
                 rank: f.rank,
                 file,
-                pid: f.summary.map(|s| s.pid).or_else(|| pid_of(&f.path)),
+                pid: f
+                    .summary
+                    .as_ref()
+                    .map(|s| s.pid)
+                    .or_else(|| pid_of(&f.path)),
                 finished: f.summary.is_some(),
                 checked: f
                     .rows
@@ -490,7 +469,7 @@ pub fn render(r: &CheckReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::parse;
+    use opdump_load::tables::parse_check_file as parse;
 
     fn line(sig: &str, verdict: &str, ratio: &str, rank: u32, reason: &str) -> String {
         format!(

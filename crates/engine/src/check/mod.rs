@@ -10,7 +10,8 @@
 //! - on C++'s checking thread (`cpp/accuracy_check.cpp`): the two CPU runs
 //!   and the measures, handed back as [`Measured`];
 //! - here: the verdict, the capture file of a failed call, and one line in
-//!   `<OPDUMP_DIR>/checks/rank=<R>/part-<pid>.jsonl` ([`row`]).
+//!   `<OPDUMP_DIR>/checks/rank=<R>/part-<pid>.jsonl`
+//!   (`opdump_format::tables::check`).
 //!
 //! Bounded three ways, each counted and reported at exit: one call's
 //! tensors over `OPDUMP_CHECK_MAX_BYTES` are not copied; copies waiting for
@@ -18,7 +19,6 @@
 //! finds the queue full is checked at its next call); the checking thread
 //! spends at most `OPDUMP_CHECK_SECONDS`.
 
-pub mod row;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -31,7 +31,8 @@ use opdump_judge::check::{self as rule, CheckVerdict};
 use opdump_judge::metrics::reduction_length_of_shapes;
 use opdump_judge::opclass::{classify, OpClass};
 
-use row::{CheckRow, SummaryRow};
+use opdump_format::tables::check::{CheckLine, CheckSummary, CheckedCall, Verdict};
+use opdump_format::tables::Kind;
 use writer::{Line, Writer};
 
 /// The copies waiting for the checking thread stay under this many times
@@ -97,7 +98,7 @@ struct Pending {
     signature: String,
     charge: u64,
     /// The row, once measured, while its capture is made.
-    row: Option<CheckRow>,
+    row: Option<CheckLine>,
 }
 
 #[derive(Default)]
@@ -111,7 +112,7 @@ struct State {
     pending_bytes: u64,
     next_id: i64,
     spent: f64,
-    summary: SummaryRow,
+    summary: CheckSummary,
 }
 
 /// The state of the check in this process.
@@ -169,11 +170,8 @@ impl Checks {
             }
             s.summary.no_reference += 1;
             drop(s);
-            let row = CheckRow {
-                verdict: CheckVerdict::NoReference.as_str(),
-                reason: Some(reason),
-                ..base_row(signature, &call)
-            };
+            let mut row = base_row(signature, &call);
+            row.call.reason = Some(reason);
             self.write(row);
             return -1;
         }
@@ -211,7 +209,7 @@ impl Checks {
             return false;
         };
         let row = judge(&p.signature, &p.call, &m);
-        let failed = row.verdict == CheckVerdict::Fail.as_str();
+        let failed = row.verdict == Verdict::Fail;
         if failed {
             p.row = Some(row);
             return true;
@@ -286,8 +284,8 @@ impl Checks {
     pub fn finish(&self) {
         let Ok(s) = self.state.lock() else { return };
         let mut summary = s.summary.clone();
-        summary.kind = "summary";
-        summary.pid = self.settings.pid;
+        summary.kind = Kind::Summary;
+        summary.pid = self.settings.pid.into();
         summary.signatures = s.started.len() as u64
             + s.skipped_budget
                 .iter()
@@ -321,7 +319,7 @@ impl Checks {
             w.as_ref()
                 .and_then(|w| w.summary(summary.clone(), SUMMARY_WAIT))
         });
-        let summary = written.unwrap_or_else(|| SummaryRow {
+        let summary = written.unwrap_or_else(|| CheckSummary {
             write_failures: summary.write_failures + 1,
             ..summary
         });
@@ -357,49 +355,59 @@ impl Checks {
             .is_some_and(|w| w.as_ref().is_none_or(|w| w.sync(wait)))
     }
 
-    fn write(&self, row: CheckRow) {
+    fn write(&self, row: CheckLine) {
         self.send(Line::Row(row));
     }
 }
 
-fn base_row(signature: &str, call: &CallInfo) -> CheckRow {
-    CheckRow {
-        kind: "check",
-        signature: signature.to_string(),
-        op: call.op.clone(),
-        overload: call.overload.clone(),
-        args: call.args.clone(),
-        module: call.module.clone(),
-        phase: call.phase.as_str(),
-        step: call.step,
-        seq: call.seq,
-        rank: call.rank,
-        ..CheckRow::default()
+/// The line of a call, without a reference until it is judged.
+fn base_row(signature: &str, call: &CallInfo) -> CheckLine {
+    CheckLine {
+        kind: Kind::Check,
+        call: CheckedCall {
+            signature: signature.to_string(),
+            op: call.op.clone(),
+            overload: call.overload.clone(),
+            args: call.args.clone(),
+            module: call.module.clone(),
+            phase: call.phase.as_str().to_string(),
+            step: call.step,
+            seq: call.seq,
+            rank: call.rank,
+            ..CheckedCall::default()
+        },
+        verdict: Verdict::NoReference,
     }
 }
 
-fn count(summary: &mut SummaryRow, row: &CheckRow) {
+fn count(summary: &mut CheckSummary, row: &CheckLine) {
     match row.verdict {
-        "pass" => summary.passed += 1,
-        "fail" => summary.failed += 1,
-        _ => summary.no_reference += 1,
+        Verdict::Pass => summary.passed += 1,
+        Verdict::Fail => summary.failed += 1,
+        Verdict::NoReference => summary.no_reference += 1,
     }
-    if row.verdict != "no_reference" {
+    if row.verdict != Verdict::NoReference {
         summary.checked += 1;
     }
 }
 
+fn verdict_of(v: CheckVerdict) -> Verdict {
+    match v {
+        CheckVerdict::Pass => Verdict::Pass,
+        CheckVerdict::Fail => Verdict::Fail,
+        CheckVerdict::NoReference => Verdict::NoReference,
+    }
+}
+
 /// The verdict of a measured call (`opdump_judge::check`).
-fn judge(signature: &str, call: &CallInfo, m: &Measured) -> CheckRow {
-    let mut row = CheckRow {
-        device: m.device.clone(),
-        dtype: m.dtype.clone(),
-        ..base_row(signature, call)
-    };
+fn judge(signature: &str, call: &CallInfo, m: &Measured) -> CheckLine {
+    let mut line = base_row(signature, call);
+    let row = &mut line.call;
+    row.device = m.device.clone();
+    row.dtype = m.dtype.clone();
     if !m.why.is_empty() {
-        row.verdict = CheckVerdict::NoReference.as_str();
         row.reason = Some(m.why.clone());
-        return row;
+        return line;
     }
     let class = classify(&call.op);
     let shapes: Vec<&[i64]> = m.float_input_shapes.iter().map(Vec::as_slice).collect();
@@ -437,11 +445,11 @@ fn judge(signature: &str, call: &CallInfo, m: &Measured) -> CheckRow {
         row.cpu_ulp = (m.cpu_ulp >= 0.0).then_some(m.cpu_ulp);
     }
     row.reduction_len = (k > 1.0).then_some(k);
-    row.verdict = CheckVerdict::of_ratio(ratio).as_str();
-    row
+    line.verdict = verdict_of(CheckVerdict::of_ratio(ratio));
+    line
 }
 
-fn exit_line(s: &SummaryRow, settings: &Settings) -> String {
+fn exit_line(s: &CheckSummary, settings: &Settings) -> String {
     let mut line = format!(
         "OPDUMP_CHECK: {} signature{}, {} call{} checked against float64 on the CPU: {} failed, {} passed, {} without a reference",
         s.signatures,

@@ -6,12 +6,14 @@
 //! `ulimit -f` then fails here as a full disk, is counted, and never kills
 //! the job.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, unbounded, Sender};
+use opdump_format::tables::check::{CheckLine, CheckSummary};
+use opdump_format::tables::Table;
 use opdump_format::{capture as capture_file, Capture, OpRecord};
 
-use super::row::{CheckRow, SummaryRow};
 use super::{CallInfo, Settings};
 use crate::jsonl::JsonLines;
 
@@ -19,12 +21,12 @@ use crate::jsonl::JsonLines;
 /// go by value: the channel holds few at a time.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Line {
-    Row(CheckRow),
+    Row(CheckLine),
     /// A failed call: its capture file, then its line naming the file.
-    Failed(Box<(CheckRow, CallInfo, Capture)>),
+    Failed(Box<(CheckLine, CallInfo, Capture)>),
     /// The last line: the summary, counted with this thread's failed writes
     /// and handed back for the exit line.
-    Summary(SummaryRow, Sender<SummaryRow>),
+    Summary(CheckSummary, Sender<CheckSummary>),
     /// Answered once every line before it is written.
     Barrier(Sender<()>),
 }
@@ -66,7 +68,7 @@ impl Writer {
     /// Writes the summary line after every line sent before it; the
     /// summary as written, or `None` when the thread did not answer in
     /// `wait`.
-    pub fn summary(&self, summary: SummaryRow, wait: Duration) -> Option<SummaryRow> {
+    pub fn summary(&self, summary: CheckSummary, wait: Duration) -> Option<CheckSummary> {
         let (tx, rx) = bounded(1);
         if !self.send(Line::Summary(summary, tx)) {
             return None;
@@ -90,13 +92,13 @@ impl Output {
     fn take(&mut self, line: Line) {
         match line {
             Line::Row(row) => {
-                self.rank.get_or_insert(row.rank);
+                self.rank.get_or_insert(row.call.rank);
                 self.append(&row);
             }
             Line::Failed(failed) => {
                 let (mut row, call, capture) = *failed;
                 self.rank.get_or_insert(call.rank);
-                row.capture = self.write_capture(&call, capture);
+                row.call.capture = self.write_capture(&call, capture);
                 self.append(&row);
             }
             Line::Barrier(back) => {
@@ -118,7 +120,7 @@ impl Output {
         }
     }
 
-    fn append(&mut self, row: &CheckRow) {
+    fn append(&mut self, row: &CheckLine) {
         let ok = self.append_ready() && self.file.as_mut().is_some_and(|f| f.append(row).is_ok());
         if !ok {
             self.failures += 1;
@@ -132,7 +134,7 @@ impl Output {
             let p = &self.settings;
             match JsonLines::create(
                 &p.dir,
-                "checks",
+                Table::Checks,
                 self.rank.unwrap_or(0),
                 p.pid,
                 p.file_mode,
@@ -142,9 +144,10 @@ impl Output {
                 Err(e) => {
                     self.refused = true;
                     (p.say)(&format!(
-                        "cannot write the accuracy check's results under {}/checks ({e}); the checks' verdicts are lost. \
+                        "cannot write the accuracy check's results under {}/{} ({e}); the checks' verdicts are lost. \
                          Free space or fix the permissions under OPDUMP_DIR",
-                        p.dir.display()
+                        p.dir.display(),
+                        Table::Checks.dir()
                     ));
                 }
             }
@@ -190,7 +193,8 @@ impl Output {
                     };
                     match file.write_beside(&name, &bytes) {
                         Ok(_) => {
-                            return Ok(format!("checks/rank={}/{name}", self.rank.unwrap_or(0)))
+                            let dir = Table::Checks.rank_dir(Path::new(""), self.rank.unwrap_or(0));
+                            return Ok(dir.join(name).display().to_string());
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                         Err(e) => return Err(e),

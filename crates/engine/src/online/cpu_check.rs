@@ -12,30 +12,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use opdump_format::tables::verdict::CpuFound as Found;
 use opdump_judge::check::{self, CheckVerdict};
-use serde::Serialize;
 
-/// What the check found.
-#[derive(Serialize, Clone, Debug)]
-pub struct Found {
-    /// The device of the call's outputs in this run, and their dtype.
-    pub device: String,
-    pub dtype: String,
-    /// ||device - float64|| / ||float64||, largest over the outputs.
-    pub device_err: Option<f64>,
-    /// ||CPU in the same dtype - float64|| / ||float64||.
-    pub cpu_err: Option<f64>,
-    /// Why nothing was compared.
-    pub why: Option<String>,
-}
-
-impl Found {
-    /// Whether this run's device is the one that is off
-    /// (`opdump_judge::check`); `None` when nothing was compared.
-    pub fn device_is_off(&self) -> Option<bool> {
-        let (d, c) = (self.device_err?, self.cpu_err?);
-        Some(CheckVerdict::of_ratio(check::ratio(d, c, &self.dtype, 1.0)) == CheckVerdict::Fail)
-    }
+/// Whether this run's device is the one that is off
+/// (`opdump_judge::check`); `None` when nothing was compared.
+pub fn device_is_off(found: &Found) -> Option<bool> {
+    let (d, c) = (found.device_err?, found.cpu_err?);
+    Some(CheckVerdict::of_ratio(check::ratio(d, c, &found.dtype, 1.0)) == CheckVerdict::Fail)
 }
 
 static PENDING: AtomicU32 = AtomicU32::new(0);

@@ -36,7 +36,9 @@ use opdump_judge::{compare_dumps, CompareSettings, Dump, Filter, Refusal, Silent
 
 use crate::config::OnDivergence;
 use crate::jsonl::JsonLines;
-use fold::{CallRef, Fold};
+use fold::Fold;
+use opdump_format::tables::verdict::{CallRef, CpuCheckLine, FinalLine};
+use opdump_format::tables::{Kind, Table};
 use reference::Reference;
 
 /// What the judge thread tells the rest of opdump.
@@ -304,7 +306,7 @@ impl Judging {
             .as_deref()
             .map(|s| format!(" (the call {s})"))
             .unwrap_or_default();
-        let line = match (found.device_is_off(), found.device_err, found.cpu_err) {
+        let line = match (cpu_check::device_is_off(&found), found.device_err, found.cpu_err) {
             (Some(true), Some(d), Some(c)) => format!(
                 "{} is off at {}{on}: {d:.1e} from float64, where the CPU in {} is {c:.1e}",
                 found.device,
@@ -325,11 +327,11 @@ impl Judging {
             ),
         };
         self.say(&line);
-        let row = fold::CheckRow {
-            kind: "cpu_check",
+        let row = CpuCheckLine {
+            kind: Kind::CpuCheck,
             call: call.label(),
             captured,
-            device_is_off: found.device_is_off(),
+            device_is_off: cpu_check::device_is_off(&found),
             found,
         };
         self.write(&row);
@@ -340,10 +342,10 @@ impl Judging {
     /// later step is captured (and checked on the CPU), and with
     /// OPDUMP_ON_DIVERGENCE=stop the job is stopped once it is.
     fn name(&mut self, call: &CallRef) {
-        let verdicts = self
-            .file
-            .as_ref()
-            .map_or_else(|| self.setup.dir.join("verdicts"), |f| f.path.clone());
+        let verdicts = self.file.as_ref().map_or_else(
+            || self.setup.dir.join(Table::Verdicts.dir()),
+            |f| f.path.clone(),
+        );
         self.say(&format!(
             "step {}, {}: {} introduced a divergence from OPDUMP_REFERENCE: {}. Capturing that call ({}) in the \
              next step that makes it; verdicts in {}",
@@ -378,11 +380,11 @@ impl Judging {
         }
     }
 
-    fn say_final(&self, row: &fold::FinalRow) {
+    fn say_final(&self, row: &FinalLine) {
         if row.outcome == opdump_judge::Outcome::Agree.as_str() {
             return;
         }
-        if let (Some(h), "dominant") = (&row.headline, row.headline_rule.unwrap_or("")) {
+        if let (Some(h), "dominant") = (&row.headline, row.headline_rule.as_deref().unwrap_or("")) {
             self.say(&format!(
                 "judged against OPDUMP_REFERENCE: the headline is {} at step {} ({}), which went ten times further \
                  beyond its allowance than the first introduced call",
@@ -401,7 +403,7 @@ impl Judging {
             let s = &self.setup;
             match JsonLines::create(
                 &s.dir,
-                "verdicts",
+                Table::Verdicts,
                 (s.rank)(),
                 s.pid,
                 s.file_mode,
@@ -411,8 +413,9 @@ impl Judging {
                 Err(e) => {
                     self.write_failed = true;
                     return self.stop_comparing(&format!(
-                        "the verdict file under {}/verdicts cannot be created ({e})",
-                        s.dir.display()
+                        "the verdict file under {}/{} cannot be created ({e})",
+                        s.dir.display(),
+                        Table::Verdicts.dir()
                     ));
                 }
             }

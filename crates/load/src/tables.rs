@@ -1,5 +1,7 @@
-//! Reading the results of `OPDUMP_CHECK`: `<DUMP>/checks/rank=<R>/part-<pid>.jsonl`,
-//! one JSON object per line, written by the plugin while the job runs.
+//! Reading the JSON-lines tables of a dump (`opdump_format::tables`): the
+//! results of `OPDUMP_CHECK` in `<DUMP>/checks/rank=<R>/part-<pid>.jsonl`,
+//! one JSON object per line, written by the plugin while the job runs, and
+//! the final verdict of a run judged against `OPDUMP_REFERENCE`.
 //!
 //! A `check` line per checked call (its verdict was judged in the job; it is
 //! read here, never recomputed), and a `summary` line per process at exit.
@@ -12,127 +14,17 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
+use opdump_format::tables::check::{CheckLine, CheckSummary};
+use opdump_format::tables::verdict::FinalLine;
+use opdump_format::tables::{is_part_file_name, rank_of_dir_name, Kind, Table};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::app::error::{CliError, Result};
-
-/// The directory of the check results, under the dump's root.
-pub const CHECKS_DIR: &str = "checks";
+use crate::error::{Error, Result};
 
 /// A file larger than this is not one the plugin wrote (a line per distinct
 /// signature: thousands of lines, not millions): refused before it is read.
 const MAX_FILE_BYTES: u64 = 1 << 30;
-
-/// A check's verdict, as the plugin judged it.
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Pass,
-    Fail,
-    NoReference,
-}
-
-impl Verdict {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Fail => "fail",
-            Verdict::NoReference => "no_reference",
-        }
-    }
-}
-
-/// One checked call (a `check` line).
-#[derive(Deserialize, Clone, Debug)]
-pub struct CheckRow {
-    pub signature: String,
-    pub op: String,
-    pub overload: String,
-    pub args: String,
-    pub module: Option<String>,
-    pub phase: String,
-    pub step: i64,
-    pub seq: i64,
-    pub rank: u32,
-    pub device: String,
-    pub dtype: String,
-    pub device_err: Option<f64>,
-    pub cpu_err: Option<f64>,
-    pub ratio: Option<f64>,
-    pub device_ulp: Option<f64>,
-    pub cpu_ulp: Option<f64>,
-    /// A count, written by the plugin as an integer or as a float.
-    pub reduction_len: Option<f64>,
-    /// ||device - CPU in the same dtype|| / ||CPU||, where the plugin
-    /// writes it (not required).
-    #[serde(default)]
-    pub device_vs_cpu: Option<f64>,
-    pub verdict: Verdict,
-    pub reason: Option<String>,
-    /// The capture file of the call's tensors, relative to the dump's root;
-    /// failed checks only.
-    pub capture: Option<String>,
-}
-
-/// Every field of a `check` line; each must be present (`null` where the
-/// plugin has no value), so a line cut down by hand is caught.
-const CHECK_FIELDS: &[&str] = &[
-    "signature",
-    "op",
-    "overload",
-    "args",
-    "module",
-    "phase",
-    "step",
-    "seq",
-    "rank",
-    "device",
-    "dtype",
-    "device_err",
-    "cpu_err",
-    "ratio",
-    "device_ulp",
-    "cpu_ulp",
-    "reduction_len",
-    "verdict",
-    "reason",
-    "capture",
-];
-
-/// What one process counted at exit (a `summary` line).
-#[derive(Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessSummary {
-    pub rank: u32,
-    pub pid: i64,
-    pub checked: u64,
-    pub passed: u64,
-    pub failed: u64,
-    pub no_reference: u64,
-    pub signatures: u64,
-    pub skipped_bytes: u64,
-    pub skipped_budget: u64,
-    pub skipped_busy: u64,
-    /// Checks still queued at exit, and lines or capture files that could
-    /// not be written, where the plugin writes them (not required).
-    #[serde(default)]
-    pub unfinished: Option<u64>,
-    #[serde(default)]
-    pub write_failures: Option<u64>,
-}
-
-const SUMMARY_FIELDS: &[&str] = &[
-    "rank",
-    "pid",
-    "checked",
-    "passed",
-    "failed",
-    "no_reference",
-    "signatures",
-    "skipped_bytes",
-    "skipped_budget",
-    "skipped_busy",
-];
 
 /// One `part-<pid>.jsonl` file, read.
 #[derive(Debug)]
@@ -140,9 +32,9 @@ pub struct CheckFile {
     pub path: PathBuf,
     /// From the directory `rank=<R>`.
     pub rank: u32,
-    pub rows: Vec<CheckRow>,
+    pub rows: Vec<CheckLine>,
     /// None: the process ended before exit (killed).
-    pub summary: Option<ProcessSummary>,
+    pub summary: Option<CheckSummary>,
     /// The last line was cut short and is not JSON (the process was killed
     /// while writing it): left out.
     pub torn_last_line: bool,
@@ -151,8 +43,8 @@ pub struct CheckFile {
 }
 
 /// `field` of line `line` of `path` is missing or of the wrong type.
-fn bad_line(path: &Path, line: usize, why: &str) -> CliError {
-    CliError::new(format!(
+fn bad_line(path: &Path, line: usize, why: &str) -> Error {
+    Error::new(format!(
         "{}:{line}: {why}; not a line opdump wrote: the file was changed or cut after the job wrote it; run the job again with OPDUMP_CHECK=1 to write it anew",
         path.display()
     ))
@@ -183,7 +75,7 @@ fn typed<T: for<'de> Deserialize<'de>>(
 }
 
 /// Parses the text of one file (`path` names it in errors).
-pub fn parse(text: &str, path: &Path, rank: u32) -> Result<CheckFile> {
+pub fn parse_check_file(text: &str, path: &Path, rank: u32) -> Result<CheckFile> {
     let mut f = CheckFile {
         path: path.to_path_buf(),
         rank,
@@ -219,12 +111,14 @@ pub fn parse(text: &str, path: &Path, rank: u32) -> Result<CheckFile> {
             _ => return Err(bad_line(path, n, "no \"kind\" string")),
         };
         match kind.as_str() {
-            "check" => f.rows.push(typed(obj, CHECK_FIELDS, path, n, "check")?),
-            "summary" => {
+            k if k == Kind::Check.as_str() => {
+                f.rows.push(typed(obj, CheckLine::REQUIRED, path, n, k)?)
+            }
+            k if k == Kind::Summary.as_str() => {
                 if f.summary.is_some() {
                     return Err(bad_line(path, n, "a second summary line"));
                 }
-                f.summary = Some(typed(obj, SUMMARY_FIELDS, path, n, "summary")?);
+                f.summary = Some(typed(obj, CheckSummary::REQUIRED, path, n, k)?);
             }
             _ => f.unknown_kinds += 1,
         }
@@ -234,20 +128,20 @@ pub fn parse(text: &str, path: &Path, rank: u32) -> Result<CheckFile> {
 
 /// Reads one file: a regular file only (a FIFO is an error, not a wait),
 /// of a bounded size, in UTF-8.
-pub fn read_file(path: &Path, rank: u32) -> Result<CheckFile> {
+pub fn read_check_file(path: &Path, rank: u32) -> Result<CheckFile> {
     let too_large = || {
-        CliError::new(format!(
+        Error::new(format!(
             "{}: larger than {} bytes, not a file of check results opdump wrote; move it out of the dump",
             path.display(),
             MAX_FILE_BYTES
         ))
     };
-    let file = opdump_format::regular::open_regular(path).map_err(CliError::from)?;
+    let file = opdump_format::regular::open_regular(path).map_err(Error::from)?;
     // The size the file has now, before a byte of it is read; the read
     // below stays bounded too, for a file that grows meanwhile.
     let size = file
         .metadata()
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?
+        .map_err(|e| Error::new(format!("{}: {e}", path.display())))?
         .len();
     if size > MAX_FILE_BYTES {
         return Err(too_large());
@@ -255,7 +149,7 @@ pub fn read_file(path: &Path, rank: u32) -> Result<CheckFile> {
     let mut bytes = Vec::with_capacity(size as usize);
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large());
     }
@@ -266,7 +160,7 @@ pub fn read_file(path: &Path, rank: u32) -> Result<CheckFile> {
             "not UTF-8 text",
         )
     })?;
-    parse(&text, path, rank)
+    parse_check_file(&text, path, rank)
 }
 
 /// The number of newlines before byte `at`: the line (from 0) it is on.
@@ -274,60 +168,51 @@ fn bytes_before_lines(bytes: &[u8], at: usize) -> usize {
     bytes[..at].iter().filter(|&&b| b == b'\n').count()
 }
 
-/// `rank=<R>`'s rank: a plain decimal number.
-fn rank_of_dir(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("rank=")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// The `part-*.jsonl` files of each rank under `<dump>/checks`, by rank,
+/// The check files (`part-*.jsonl`) of each rank under `<dump>/checks`, by rank,
 /// sorted. A missing dump is an error; a dump without check results gives
 /// none.
-pub fn list(dump: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>> {
+pub fn list_check_files(dump: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>> {
     match std::fs::metadata(dump) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
-            return Err(CliError::new(format!(
+            return Err(Error::new(format!(
                 "{}: not a directory; pass the dump directory (OPDUMP_DIR of the job)",
                 dump.display()
             )))
         }
         Err(e) => {
-            return Err(CliError::new(format!(
+            return Err(Error::new(format!(
                 "{}: {e}; pass the dump directory (OPDUMP_DIR of the job)",
                 dump.display()
             )))
         }
     }
     let mut out: BTreeMap<u32, Vec<PathBuf>> = BTreeMap::new();
-    let checks = dump.join(CHECKS_DIR);
+    let checks = dump.join(Table::Checks.dir());
     let Ok(entries) = std::fs::read_dir(&checks) else {
         return Ok(out);
     };
     for e in entries {
-        let e = e.map_err(|e| CliError::new(format!("{}: {e}", checks.display())))?;
+        let e = e.map_err(|e| Error::new(format!("{}: {e}", checks.display())))?;
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
         if !name.starts_with("rank=") {
             continue;
         }
-        let Some(rank) = rank_of_dir(name) else {
-            return Err(CliError::new(format!(
+        let Some(rank) = rank_of_dir_name(name) else {
+            return Err(Error::new(format!(
                 "{}: the rank of a rank=<R> directory must be a decimal number; move the directory out of the dump",
                 e.path().display()
             )));
         };
         let dir = e.path();
-        let files = std::fs::read_dir(&dir)
-            .map_err(|e| CliError::new(format!("{}: {e}", dir.display())))?;
+        let files =
+            std::fs::read_dir(&dir).map_err(|e| Error::new(format!("{}: {e}", dir.display())))?;
         for f in files {
-            let f = f.map_err(|e| CliError::new(format!("{}: {e}", dir.display())))?;
+            let f = f.map_err(|e| Error::new(format!("{}: {e}", dir.display())))?;
             let n = f.file_name();
             let n = n.to_string_lossy();
-            if n.starts_with("part-") && n.ends_with(".jsonl") {
+            if is_part_file_name(&n) {
                 out.entry(rank).or_default().push(f.path());
             }
         }
@@ -351,16 +236,37 @@ pub fn capture_parts(capture: &str) -> Option<(u32, &str)> {
         })
         .collect::<Option<Vec<_>>>()?;
     match parts.as_slice() {
-        [CHECKS_DIR, rank_dir, name] if name.ends_with(".safetensors") => {
-            Some((rank_of_dir(rank_dir)?, *name))
+        [table, rank_dir, name]
+            if *table == Table::Checks.dir() && name.ends_with(".safetensors") =>
+        {
+            Some((rank_of_dir_name(rank_dir)?, *name))
         }
         _ => None,
     }
 }
 
+/// The final verdict of process `pid` of rank `rank` judged against a
+/// reference while it ran: the last line of its verdict file when that is
+/// a `final` line; `None` when there is none or it cannot be read (a note,
+/// never an error: the dump's Parquet files stand without it).
+pub fn final_verdict(dump: &Path, rank: u32, pid: i64) -> Option<(PathBuf, FinalLine)> {
+    let file = Table::Verdicts.part_path(dump, rank, pid);
+    let meta = std::fs::symlink_metadata(&file).ok()?;
+    if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    let text = std::fs::read_to_string(&file).ok()?;
+    let last: Value = serde_json::from_str(text.lines().last()?).ok()?;
+    if last.get("kind")?.as_str()? != Kind::Final.as_str() {
+        return None;
+    }
+    Some((file, serde_json::from_value(last).ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opdump_format::tables::check::Verdict;
 
     fn row(extra: &str) -> String {
         format!(
@@ -373,14 +279,14 @@ mod tests {
     #[test]
     fn reads_rows_and_the_summary() {
         let text = format!("{}\n{SUMMARY}\n", row(""));
-        let f = parse(&text, Path::new("p"), 0).unwrap();
+        let f = parse_check_file(&text, Path::new("p"), 0).unwrap();
         assert_eq!(f.rows.len(), 1);
         assert_eq!(f.rows[0].verdict, Verdict::Fail);
-        assert_eq!(f.rows[0].reduction_len, Some(4.0));
+        assert_eq!(f.rows[0].call.reduction_len, Some(4.0));
         // Written as a float by the plugin: read the same.
         let text = row("").replace(r#""reduction_len":4"#, r#""reduction_len":4.0"#);
-        let g = parse(&format!("{text}\n"), Path::new("p"), 0).unwrap();
-        assert_eq!(g.rows[0].reduction_len, Some(4.0));
+        let g = parse_check_file(&format!("{text}\n"), Path::new("p"), 0).unwrap();
+        assert_eq!(g.rows[0].call.reduction_len, Some(4.0));
         assert_eq!(f.summary.unwrap().skipped_busy, 1);
         assert!(!f.torn_last_line);
     }
@@ -388,7 +294,7 @@ mod tests {
     #[test]
     fn a_killed_process_has_no_summary_and_maybe_a_torn_line() {
         let text = format!("{}\n{}", row(""), &row("")[..40]);
-        let f = parse(&text, Path::new("p"), 0).unwrap();
+        let f = parse_check_file(&text, Path::new("p"), 0).unwrap();
         assert_eq!(f.rows.len(), 1);
         assert!(f.summary.is_none() && f.torn_last_line);
     }
@@ -397,7 +303,7 @@ mod tests {
     fn mutated_lines_name_the_file_and_line() {
         // Not JSON, before the last line.
         let text = format!("{}\n{{oops\n{SUMMARY}\n", row(""));
-        let e = parse(&text, Path::new("d/part-1.jsonl"), 0).unwrap_err();
+        let e = parse_check_file(&text, Path::new("d/part-1.jsonl"), 0).unwrap_err();
         assert!(
             e.message.starts_with("d/part-1.jsonl:2: not JSON"),
             "{}",
@@ -405,7 +311,7 @@ mod tests {
         );
         // A field gone.
         let cut = row("").replace(r#""ratio":1e5,"#, "");
-        let e = parse(&format!("{cut}\n"), Path::new("p"), 0).unwrap_err();
+        let e = parse_check_file(&format!("{cut}\n"), Path::new("p"), 0).unwrap_err();
         assert!(
             e.message.contains("p:1: the check line lacks ratio"),
             "{}",
@@ -413,17 +319,17 @@ mod tests {
         );
         // A field of the wrong type, or an unknown verdict.
         let bad = row("").replace(r#""step":0"#, r#""step":"zero""#);
-        assert!(parse(&format!("{bad}\n"), Path::new("p"), 0).is_err());
+        assert!(parse_check_file(&format!("{bad}\n"), Path::new("p"), 0).is_err());
         let bad = row("").replace(r#""verdict":"fail""#, r#""verdict":"maybe""#);
-        assert!(parse(&format!("{bad}\n"), Path::new("p"), 0).is_err());
+        assert!(parse_check_file(&format!("{bad}\n"), Path::new("p"), 0).is_err());
         // No kind.
-        assert!(parse("{\"x\":1}\n", Path::new("p"), 0).is_err());
+        assert!(parse_check_file("{\"x\":1}\n", Path::new("p"), 0).is_err());
     }
 
     #[test]
     fn unknown_kinds_and_extra_fields_are_left_for_newer_plugins() {
         let text = format!("{}\n{{\"kind\":\"later\"}}\n", row(r#","new":1"#));
-        let f = parse(&text, Path::new("p"), 0).unwrap();
+        let f = parse_check_file(&text, Path::new("p"), 0).unwrap();
         assert_eq!((f.rows.len(), f.unknown_kinds), (1, 1));
     }
 
@@ -443,5 +349,35 @@ mod tests {
         ] {
             assert_eq!(capture_parts(bad), None, "{bad}");
         }
+    }
+    #[test]
+    fn the_final_verdict_is_the_last_line_when_final() {
+        use opdump_format::tables::verdict::{CallRef, FinalLine};
+        let dir = tempfile::tempdir().unwrap();
+        let file = Table::Verdicts.part_path(dir.path(), 2, 77);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        let line = FinalLine {
+            kind: Kind::Final,
+            outcome: "introduced".into(),
+            exit_status: 1,
+            headline: Some(CallRef {
+                op: "aten::gelu".into(),
+                step: 3,
+                seq_b: 40,
+                ..CallRef::default()
+            }),
+            ..FinalLine::default()
+        };
+        let text = format!(
+            "{{\"kind\":\"group\"}}\n{}\n",
+            serde_json::to_string(&line).unwrap()
+        );
+        std::fs::write(&file, text).unwrap();
+        let (path, read) = final_verdict(dir.path(), 2, 77).unwrap();
+        assert_eq!((path, read), (file.clone(), line));
+        assert!(final_verdict(dir.path(), 2, 78).is_none());
+        // A run still judging, its last line a group's: no final verdict yet.
+        std::fs::write(&file, "{\"kind\":\"group\"}\n").unwrap();
+        assert!(final_verdict(dir.path(), 2, 77).is_none());
     }
 }
