@@ -167,3 +167,44 @@ def test_slugs_follow_github():
     assert github_slug("Scale: 1,000,000 and 10,000,000 op calls") == "scale-1000000-and-10000000-op-calls"
     assert github_slug("`opdump ranks`") == "opdump-ranks"
     assert github_slug("Fingerprint and sketch (OPDUMP_SKETCH)") == "fingerprint-and-sketch-opdump_sketch"
+
+
+def readme_dependency_table():
+    """{crate directory: set of crate names it uses} from the README's table
+    after "Dependencies point one way"."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("Dependencies point one way", 1)[1].split("```", 2)[1]
+    table = {}
+    for line in block.strip().splitlines():
+        where, _, uses = line.partition("→")
+        uses = uses.strip().split("  ")[0]  # the comment after two spaces
+        directory = where.split()[0].rstrip("/")
+        table[directory] = set() if uses == "(none)" else {u.strip() for u in uses.split(",")}
+    return table
+
+
+def test_readme_crate_table_matches_cargo_metadata():
+    """Each workspace crate, with exactly its normal dependencies on the
+    other workspace crates, as `cargo metadata` reads the manifests."""
+    import json
+    import subprocess
+
+    meta = json.loads(subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    ours = {p["name"] for p in meta["packages"]}
+    actual = {}
+    for p in meta["packages"]:
+        directory = str(Path(p["manifest_path"]).parent.relative_to(ROOT)) or "."
+        directory = "src" if directory == "." else directory
+        actual[directory] = {d["name"].removeprefix("opdump-") for d in p["dependencies"]
+                             if d["name"] in ours and d["kind"] is None}
+    assert readme_dependency_table() == actual
+
+
+def test_readme_lists_every_cli_command():
+    commands = {p.stem for p in (ROOT / "crates" / "cli" / "src" / "commands").glob("*.rs")}
+    commands -= {"mod", "repro_check"}  # `repro --check` is repro's
+    line = next(l for l in (ROOT / "README.md").read_text().splitlines() if l.startswith("crates/cli "))
+    missing = [c for c in sorted(commands) if c not in line]
+    assert not missing, f"README's crates/cli line lacks {missing}: {line}"
