@@ -50,6 +50,11 @@ pub(crate) struct CallFile {
     /// The relative error rounding explains for this call (its dtype and
     /// reduction length), as `opdump compare` judged it.
     pub(crate) tolerance: f64,
+    /// A device is off when its error is beyond `tolerance` and this many
+    /// times the other's: the check's own factor
+    /// (`opdump_judge::check::OFF_FACTOR`), so that repro.py and opdump
+    /// judge alike.
+    pub(crate) margin: f64,
     /// `opdump compare`'s verdict on the call.
     pub(crate) verdict: &'static str,
     /// A had no capture of the call: there is no a.safetensors, and A's side
@@ -325,6 +330,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
         dump_a: c.a.path.display().to_string(),
         dump_b: c.b.path.display().to_string(),
         tolerance: detail.tolerance,
+        margin: opdump_judge::check::OFF_FACTOR,
         verdict: c.op_verdict(k).as_str(),
         a_from_b,
         check: None,

@@ -158,6 +158,7 @@ pub fn run(path: &Path, out: Option<PathBuf>) -> Result<(PathBuf, CheckLine)> {
         // and 10 times the other's: with 10 unit roundoffs, that is the
         // check's own rule, ratio = device_err / max(cpu_err, u) > 10.
         tolerance: FAIL_RATIO * DType::parse(&row.call.dtype).unit_roundoff,
+        margin: FAIL_RATIO,
         verdict: row.verdict.as_str(),
         a_from_b: true,
         check: Some(serde_json::json!({

@@ -21,7 +21,7 @@ pub const CHECK_REPORT_VERSION: u32 = 1;
 
 /// A failed check's ratio at or below this is not a fail (the plugin's rule,
 /// printed beside the ratio; not applied here).
-pub const FAIL_RATIO: f64 = 10.0;
+pub const FAIL_RATIO: f64 = opdump_judge::check::OFF_FACTOR;
 
 /// What `opdump check` found (the JSON of `--json`).
 #[derive(Serialize, Debug)]
