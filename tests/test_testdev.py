@@ -154,7 +154,8 @@ EXACT_CASES = {
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), lambda: _inputs(4, (8, 33))),
     "softmax": (lambda x: F.softmax(x, dim=-1), lambda: _inputs(5, (8, 33))),
     "masked_softmax": (
-        lambda x: x.masked_fill(torch.triu(torch.ones(6, 6, dtype=torch.bool, device=x.device), 1), float("-inf")).softmax(-1),
+        lambda x: x.masked_fill(torch.triu(torch.ones(6, 6, dtype=torch.bool, device=x.device), 1),
+                                float("-inf")).softmax(-1),
         lambda: _inputs(6, (2, 6, 6)),
     ),
     "cross_entropy": (
@@ -171,8 +172,8 @@ def test_forward_backward_match_cpu_exactly(case):
     out_c, grads_c = run(fn, make(), "cpu")
     out_d, grads_d = run(fn, make(), D)
     assert bits_equal(out_d, out_c)
-    for gd, gc in zip(grads_d, grads_c):
-        assert bits_equal(gd, gc)
+    for g_dev, g_cpu in zip(grads_d, grads_c):
+        assert bits_equal(g_dev, g_cpu)
 
 
 def _bn(x, w, b):
@@ -234,8 +235,8 @@ def test_convolutions_match_cpu_exactly(case):
     assert traced.get("aten::convolution_backward_overrideable") == 1
     assert bits_equal(out_d, out_c)
     assert all(g is not None for g in grads_c)
-    for gd, gc in zip(grads_d, grads_c):
-        assert bits_equal(gd, gc)
+    for g_dev, g_cpu in zip(grads_d, grads_c):
+        assert bits_equal(g_dev, g_cpu)
 
 
 @pytest.mark.parametrize("case", sorted(POOL_CASES))
@@ -317,10 +318,10 @@ def test_layer_norm_close_to_cpu(dtype):
     out_c, grads_c = run(fn, [x, w, b], "cpu")
     assert "aten::native_layer_norm" not in traced and "aten::native_batch_norm" in traced
     assert _row_ulps(out_d, out_c) <= 4
-    for gd, gc in zip(grads_d, grads_c):
-        assert gd.dtype == gc.dtype
-        tol = 4 * torch.finfo(dtype).eps * gc.double().abs().max().item()
-        assert (gd.double() - gc.double()).abs().max().item() <= tol
+    for g_dev, g_cpu in zip(grads_d, grads_c):
+        assert g_dev.dtype == g_cpu.dtype
+        tol = 4 * torch.finfo(dtype).eps * g_cpu.double().abs().max().item()
+        assert (g_dev.double() - g_cpu.double()).abs().max().item() <= tol
 
 
 def test_backward_runs_on_the_device_thread():
@@ -693,8 +694,8 @@ def test_fault_on_convolution_forward_and_backward(case):
     testdev.set_fault("convolution_backward_overrideable=scale:2")
     out, grads = run(fn, make(), D)
     assert bits_equal(out, out_c)
-    for g, gc in zip(grads, grads_c):  # input, weight and bias
-        assert bits_equal(g, gc * 2)
+    for g, g_cpu in zip(grads, grads_c):  # input, weight and bias
+        assert bits_equal(g, g_cpu * 2)
     assert testdev.fault_counts() == {"aten::convolution_backward_overrideable": 1}
 
 
@@ -720,8 +721,8 @@ def test_fault_on_batch_norm_forward_and_backward():
     testdev.set_fault("native_batch_norm_backward=scale:2")
     out, grads = run(fn, inputs, D)
     assert bits_equal(out, out_c)
-    for g, gc in zip(grads, grads_c):
-        assert bits_equal(g, gc * 2)
+    for g, g_cpu in zip(grads, grads_c):
+        assert bits_equal(g, g_cpu * 2)
     assert testdev.fault_counts() == {"aten::native_batch_norm_backward": 1}
 
 
@@ -786,7 +787,8 @@ def test_fault_context_manager_restores():
 
 def _python(code: str, env_fault: str = "", **env_vars: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TESTDEV_FAULT=env_fault, **env_vars)
-    prelude = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch, torch.nn.functional as F\nimport tests.testdev as testdev\n"
+    prelude = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+               "import torch, torch.nn.functional as F\nimport tests.testdev as testdev\n")
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
     )
