@@ -33,7 +33,6 @@ def worker(device, steps):
     """One run, in its own process, with opdump preloaded by the parent."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
-    import torch
 
     if device.startswith("testdev"):
         import tests.testdev as testdev
@@ -96,7 +95,8 @@ def main():
                     help="then capture the first introduced call in both runs and reproduce it (opdump repro)")
     ap.add_argument("--check", action="store_true",
                     help="one run on the second device only, with the accuracy check (OPDUMP_CHECK=1) and no "
-                         "reference: each distinct op call is run again on the CPU, and opdump check names the faulted op")
+                         "reference: each distinct op call is run again on the CPU, and opdump check names the "
+                         "faulted op")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -124,7 +124,7 @@ def main():
         dump, res = run_device(d, out, args.steps, fault, env_extra=online)
         runs[d] = (dump, res)
         fired = "".join(f", fault {k} fired {v}x" for k, v in res["fault_counts"].items())
-        print(f"  {d:>10}: losses {['%.6f' % l for l in res['losses']]}{fired}  -> {dump}")
+        print(f"  {d:>10}: losses {[f'{v:.6f}' for v in res['losses']]}{fired}  -> {dump}")
         if fault and d.startswith("testdev") and not any(res["fault_counts"].values()):
             print(f"  note: the fault {fault!r} never fired on {d}: no op of that name reached the device")
 
@@ -160,7 +160,7 @@ def check_one_device(device, out, fault):
     print("  each distinct op call runs again on the CPU, in float64 and in its own dtype, on opdump's own thread")
     (out / "check").mkdir(exist_ok=True)
     dump, res = run_device(device, out / "check", 2, fault, env_extra={"OPDUMP_CHECK": "1"})
-    print(f"  {device:>10}: losses {['%.6f' % l for l in res['losses']]}  -> {dump}")
+    print(f"  {device:>10}: losses {[f'{v:.6f}' for v in res['losses']]}  -> {dump}")
     print(f"\n$ opdump check {dump.name}", flush=True)
     p = subprocess.run([str(TARGET / "opdump"), "check", str(dump)])
     return 0 if p.returncode in (0, 1) else p.returncode
@@ -187,7 +187,7 @@ def capture_and_reproduce(devices, out, steps, fault):
     then opdump repro on the new dumps and the script it writes."""
     with open(out / "compare.json") as f:
         nxt = json.load(f)["next"]
-    print(f"\n== capture: both runs again, with the OPDUMP_CAPTURE values compare printed")
+    print("\n== capture: both runs again, with the OPDUMP_CAPTURE values compare printed")
     dumps = []
     for d, sel in zip(devices, (nxt["capture_a"], nxt["capture_b"])):
         dump, _ = run_device(d, out, steps, fault, capture=sel)

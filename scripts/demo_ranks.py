@@ -52,7 +52,7 @@ def worker(rank, init, fault_rank):
 
     torch.ops.load_library(str(TARGET / "libopdump.so"))
     if rank == fault_rank:
-        lib = torch.library.Library("aten", "IMPL")  # noqa: F841 (kept registered while the rank runs)
+        lib = torch.library.Library("aten", "IMPL")  # kept registered while the rank runs
         with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
             warnings.simplefilter("ignore")
             lib.impl("_foreach_add_.List", faulty_update(SCALE), "CPU")

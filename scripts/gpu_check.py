@@ -88,8 +88,9 @@ def reset_peak(torch, device):
 def worker_speed(device, steps, on):
     torch = load_device(device)
     torch.ops.load_library(os.environ["GPU_CHECK_LIB"])
-    import tinylm
     import torch.nn.functional as F
+
+    import tinylm
 
     model = tinylm.make(0).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -220,9 +221,10 @@ def worker_launches(device):
     to show the count is steady. OPDUMP_SKETCH comes from the parent."""
     torch = load_device(device)
     torch.ops.load_library(os.environ["GPU_CHECK_LIB"])
-    import tinylm
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
+
+    import tinylm
 
     testdev = None
     if device.startswith("testdev"):
@@ -246,7 +248,8 @@ def worker_launches(device):
     steps, names = {}, {}
     for i, cfg in enumerate(("warmup", "off", "on", "off_again")):
         x, y = data[i]
-        on = cfg in ("warmup", "on")  # the warm-up dumps too: no first-use work (AdamW's state, opdump's setup) in the counts
+        # The warm-up dumps too: no first-use work (AdamW's state, opdump's setup) in the counts.
+        on = cfg in ("warmup", "on")
         synchronize(torch, device)
         if testdev:
             testdev.reset_counters()

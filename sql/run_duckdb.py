@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import recipes  # noqa: E402
+import recipes
 
 
 def table_source(path):

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import recipes  # noqa: E402
+import recipes
 
 VIEWS = {"dump": "opdump_dump", "a": "opdump_a", "b": "opdump_b"}
 

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 from safetensors import safe_open
+from safetensors.torch import load_file
 
-from conftest import CLI, ROOT, clean_env, LIB
+from conftest import CLI, LIB, ROOT, clean_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import demo  # noqa: E402
+import demo
 
 
 def capture_files(dump):
@@ -334,7 +334,8 @@ print(json.dumps(torch.ops.opdump.capture_stats()))
 
 def load_repro_module():
     """repro.py as `opdump repro` writes it, imported once for every call."""
-    spec = importlib.util.spec_from_file_location("opdump_repro_script", ROOT / "crates" / "cli" / "src" / "commands" / "repro.py")
+    spec = importlib.util.spec_from_file_location("opdump_repro_script",
+                                                  ROOT / "crates" / "cli" / "src" / "commands" / "repro.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

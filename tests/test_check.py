@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tinylm as train_tinylm, CLI, LIB, ROOT, clean_env
+from conftest import LIB, clean_env
+from conftest import tinylm as train_tinylm
 from tests.battery import run as battery
 from tests.battery.models import FAMILIES
-
 
 
 def rows(dump):

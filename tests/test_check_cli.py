@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, ROOT, clean_env
+from conftest import CLI, clean_env
 
 FIELDS = ["signature", "op", "overload", "args", "module", "phase", "step", "seq", "rank", "device", "dtype",
           "device_err", "cpu_err", "ratio", "device_ulp", "cpu_ulp", "reduction_len", "verdict", "reason",

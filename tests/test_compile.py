@@ -7,7 +7,6 @@ would trace opdump's module hooks; the hooks step aside while it compiles
 recorded (cpp/fallback.cpp, `tracing_call`)."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import demo  # noqa: E402
+import demo
 
 
 def compare(a, b):

@@ -60,7 +60,8 @@ def test_compare_and_the_duckdb_vote_name_the_faulty_rank(tmp_path):
     def calls(findings, seq):
         out = {}
         for f in findings:
-            key = (f["step"], f["phase"], f["name"], f["role"], f["arg"], -1 if f["list_index"] is None else f["list_index"])
+            key = (f["step"], f["phase"], f["name"], f["role"], f["arg"],
+                   -1 if f["list_index"] is None else f["list_index"])
             out.setdefault((f["step"], seq(f)), set()).add(key)
         return out
 

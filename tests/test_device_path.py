@@ -268,7 +268,6 @@ def test_a_held_tensor_written_in_place_is_measured_before_the_write(run, kernel
     t = job.table()
     import torch
 
-    xc = torch.randn(0)  # noqa: F841 - the values below are computed from the job's seed
     torch.manual_seed(0)
     xc = torch.randn(300, 7)
     want = {  # (op, role, arg) of the first such row -> values

@@ -5,7 +5,8 @@ import math
 
 import pyarrow.parquet as pq
 
-from conftest import MEASURED, read_dump
+from conftest import MEASURED
+
 
 def test_partitions_route_rows_by_device(run):
     job = run("""

@@ -162,7 +162,8 @@ def test_readme_is_short():
 
 def test_slugs_follow_github():
     """The slug rules on headings this documentation uses, as GitHub renders
-    them: the text as rendered, lower-cased, every character but letters, digits, spaces, "-" and "_" dropped, spaces turned into "-"."""
+    them: the text as rendered, lower-cased, every character but letters,
+    digits, spaces, "-" and "_" dropped, spaces turned into "-"."""
     assert github_slug("JSON (`--json`, and `DIR/compare.json`)") == "json---json-and-dircomparejson"
     assert github_slug("Scale: 1,000,000 and 10,000,000 op calls") == "scale-1000000-and-10000000-op-calls"
     assert github_slug("`opdump ranks`") == "opdump-ranks"

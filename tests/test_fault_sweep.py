@@ -167,7 +167,7 @@ def sweep(models=MODELS, out=None, log=print, only=None):
             job(model, "cpu", refs[sketch], sketch=sketch)
         plan = [bare(k) for k in kernels if not only or bare(k) in only]
 
-        def kernel(op):
+        def kernel(op, model=model):
             """Both faults in `op`, the second only when the first fired
             (they fire on the same calls)."""
             first = one((op, FAULTS[0]))
@@ -175,7 +175,7 @@ def sweep(models=MODELS, out=None, log=print, only=None):
                 return [first, (model, op, FAULTS[1], 0, None, None, None)]
             return [first, one((op, FAULTS[1]))]
 
-        def one(item):
+        def one(item, model=model, refs=refs):
             op, fault = item
             kind = fault.split(":")[0]
             d = out / f"{model}-{op}-{kind}"

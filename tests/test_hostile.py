@@ -186,7 +186,8 @@ def test_file_size_limit_with_default_sigxfsz_does_not_kill_the_job(tmp_path):
     ref = subprocess.run([sys.executable, str(script)], env=clean_env(TESTJOB_LIB=LIB),
                          capture_output=True, text=True, preexec_fn=small_files, timeout=300)
     assert ref.returncode == 0, ref.stderr
-    assert json.loads(ref.stdout.strip().splitlines()[-1])["sum"] == json.loads(p.stdout.strip().splitlines()[-1])["sum"]
+    last = [json.loads(r.stdout.strip().splitlines()[-1]) for r in (ref, p)]
+    assert last[0]["sum"] == last[1]["sum"]
 
 
 # ---------------------------------------------------------------------------
@@ -243,7 +244,7 @@ def becomes(user):
     return become
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interpreter_for(user):
     """(python, extra PYTHONPATH) that `user` can run with this torch: the
     venv's interpreter may live where only root can read it (/root/.pyenv);

@@ -1,15 +1,12 @@
 """Loading and switching: LD_PRELOAD, off by default, a second copy, bad
 configuration, and a torch that differs from the build's."""
 
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import CORE, LIB, ROOT, clean_env, read_dump
+from conftest import CORE, LIB, ROOT, clean_env
 
 
 def test_preload_dumps_and_spares_non_torch_children(run, tmp_path):

@@ -50,7 +50,8 @@ INTERNAL = {
     "measuring the outputs of": "the C++ side's internal error, printed within the 'switches itself off' line",
     "following the memory of": "the C++ side's internal error, printed within the 'switches itself off' line",
     "registration failed": "the C++ side's internal error, printed within the 'switches itself off' line",
-    "following re-allocated memory failed": "remember_uninitialized failing on a plain tensor; only out of memory reaches it",
+    "following re-allocated memory failed":
+        "remember_uninitialized failing on a plain tensor; only out of memory reaches it",
     "too many distinct dtypes": "an invariant of the loader (dtypes are interned in 16 bits); no file reaches it",
     "statistics columns miscounted": "an invariant of the loader; no file reaches it",
     "no file holds the spilled chunks": "an invariant of the loader's spill file; no file reaches it",
@@ -560,8 +561,10 @@ def copy_with_metadata(dump, tmp_path, change):
 
 def test_dumps_of_other_schema_versions_and_other_files(dumps, tmp_path):
     a = dumps / "a"
-    for version, key in [(b"0", "is too old"), (b"9", "is newer than this opdump"), (b"four", "bad opdump.schema_version")]:
-        d = copy_with_metadata(a, tmp_path / version.decode(), lambda m: m.update({b"opdump.schema_version": version}))
+    for version, key in [(b"0", "is too old"), (b"9", "is newer than this opdump"),
+                         (b"four", "bad opdump.schema_version")]:
+        d = copy_with_metadata(a, tmp_path / version.decode(),
+                               lambda m, version=version: m.update({b"opdump.schema_version": version}))
         caused(opdump("summary", d), key)
     d = copy_with_metadata(a, tmp_path / "rows", lambda m: m.update({b"opdump.rows": b"many"}))
     caused(opdump("summary", d), "bad <key> <value>")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import tinylm as train_tinylm, CLI, LIB, ROOT, clean_env, read_dump
+from conftest import CLI, LIB, ROOT, clean_env, read_dump
+from conftest import tinylm as train_tinylm
 
 STEPS = 6
 
@@ -277,7 +278,8 @@ def test_a_battery_family_judged_online_names_what_offline_compare_names(tmp_pat
     steps = 12
     ref, _ = battery.dump("resnet", "cpu", tmp_path / "ref", steps=steps)
     run, res = battery.dump("resnet", "testdev", tmp_path / "run", steps=steps,
-                            fault="aten::native_batch_norm_backward=scale:1.01", env_extra={"OPDUMP_REFERENCE": str(ref)})
+                            fault="aten::native_batch_norm_backward=scale:1.01",
+                            env_extra={"OPDUMP_REFERENCE": str(ref)})
     assert res["fault_counts"].get("aten::native_batch_norm_backward", 0) > 0, res
     final = verdicts(run)[-1]
     status, report = offline(ref, run)

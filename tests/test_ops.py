@@ -4,9 +4,9 @@ ops that return nothing, and an op that raises."""
 import math
 import textwrap
 
-from conftest import MEASURED, assert_stats_match, ref_stats
-
 import torch
+
+from conftest import MEASURED, assert_stats_match, ref_stats
 
 
 def test_op_shapes(run, tmp_path):

@@ -15,8 +15,8 @@ import pytest
 from conftest import LIB, ROOT, TARGET, clean_env, read_dump
 
 sys.path.insert(0, str(ROOT / "python"))
-import opdump  # noqa: E402
-from opdump import _cli, _native  # noqa: E402
+import opdump
+from opdump import _cli, _native
 
 JOB = """
 torch.ops.opdump.enable()

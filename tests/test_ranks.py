@@ -17,7 +17,8 @@ FLIP_RANK, FLIP_STEP = 2, 1
 def ddp_dump(tmp_path, name, **env):
     out = tmp_path / name
     p = subprocess.run([sys.executable, str(JOB), str(LIB), f"file://{tmp_path}/init-{name}"],
-                       env=clean_env(OPDUMP_DIR=out, OPDUMP_SKETCH=16, **env), capture_output=True, text=True, timeout=300)
+                       env=clean_env(OPDUMP_DIR=out, OPDUMP_SKETCH=16, **env),
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert sorted(x.name for x in out.iterdir()) == [f"rank={r}" for r in range(4)]
     return out, json.loads(p.stdout.strip().splitlines()[-1])

@@ -4,8 +4,8 @@ runs, and a multi-rank job. Each test causes the fault."""
 import json
 import os
 import resource
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -207,7 +207,8 @@ print(json.dumps({{"sum": float(x.sum()), "stats": torch.ops.opdump.stats()}}))
     # The same job without opdump computes the same result.
     ref = subprocess.run([sys.executable, str(script)], env=clean_env(), capture_output=True, text=True)
     # (without OPDUMP the library is loaded but records nothing)
-    assert json.loads(ref.stdout.strip().splitlines()[-1])["sum"] == json.loads(p.stdout.strip().splitlines()[-1])["sum"]
+    last = [json.loads(r.stdout.strip().splitlines()[-1]) for r in (ref, p)]
+    assert last[0]["sum"] == last[1]["sum"]
 
 
 def test_four_threads_every_op_recorded_once(run):

@@ -1,6 +1,5 @@
 """Every selection variable: the dump holds exactly what it selects."""
 
-import pytest
 
 JOB = """
 torch.manual_seed(0)

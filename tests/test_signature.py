@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import signature_ref as ref
-from conftest import read_dump
 
 # The job saves its tensors beside the dump; the test computes the
 # reference from them.
@@ -196,7 +195,8 @@ torch.ops.opdump.disable(); torch.ops.opdump.flush()
     )
     assert job.returncode == 0, job.stderr
     x = torch.load(tmp_path / "x.pt")
-    want = {"aten::t": ref.fingerprint(x), "aten::unsqueeze": ref.fingerprint(x.t()), "aten::add": ref.fingerprint(x.t())}
+    want = {"aten::t": ref.fingerprint(x), "aten::unsqueeze": ref.fingerprint(x.t()),
+            "aten::add": ref.fingerprint(x.t())}
     rows = [r for r in fingerprints(job.dump_dir) if r["depth"] == 0 and r["arg"] != "other"]
     seen = {}
     for r in rows:

@@ -11,8 +11,7 @@ import pytest
 from conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import demo  # noqa: E402
-
+import demo
 
 ON = {"OPDUMP_SKETCH": "16"}
 

@@ -6,7 +6,6 @@ transform. Checked against independent numpy computations of the
 definition (signature_ref.py), against what opdump records on the CPU for the same
 values, and against the switches that turn it off."""
 
-import json
 
 import numpy as np
 

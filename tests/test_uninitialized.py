@@ -3,9 +3,9 @@
 device's out= buffers), and becomes `computed` once written: then its
 statistics are torch's own."""
 
-from conftest import MEASURED, assert_stats_match, ref_stats
-
 import torch
+
+from conftest import MEASURED, assert_stats_match, ref_stats
 
 # Each name maps to memory nothing ever wrote, made in one of the ways above.
 NEVER_WRITTEN = """
@@ -166,7 +166,8 @@ def test_device_fallback_copies_of_out_buffers(run, tmp_path):
     measured = sub[sub.stats_status.isin(MEASURED)]
     assert len(measured) > 0
     for _, row in measured.iterrows():
-        assert any(abs(row.l2 - r["l2"]) <= 1e-9 * r["l2"] and abs(row["mean"] - r["mean"]) <= 1e-9 + 1e-9 * abs(r["mean"])
+        assert any(abs(row.l2 - r["l2"]) <= 1e-9 * r["l2"]
+                   and abs(row["mean"] - r["mean"]) <= 1e-9 + 1e-9 * abs(r["mean"])
                    for r in refs.values()), (row.op, row.role, row.arg, row.l2)
     # The fallback's copy back of the result: computed, equal to the sum.
     back = sub[(sub.op == "aten::_copy_from_and_resize") & (sub.role == "output")]

@@ -162,8 +162,8 @@ def test_wheel_contents_and_metadata(wheel):
 
 
 def test_run_compare_and_read_without_a_compiler(venv, tmp_path):
-    check = venv.run("python", "-c", f"import shutil, json; print(json.dumps([shutil.which(t) for t in {COMPILERS!r}]))",
-                     cwd=tmp_path)
+    code = f"import shutil, json; print(json.dumps([shutil.which(t) for t in {COMPILERS!r}]))"
+    check = venv.run("python", "-c", code, cwd=tmp_path)
     assert json.loads(check.stdout) == [None] * len(COMPILERS), check.stdout
 
     # An unmodified job, through python -m opdump run.

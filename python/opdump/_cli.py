@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ._native import _CLONE_BUILD
 
@@ -25,7 +25,7 @@ class OpdumpError(RuntimeError):
 _VERDICTS = {"compare": (0, 1, 3), "summary": (0,)}
 
 
-def cli_path() -> Optional[Path]:
+def cli_path() -> Path | None:
     """The ``opdump`` executable: the one installed with this package (the
     scripts directory of this interpreter), else the repository's release
     build, else the first on ``PATH``."""

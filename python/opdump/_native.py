@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 _PACKAGE = Path(__file__).resolve().parent
 # In a wheel: the torch-free entry point, and one core per supported torch
@@ -19,7 +18,7 @@ LIBRARY_NAME = "libopdump.so"
 CORE_PREFIX = "torch-"
 
 
-def library_path() -> Optional[Path]:
+def library_path() -> Path | None:
     """The ``libopdump.so`` to load: the wheel's, else the release build of
     the repository this package sits in; None when there is neither.
 
@@ -36,7 +35,7 @@ def library_path() -> Optional[Path]:
     return found[0] / LIBRARY_NAME if found else None
 
 
-def _serves(lib_dir: Path, running: Optional[str]) -> bool:
+def _serves(lib_dir: Path, running: str | None) -> bool:
     """Whether the library in ``lib_dir`` has a core for torch ``running``.
     A build's directory (no ``torch-*`` cores) serves the torch it was built
     for, which the library itself checks; an unknown version cannot rule out
@@ -45,7 +44,7 @@ def _serves(lib_dir: Path, running: Optional[str]) -> bool:
     return not carried or running is None or running.split("+")[0].strip() in carried
 
 
-def _torch_version() -> Optional[str]:
+def _torch_version() -> str | None:
     """The version of the torch imported in this process, else of the one
     installed for this interpreter (read without importing it); None when
     neither is known."""
@@ -93,7 +92,7 @@ def is_loaded() -> bool:
         return False
 
 
-def load(path: Optional[os.PathLike | str] = None) -> bool:
+def load(path: os.PathLike | str | None = None) -> bool:
     """Loads the plugin into this process with ``torch.ops.load_library``.
 
     The entry point ``libopdump.so`` loads the core built for the running
@@ -120,7 +119,8 @@ def load(path: Optional[os.PathLike | str] = None) -> bool:
     try:
         torch.ops.load_library(str(lib))
     except OSError as e:
-        _say(f"cannot load {lib}: {e}; opdump stays off. Check that the file exists and was built for this torch (python -m opdump info)")
+        _say(f"cannot load {lib}: {e}; opdump stays off. Check that the file exists and was built for this torch "
+             "(python -m opdump info)")
         return False
     return is_loaded()
 
@@ -152,7 +152,7 @@ def flush() -> None:
         _ops().flush()
 
 
-def step() -> Optional[int]:
+def step() -> int | None:
     """Advances the step number; from then on the job numbers its steps
     itself instead of opdump counting ``Optimizer.step`` calls. Returns the
     new step, or None when the plugin is not loaded."""
@@ -161,7 +161,7 @@ def step() -> Optional[int]:
     return int(_ops().step())
 
 
-def stats() -> Optional[dict[str, int]]:
+def stats() -> dict[str, int] | None:
     """Op calls ``written``, ``dropped`` and ``failed`` so far, or None when
     the plugin is not loaded."""
     if not is_loaded():
@@ -170,7 +170,7 @@ def stats() -> Optional[dict[str, int]]:
     return {"written": written, "dropped": dropped, "failed": failed}
 
 
-def device_stats() -> Optional[dict[str, int]]:
+def device_stats() -> dict[str, int] | None:
     """Tensors on devices other than the CPU: ``measured``, ``dropped``,
     ``capturing``, ``waits`` and ``failed`` (README, "The device path"), or
     None when the plugin is not loaded."""

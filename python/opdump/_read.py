@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 _EXTRA = "pip install 'opdump[analysis]'"
 
@@ -21,7 +21,7 @@ def _need(module: str) -> Any:
 
 
 def read(path: os.PathLike | str, as_: Literal["duckdb", "pandas"] = "duckdb",
-         connection: Optional[Any] = None) -> Any:
+         connection: Any | None = None) -> Any:
     """A dump's rows: one per tensor of every recorded op call, with the
     partition columns ``rank`` and ``device``. The columns are those of the
     README's schema table; rows are in the order calls ended, so sort by

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ._cli import cli_path
 from ._native import library_path, supported_torch_versions
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def environment(args: argparse.Namespace, base: Optional[dict[str, str]] = None) -> dict[str, str]:
+def environment(args: argparse.Namespace, base: dict[str, str] | None = None) -> dict[str, str]:
     """The command's environment: ``base`` with the plugin preloaded and the
     options' variables set."""
     env = dict(os.environ if base is None else base)
@@ -85,11 +85,12 @@ def run(argv: Sequence[str]) -> int:
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        print(f"opdump: cannot run {command[0]!r}: {e}; check the command after -- (its name, PATH, execute permission)", file=sys.stderr)
+        print(f"opdump: cannot run {command[0]!r}: {e}; "
+              "check the command after -- (its name, PATH, execute permission)", file=sys.stderr)
         return 127
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = ("usage: python -m opdump run [options] -- command ...   (run a job with dumping on)\n"
              "       python -m opdump compare A B [options]          (the opdump tool)\n"

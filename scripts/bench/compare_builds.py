@@ -33,10 +33,10 @@ def run_once(binary, args):
 def measure_in_child(binary, args):
     """run_once in a fresh Python process, so the RSS peak is this run's."""
     code = (
-        "import sys, json; sys.path.insert(0, %r); import compare_builds as c; "
-        "w, m, rc, out = c.run_once(%r, %r); "
+        f"import sys, json; sys.path.insert(0, {sys.path[0]!r}); import compare_builds as c; "
+        f"w, m, rc, out = c.run_once({binary!r}, {args!r}); "
         "sys.stdout.buffer.write(json.dumps([w, m, rc]).encode() + b'\\n' + out)"
-    ) % (sys.path[0], binary, args)
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
     head, _, out = p.stdout.partition(b"\n")
     wall, mb, rc = json.loads(head)

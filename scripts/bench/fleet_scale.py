@@ -58,7 +58,7 @@ class Run:
 def run(cmd: list[str]) -> Run:
     """Runs `cmd` and measures its wall time and peak RSS."""
     t = time.perf_counter()
-    p = subprocess.run([*TIME, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run([*TIME, *cmd], capture_output=True, text=True)
     return Run(time.perf_counter() - t, peak_rss(p.stderr), p.returncode, p.stdout)
 
 
@@ -85,7 +85,8 @@ def build() -> None:
 
 
 def synth(ranks: int, calls: int, a: Path, b: Path | None) -> None:
-    cmd = [str(ROOT / "target/release/examples/synth_ranks"), "--ranks", str(ranks), "--calls", str(calls), "--a", str(a)]
+    cmd = [str(ROOT / "target/release/examples/synth_ranks"), "--ranks", str(ranks), "--calls", str(calls),
+           "--a", str(a)]
     if b is not None:
         cmd += ["--b", str(b)]
     subprocess.run(cmd, check=True)
@@ -110,7 +111,8 @@ def expect_compare(fault_rank: int | None):
         j = json.loads(r.stdout)
         first = j["fleet"]["first_introduced"]
         if r.code != 1 or first is None or first["ranks"] != [fault_rank]:
-            raise SystemExit(f"compare --rank all: exit {r.code}, first introduced {first}; expected rank {fault_rank} alone")
+            raise SystemExit(f"compare --rank all: exit {r.code}, first introduced {first}; "
+                             f"expected rank {fault_rank} alone")
 
     return check
 
@@ -145,13 +147,16 @@ def fleet_compare(opdump: str, args, cores: int) -> list[str]:
     shutil.rmtree(a), shutil.rmtree(b)
     shown = " ".join(["opdump"] + fleet_cmd[1:])
     return [
-        f"(a) `{shown}`: {n} ranks x {calls:,} op calls per side ({rows_a / 1e6:.1f} M and {rows_b / 1e6:.1f} M tensor rows), "
+        f"(a) `{shown}`: {n} ranks x {calls:,} op calls per side "
+        f"({rows_a / 1e6:.1f} M and {rows_b / 1e6:.1f} M tensor rows), "
         f"{jobs} jobs on {cores} cores",
         "",
         "| | seconds (median) | runs | peak RSS |",
         "|---|---|---|---|",
-        f"| one rank pair (`--rank 0`) | {pair_t:.2f} | {', '.join(f'{x:.2f}' for x in pair_all)} | {pair_rss / 1e6:.0f} MB |",
-        f"| `--rank all --jobs {jobs}` | {fleet_t:.1f} | {', '.join(f'{x:.1f}' for x in fleet_all)} | {fleet_rss / 1e6:.0f} MB |",
+        f"| one rank pair (`--rank 0`) | {pair_t:.2f} | {', '.join(f'{x:.2f}' for x in pair_all)} "
+        f"| {pair_rss / 1e6:.0f} MB |",
+        f"| `--rank all --jobs {jobs}` | {fleet_t:.1f} | {', '.join(f'{x:.1f}' for x in fleet_all)} "
+        f"| {fleet_rss / 1e6:.0f} MB |",
         f"| `--rank all --jobs 1` | {one_t:.1f} | 1 | {one_rss / 1e6:.0f} MB |",
         "",
         f"Ratio to one pair x {n} / {jobs}: **{ratio:.2f}x** (goal <= 2x: {'met' if ratio <= 2 else 'MISSED'}); "
@@ -173,14 +178,16 @@ def ranks_vote(opdump: str, args) -> list[str]:
     return [
         f"(b) `opdump ranks {d} --json`: {n} ranks x {calls:,} op calls ({total / 1e6:.1f} M tensor rows)",
         "",
-        f"{secs:.1f} s (median of {', '.join(f'{x:.1f}' for x in all_t)}; goal <= 60 s: {'met' if secs <= 60 else 'MISSED'}), "
+        f"{secs:.1f} s (median of {', '.join(f'{x:.1f}' for x in all_t)}; "
+        f"goal <= 60 s: {'met' if secs <= 60 else 'MISSED'}), "
         f"peak RSS {rss / 1e6:.0f} MB (goal <= 4 GB: {'met' if rss <= 4 * GB else 'MISSED'}).",
     ]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", type=Path, default=Path("/tmp/opdump-fleet"), help="where the dumps are written (removed first)")
+    p.add_argument("--dir", type=Path, default=Path("/tmp/opdump-fleet"),
+                   help="where the dumps are written (removed first)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--jobs", type=int, default=0, help="compare --jobs (default: the cores)")
     p.add_argument("--compare-ranks", type=int, default=64)

@@ -103,14 +103,14 @@ _NO_STATS = (None, None, None, None, None, None, None, None, None, None)
 _INF = math.inf
 
 
-def _dtype_name(dt, _cache={}):
+def _dtype_name(dt, _cache={}):  # noqa: B006 - the default is the cache: a local lookup
     s = _cache.get(dt)
     if s is None:
         s = _cache[dt] = str(dt).removeprefix("torch.")
     return s
 
 
-def _device_name(dev, _cache={}):
+def _device_name(dev, _cache={}):  # noqa: B006 - the default is the cache: a local lookup
     s = _cache.get(dev)
     if s is None:
         s = _cache[dev] = str(dev)

@@ -4,7 +4,8 @@ for the timed steps only (after warm-up and start-up).
     .venv/bin/python scripts/bench/perf_profile.py                      # on, tiny, 1 thread
     .venv/bin/python scripts/bench/perf_profile.py --config off --steps 40
     .venv/bin/python scripts/bench/perf_profile.py --workload large --steps 2
-    .venv/bin/python scripts/bench/perf_profile.py --workload testdev --env TESTDEV_SYNC_US=20 --env TESTDEV_HIDE_FALLBACK=1
+    .venv/bin/python scripts/bench/perf_profile.py --workload testdev \\
+        --env TESTDEV_SYNC_US=20 --env TESTDEV_HIDE_FALLBACK=1
 
 Needs `perf` (Debian: `apt-get install linux-perf`) and
 kernel.perf_event_paranoid <= 2. The child prints CLOCK_MONOTONIC marks around
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys

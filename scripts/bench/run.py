@@ -90,7 +90,8 @@ DEVICE_CONFIGS = ["baseline", "off", "on", "on-sync", "on-sketch", "on-before"]
 TESTDEV_SETTINGS = {
     "fused": ("testdev with kernels of its own, multi-tensor `_foreach_` kernels and a batch statistics kernel "
               "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FOREACH=1), as a backend with its own kernels",
-              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "1", "TESTDEV_DIRECT": "1", "TESTDEV_FOREACH": "1"}),
+              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "1", "TESTDEV_DIRECT": "1",
+               "TESTDEV_FOREACH": "1"}),
     "aten": ("testdev with kernels of its own and multi-tensor `_foreach_` kernels, statistics by ATen ops "
              "(TESTDEV_HIDE_FALLBACK=1 TESTDEV_FOREACH=1 TESTDEV_FUSED_STATS=0), as on CUDA",
              {"TESTDEV_HIDE_FALLBACK": "1", "TESTDEV_FUSED_STATS": "0", "TESTDEV_DIRECT": "1", "TESTDEV_FOREACH": "1"}),
@@ -211,7 +212,7 @@ def child(spec: dict) -> None:
         data = tinylm.batches(plan["warmup"] + plan["steps"], batch=w["batch"], seq=w["seq"], vocab=w["vocab"])
         data = [(x.to(device), y.to(device)) for x, y in data]
 
-        def step(x, y):
+        def step(model, opt, x, y):
             if debugger is not None:
                 debugger.start()
             opt.zero_grad()
@@ -248,7 +249,7 @@ def child(spec: dict) -> None:
                     measured0 = device_measured()
             c0 = time.process_time()  # every thread of the process (opdump's writer too)
             t0 = time.perf_counter()
-            step(x, y)
+            step(model, opt, x, y)
             dt = time.perf_counter() - t0
             dc = time.process_time() - c0
             ran += 1
@@ -282,7 +283,7 @@ def child(spec: dict) -> None:
         if cfg in DUMPING:
             try:
                 rep.update(_measured_bytes(out_dir, untimed, len(times)))
-            except Exception as e:  # noqa: BLE001 - the timings stand without it
+            except Exception as e:  # any: the timings stand without it
                 rep["measured_error"] = f"{type(e).__name__}: {e}"[:200]
         reports[wl] = rep
         del model, opt, data
@@ -631,7 +632,8 @@ def render(workload: str, threads: int, configs: list[str], results: dict, plan:
     if "on" in meds and "on-source" in meds:
         notes.append(f"on-source / on = {meds['on-source'] / meds['on']:.2f}× (what OPDUMP_SOURCE=1 costs)")
     if "on" in meds and "on-before" in meds:
-        notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× (the --before-lib build against this one)")
+        notes.append(f"on-before / on = {meds['on-before'] / meds['on']:.2f}× "
+                     "(the --before-lib build against this one)")
     for c in configs:
         b = base_of(c)
         if c in EXTRA and c in meds and b in meds:
@@ -814,8 +816,8 @@ def hook_only_support(tmp: Path, lib: str) -> str:
     name, nothing written), else why not. One short process, before the
     repeats, so that an unsupported configuration costs no repeats."""
     out = tmp / "hook-probe"
-    code = ("import torch; torch.ops.load_library(%r); x = torch.ones(64); (x + 1).sum(); "
-            "torch.ops.opdump.flush()" % lib)
+    code = (f"import torch; torch.ops.load_library({lib!r}); x = torch.ones(64); (x + 1).sum(); "
+            "torch.ops.opdump.flush()")
     env = dict(clean_env(), OPDUMP="1", OPDUMP_HOOK_ONLY="1", OPDUMP_DIR=str(out))
     r = subprocess.run([str(VENV_PY), "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp),
                        timeout=120)
@@ -868,7 +870,8 @@ def goal_table() -> list[str]:
         over = SUMMARY.get("added_over_bound", {}).get((wl, t)) if not dev else None
         if over is not None:
             rows.append(f"| added time / physical limit (one thread's bandwidth), {wl}, {tname(t)} "
-                        f"| ≤ {ADDED_OVER_BOUND_GOAL:g}× | {over:.1f}× | {'met' if over <= ADDED_OVER_BOUND_GOAL else 'not met'} |")
+                        f"| ≤ {ADDED_OVER_BOUND_GOAL:g}× | {over:.1f}× "
+                        f"| {'met' if over <= ADDED_OVER_BOUND_GOAL else 'not met'} |")
         if "on" in meds and "peer" in meds:
             r = meds["peer"] / meds["on"]
             rows.append(f"| opdump faster than the Python peer, {wl}, {tname(t)} | ≥ 2× | {r:.2f}× "
@@ -882,8 +885,8 @@ def goal_table() -> list[str]:
                     f"| {'met' if r >= 1e6 else 'not met'} |")
     if "compare" in SUMMARY:
         secs, mib, n = SUMMARY["compare"]
-        rows.append(f"| opdump compare, {n:,} vs {n:,} op calls (goal: 1M) | ≤ 10 s, memory bounded | {secs:.1f} s, peak RSS "
-                    f"{mib:.0f} MiB | {'met' if secs <= 10 else 'not met'} (time) |")
+        rows.append(f"| opdump compare, {n:,} vs {n:,} op calls (goal: 1M) | ≤ 10 s, memory bounded "
+                    f"| {secs:.1f} s, peak RSS {mib:.0f} MiB | {'met' if secs <= 10 else 'not met'} (time) |")
     if not rows:
         return []
     return ["### Goals against this run", "", "| figure | goal | measured | |", "|---|---|---|---|"] \
@@ -925,8 +928,9 @@ def writer_bench(args, tmp: Path) -> list[str]:
 
 def compare_bench(args, tmp: Path) -> list[str]:
     lines = [f"### opdump compare on two synthetic dumps of {args.compare_ops:,} op calls each", ""]
-    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-testkit", "-p", "opdump-cli", "--example", "synth",
-                        "--bin", "opdump"], cwd=str(ROOT), capture_output=True, text=True, env=cargo_env())
+    b = subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "opdump-testkit", "-p", "opdump-cli",
+                        "--example", "synth", "--bin", "opdump"],
+                       cwd=str(ROOT), capture_output=True, text=True, env=cargo_env())
     if b.returncode != 0:
         return lines + [f"not run: build of the synth example failed: {_last_line(b.stderr)}", ""]
     synth = Path(cargo_env()["CARGO_TARGET_DIR"]) / "release" / "examples" / "synth"

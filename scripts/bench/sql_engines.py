@@ -49,7 +49,7 @@ def peak_rss(stderr: str) -> int:
 def timed(cmd: list[str]) -> tuple[float, int, int, str]:
     """Seconds, peak RSS (bytes), exit status and stdout of `cmd`."""
     t = time.perf_counter()
-    p = subprocess.run([*TIME, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run([*TIME, *cmd], capture_output=True, text=True)
     return time.perf_counter() - t, peak_rss(p.stderr), p.returncode, p.stdout
 
 

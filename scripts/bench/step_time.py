@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
+
 import tinylm  # noqa: E402
 
 torch.set_num_threads(1)

@@ -52,7 +52,8 @@ def dump(family, device, out, steps=2, fault=None, models="tests.battery.models"
     d = Path(out) / f"{family}-{device.replace(':', '_')}{tags}"
     shutil.rmtree(d, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPDUMP") and k != "TESTDEV_FAULT"}
-    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.update(PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if opdump:
         env.update(OPDUMP="1", OPDUMP_DIR=str(d), LD_PRELOAD=str(TARGET / "libopdump.so"))
     if fault:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -78,7 +78,7 @@ def _device_module() -> types.ModuleType:
         _check(device)
         torch.set_rng_state(new_state)
 
-    class device:  # noqa: N801  (torch.cuda.device's shape; one device: nothing to switch)
+    class device:  # torch.cuda.device's shape; one device: nothing to switch
         def __init__(self, device) -> None:
             _check(device)
 

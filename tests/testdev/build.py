@@ -32,7 +32,8 @@ LIBRARY = BUILD_DIR / "libtestdev.so"
 STAMP = BUILD_DIR / "libtestdev.stamp.json"
 SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE / "counters.cpp",
            HERE / "fused_stats.cpp", HERE / "autocast.cpp"]
-HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h", HERE / "autocast.h"]
+HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h",
+           HERE / "autocast.h"]
 # The batch kernel's fingerprint and sketch take their constants from opdump's header.
 HEADERS.append(HERE.parent.parent / "cpp" / "signature.h")
 

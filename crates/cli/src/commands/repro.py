@@ -58,14 +58,14 @@ def _is_own_folder(entry, here):
 
 sys.path[:] = [p for p in sys.path if not _is_own_folder(p, os.path.realpath(os.path.dirname(__file__)))]
 
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-import struct  # noqa: E402
+import argparse
+import importlib
+import json
+import math
+import re
+import struct
 
-import torch  # noqa: E402
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -536,7 +536,8 @@ def main(argv=None):
         verdict = (f"neither is off: from A's inputs, {name} on {dev_a} ({fmt(err_a)}) and on {dev_b} ({fmt(err_b)}) "
                    f"agree with the reference within rounding ({fmt(tol)}); the difference did not reproduce "
                    f"from these inputs")
-    result.update(error_a=err_a, error_b=err_b, off=[d for d, o in ((kind_a, off_a or both), (kind_b, off_b or both)) if o],
+    result.update(error_a=err_a, error_b=err_b,
+                  off=[d for d, o in ((kind_a, off_a or both), (kind_b, off_b or both)) if o],
                   verdict=verdict)
     if args.json:
         print(json.dumps(result, default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else v))
