@@ -7,5 +7,8 @@ pub mod calls;
 pub mod ranks_job;
 #[cfg(feature = "parquet")]
 pub mod records;
+pub mod scenarios;
+#[cfg(feature = "parquet")]
+pub mod schema3;
 pub mod synth;
 pub mod synth_chain;

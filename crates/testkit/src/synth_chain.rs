@@ -7,9 +7,8 @@
 #[cfg(feature = "parquet")]
 use std::path::Path;
 
-use opdump_format::{Role, Stats, StatsStatus, TensorRecord};
+use opdump_format::{OpRecord, Role, Stats, StatsStatus, TensorRecord};
 
-#[cfg(feature = "parquet")]
 use crate::synth::DumpWriter;
 use opdump_judge::sketch::{fingerprint_f32, fmix32, sketch};
 
@@ -104,6 +103,21 @@ pub const LAYER_OPS: [&str; 4] = ["aten::mul", "aten::tanh", "aten::roll", "aten
 #[cfg(feature = "parquet")]
 pub fn write_chain(root: &Path, c: &Chain, side_b: bool) -> opdump_format::Result<Vec<i64>> {
     let mut w = DumpWriter::new(root, 0, "cpu");
+    let seqs = fill_chain(&mut w, c, side_b)?;
+    w.close()?;
+    Ok(seqs)
+}
+
+/// The records [`write_chain`] writes for side A (`side_b` false) or B,
+/// kept in memory, and the seq of each op in call order.
+pub fn chain_records(c: &Chain, side_b: bool) -> (Vec<OpRecord>, Vec<i64>) {
+    let mut w = DumpWriter::in_memory();
+    let seqs = fill_chain(&mut w, c, side_b).expect("in memory");
+    (w.records(), seqs)
+}
+
+/// The calls of side A or B of `c`, given to `w`; the seq of each op.
+fn fill_chain(w: &mut DumpWriter, c: &Chain, side_b: bool) -> opdump_format::Result<Vec<i64>> {
     let k = c.sketch_k;
     let mut x: Vec<f32> = (0..c.numel as u64)
         .map(|i| (2.0 * uniform(i, 0xda7a)) as f32)
@@ -179,7 +193,6 @@ pub fn write_chain(root: &Path, c: &Chain, side_b: bool) -> opdump_format::Resul
         )?);
         x = sum;
     }
-    w.close()?;
     Ok(seqs)
 }
 

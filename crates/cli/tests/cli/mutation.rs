@@ -7,11 +7,9 @@
 //!
 //! `compare` may also exit 1: a flipped statistic is a divergence.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// Mutants per run of the test, and the seed: fixed, so a failure names a
 /// mutant that can be produced again. `MUTATION_MUTANTS` and `MUTATION_SEED`

@@ -5,14 +5,12 @@
 //! refused in one line. The root-only cases (a device node of the test's
 //! own, a link owned by another user) skip when not root.
 
-mod common;
-
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{model_pair, path_str, run, small_model, Run};
+use crate::common::{model_pair, path_str, run, small_model, Run};
 use opdump_testkit::synth::Variant;
 
 /// The uid of `nobody`: the other user that plants a link.

@@ -6,13 +6,11 @@
 //! flipped inside a data page of a dump is one line and exit 2, never a
 //! verdict.
 
-mod common;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{gelu_dump, path_str, run_timeout, small_dump, tmp, TimedRun};
+use crate::common::{gelu_dump, path_str, run_timeout, small_dump, tmp, TimedRun};
 
 const SECS: u64 = 60;
 const KEEP: &[u8] = b"the other file, which no opdump command may change";
@@ -190,7 +188,7 @@ fn fleet_html_replaces_a_planted_link() {
         write_model_rank(
             &dump,
             &of,
-            &common::small_model(),
+            &crate::common::small_model(),
             &Variant::default(),
             false,
             500_000,
@@ -302,7 +300,7 @@ fn a_bit_flipped_in_a_data_page_is_one_line_and_exit_2() {
         ["compare", path_str(&b), path_str(&a)],
     ] {
         let r = run_timeout(&args, SECS);
-        common::expect_one_line(&r, "a flipped bit", "checksum");
+        crate::common::expect_one_line(&r, "a flipped bit", "checksum");
         assert!(r.stderr.contains(path_str(&file)), "{}", r.stderr);
     }
 }

@@ -1,8 +1,6 @@
 //! The judge fed one (step, phase) group at a time gives the judgement of
 //! one pass over every pair, with or without a thread measuring ahead.
 
-mod common;
-
 use opdump_judge::{align, Alignment, Dump, Filter, Judge, Judgement, Silent, Tolerances};
 use opdump_testkit::synth::{model_records, Model, Variant};
 
@@ -20,8 +18,8 @@ fn faulty_pair() -> (Dump, Dump, Alignment) {
         fault: Some((1, 2, 0.01)),
         ..Variant::default()
     };
-    let a = common::dump("a", &model_records(&m, &Variant::default(), false));
-    let b = common::dump("b", &model_records(&m, &v, true));
+    let a = crate::common::dump("a", &model_records(&m, &Variant::default(), false));
+    let b = crate::common::dump("b", &model_records(&m, &v, true));
     let al = align(&a, &b, &Filter::default(), &Silent);
     (a, b, al)
 }

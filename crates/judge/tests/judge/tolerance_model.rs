@@ -2,18 +2,22 @@
 //! the headline from hiding a real fault (see the README's "Tolerance model"):
 //! a cancelled sum is judged against its partial sums, an op that only
 //! moves elements never introduces an error its input brings, a fault far
-//! stronger than the first introduced op takes the headline, and the exit
-//! status separates "an op introduced it" (1) from "drift, no op to blame"
-//! (3).
+//! stronger than the first introduced op takes the headline, and the
+//! outcome separates "an op introduced it" from "drift, no op to blame".
 
-mod common;
-
-use std::path::{Path, PathBuf};
-
-use common::*;
-use opdump_format::{Stats, TensorRecord};
+use opdump_format::{OpRecord, Stats, TensorRecord};
+use opdump_judge::{OpVerdict, Outcome};
+use opdump_testkit::scenarios::{selected_row, two_faults};
 use opdump_testkit::synth::{input, output, DumpWriter};
-use serde_json::Value;
+
+use crate::common::*;
+
+/// The records `fill` makes, in memory.
+fn records(fill: impl Fn(&mut DumpWriter)) -> Vec<OpRecord> {
+    let mut w = DumpWriter::in_memory();
+    fill(&mut w);
+    w.records()
+}
 
 /// `t` with its statistics set from explicit values (min, max, mean, std).
 fn with_stats(mut t: TensorRecord, min: f64, max: f64, mean: f64, std: f64) -> TensorRecord {
@@ -33,37 +37,12 @@ fn with_stats(mut t: TensorRecord, min: f64, max: f64, mean: f64, std: f64) -> T
     t
 }
 
-/// Both sides written by `write(root, side_b)`, and their comparison.
-struct Sides {
-    _dir: tempfile::TempDir,
-    a: PathBuf,
-    b: PathBuf,
-    code: i32,
-    j: Value,
-}
-
-fn compare_sides(write: impl Fn(&Path, bool) -> PathBuf) -> Sides {
-    let dir = tmp();
-    let a = write(dir.path(), false);
-    let b = write(dir.path(), true);
-    let (code, j, _) = compare_json(&a, &b, &[]);
-    Sides {
-        _dir: dir,
-        a,
-        b,
-        code,
-        j,
-    }
-}
-
 /// A backward pass in miniature: `mm` makes a key gradient of about 1e-7
 /// per element, `sum.dim_IntList` reduces it over 512 tokens to a key-bias
 /// gradient that is zero in exact arithmetic (about 1e-11 of rounding, and
 /// different rounding on each side), then `embedding_dense_backward` runs
 /// on independent inputs, with its output scaled by `late_fault` on B.
-fn bias_grad_run(root: &Path, side_b: bool, late_fault: f64) -> PathBuf {
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
+fn bias_grad_run(w: &mut DumpWriter, side_b: bool, late_fault: f64) {
     // One rounding of float32 on B's side of the same tensor.
     let r = if side_b { 1.0 + 6e-8 } else { 1.0 };
     w.leaf(
@@ -125,172 +104,90 @@ fn bias_grad_run(root: &Path, side_b: bool, late_fault: f64) -> PathBuf {
         )],
     )
     .unwrap();
-    w.close().unwrap();
-    dir
-}
-
-fn op_of(j: &Value, field: &str) -> Option<String> {
-    j[field]["op"].as_str().map(str::to_string)
 }
 
 #[test]
 fn a_cancelled_sum_is_rounding_not_a_divergence() {
-    let Sides { code, j, .. } = compare_sides(|r, side_b| bias_grad_run(r, side_b, 1.0));
-    assert_eq!(code, 0, "{j}");
-    assert_eq!(j["first_divergence"], Value::Null, "{j}");
-    assert_eq!(j["exit_status"], 0);
+    let c = compare_sides(|w, side_b| bias_grad_run(w, side_b, 1.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        op_of(&c, c.first_divergence)
+    );
+    assert_eq!(c.first_divergence, None);
 }
 
 #[test]
 fn a_fault_after_a_cancelled_sum_is_the_headline() {
-    let t = tmp();
-    let a = bias_grad_run(t.path(), false, 1.0);
-    let b = bias_grad_run(t.path(), true, 1.01);
-    let (code, j, _) = compare_json(&a, &b, &[]);
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(
-        op_of(&j, "headline").as_deref(),
-        Some("aten::embedding_dense_backward"),
-        "{j}"
+    let c = compare(
+        dump("a", &records(|w| bias_grad_run(w, false, 1.0))),
+        dump("b", &records(|w| bias_grad_run(w, true, 1.01))),
     );
-    assert_eq!(j["headline_rule"], "first", "{j}");
-}
-
-/// Two independent ops on data identical on both sides: `weak` makes an
-/// error of `weak_err` (amplification weak_err / u), then `strong` one of
-/// `strong_err`.
-fn two_faults(root: &Path, side_b: bool, weak_err: f64, strong_err: f64) -> PathBuf {
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
-    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
-    for (op, e) in [("aten::tanh", weak_err), ("aten::gelu", strong_err)] {
-        w.leaf(
-            op,
-            "default",
-            "",
-            vec![input("self", "float32", &[64, 64], 1.0)],
-            vec![output(0, "float32", &[64, 64], 0.5 * f(e))],
-        )
-        .unwrap();
-    }
-    w.close().unwrap();
-    dir
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(
+        op_of(&c, c.headline),
+        Some("aten::embedding_dense_backward")
+    );
+    assert!(!headline_dominates(&c));
 }
 
 #[test]
 fn a_far_stronger_later_fault_takes_the_headline() {
     // tanh: 3e-6, 3 times its tolerance; gelu: 1e-2, 10^4 times: 3000
     // times further beyond it.
-    let Sides {
-        _dir,
-        a,
-        b,
-        code,
-        j,
-    } = compare_sides(|r, side_b| two_faults(r, side_b, 3e-6, 1e-2));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "first_introduced").as_deref(), Some("aten::tanh"));
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::gelu"), "{j}");
-    assert_eq!(j["headline_rule"], "dominant");
-    let r = run(&["compare", path_str(&a), path_str(&b)]);
-    assert!(
-        r.stdout
-            .contains("Verdict: DIVERGED. Introduced at aten::gelu"),
-        "{}",
-        r.stdout
-    );
-    assert!(r.stdout.contains("Strongest introduced"), "{}", r.stdout);
+    let c = compare_sides(|w, side_b| two_faults(w, side_b, 3e-6, 1e-2));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.first_introduced), Some("aten::tanh"));
+    assert_eq!(op_of(&c, c.headline), Some("aten::gelu"));
+    assert!(headline_dominates(&c));
 }
 
 #[test]
 fn a_later_fault_of_similar_strength_leaves_the_first_as_headline() {
     // 2e-4 against 1e-3: five times further, not ten.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| two_faults(r, side_b, 2e-4, 1e-3));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::tanh"), "{j}");
-    assert_eq!(j["headline_rule"], "first");
-    assert_eq!(j["top_introduced"].as_array().map(Vec::len), Some(2));
-}
-
-/// A weight that differs from the start (`weight_err` relative, on B),
-/// one row of it selected by `as_strided` (whose output differs by
-/// `row_err`: the row holds more of the difference), then a `mul` of the
-/// row by data.
-fn selected_row(root: &Path, side_b: bool, weight_err: f64, row_err: f64) -> PathBuf {
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
-    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
-    w.leaf(
-        "aten::as_strided",
-        "default",
-        "size=[1, 64], stride=[64, 1], storage_offset=640",
-        vec![input("self", "float32", &[300, 64], 0.02 * f(weight_err))],
-        vec![output(0, "float32", &[1, 64], 0.02 * f(row_err))],
-    )
-    .unwrap();
-    w.leaf(
-        "aten::mul",
-        "Tensor",
-        "",
-        vec![
-            input("self", "float32", &[1, 64], 0.02 * f(row_err)),
-            input("other", "float32", &[1, 64], 1.0),
-        ],
-        vec![output(0, "float32", &[1, 64], 0.02 * f(row_err))],
-    )
-    .unwrap();
-    w.close().unwrap();
-    dir
+    let c = compare_sides(|w, side_b| two_faults(w, side_b, 2e-4, 1e-3));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::tanh"));
+    assert!(!headline_dominates(&c));
+    assert_eq!(c.top_introduced.len(), 2);
 }
 
 #[test]
 fn an_op_that_only_moves_elements_never_introduces_what_its_input_brings() {
-    let Sides {
-        _dir,
-        a,
-        b,
-        code,
-        j,
-    } = compare_sides(|r, side_b| selected_row(r, side_b, 0.011, 0.5));
-    assert_eq!(j["headline"], Value::Null, "{j}");
-    assert_eq!(j["op_verdicts"]["introduced"], 0, "{j}");
-    assert_eq!(
-        op_of(&j, "first_divergence").as_deref(),
-        Some("aten::as_strided")
-    );
-    assert_eq!(j["first_divergence"]["op_class"], "movement");
+    let c = compare_sides(|w, side_b| selected_row(w, side_b, 0.011, 0.5));
+    assert_eq!(c.headline, None);
+    assert_eq!(ops_judged(&c, OpVerdict::Introduced), 0);
+    assert_eq!(op_of(&c, c.first_divergence), Some("aten::as_strided"));
+    let class = c.detail(c.first_divergence.unwrap()).class;
+    assert_eq!(class.map(|k| k.as_str()), Some("movement"));
     // The weight differed before any op: a divergence with no op to blame.
-    assert_eq!(code, 3, "{j}");
-    assert_eq!(j["exit_status"], 3);
-    let r = run(&["compare", path_str(&a), path_str(&b)]);
-    assert_eq!(r.code, 3);
-    assert!(r.stdout.contains("Verdict: DRIFT."), "{}", r.stdout);
+    assert_eq!(c.outcome(), Outcome::DriftOnly);
+    assert_eq!(c.outcome().exit_status(), 3);
 }
 
 #[test]
 fn a_selection_that_makes_more_error_than_it_can_concentrate_introduces() {
     // The weight drifted by one rounding (1e-7); the selected row is off by
     // 1e-3, far more than one row of 300 can hold of 1e-7 (about 17 times).
-    let Sides { code, j, .. } = compare_sides(|r, side_b| selected_row(r, side_b, 1e-7, 1e-3));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
+    let c = compare_sides(|w, side_b| selected_row(w, side_b, 1e-7, 1e-3));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::as_strided"));
 }
 
 #[test]
 fn an_op_that_moves_elements_wrongly_from_equal_inputs_introduces() {
     // The weight agrees; the selected row does not: a wrong offset.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| selected_row(r, side_b, 0.0, 0.5));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::as_strided"));
+    let c = compare_sides(|w, side_b| selected_row(w, side_b, 0.0, 0.5));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::as_strided"));
 }
 
 /// A key bias that is rounding noise (it differs by 47% between the sides,
 /// at 1e-7 next to a product of 0.5) added by `addmm`, whose output is
 /// close; then a `gelu` whose output drifts by `gelu_err` from an input
 /// that differs by one rounding.
-fn noisy_bias(root: &Path, side_b: bool, gelu_err: f64) -> PathBuf {
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
+fn noisy_bias(w: &mut DumpWriter, side_b: bool, gelu_err: f64) {
     let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
     let act = [128, 64];
     w.leaf(
@@ -313,21 +210,19 @@ fn noisy_bias(root: &Path, side_b: bool, gelu_err: f64) -> PathBuf {
         vec![output(0, "float32", &act, 0.3 * f(gelu_err))],
     )
     .unwrap();
-    w.close().unwrap();
-    dir
 }
 
 #[test]
 fn an_input_that_differs_without_reaching_the_output_taints_nothing_after() {
     // 1.5e-6: above gelu's own tolerance (9.5e-7), within what its input's
     // rounding explains (9.5e-7 + 32 x 6e-8).
-    let Sides { code, j, .. } = compare_sides(|r, side_b| noisy_bias(r, side_b, 1.5e-6));
-    assert_eq!(code, 0, "{j}");
-    assert_eq!(j["first_divergence"], Value::Null, "{j}");
+    let c = compare_sides(|w, side_b| noisy_bias(w, side_b, 1.5e-6));
+    assert_eq!(c.outcome(), Outcome::Agree);
+    assert_eq!(c.first_divergence, None);
     // A real fault in gelu is still introduced.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| noisy_bias(r, side_b, 1e-2));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::gelu"));
+    let c = compare_sides(|w, side_b| noisy_bias(w, side_b, 1e-2));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::gelu"));
 }
 
 /// One training step in miniature where the optimizer differs by device: a
@@ -335,10 +230,8 @@ fn an_input_that_differs_without_reaching_the_output_taints_nothing_after() {
 /// differ by that much, relative), a per-parameter `addcdiv_` on A against
 /// a `_foreach_addcdiv_` on B (B's update off by `update_err` more than the
 /// gradient explains), then the next step's `add` of the bias.
-fn optimizer_by_device(root: &Path, side_b: bool, grad_noise: f64, update_err: f64) -> PathBuf {
+fn optimizer_by_device(w: &mut DumpWriter, side_b: bool, grad_noise: f64, update_err: f64) {
     use opdump_format::Phase;
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
     let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
     let act = [512, 64];
     // Adam's first step turns a gradient that is rounding noise into an
@@ -410,24 +303,26 @@ fn optimizer_by_device(root: &Path, side_b: bool, grad_noise: f64, update_err: f
             .unwrap();
         }
     }
-    w.close().unwrap();
-    dir
 }
 
 #[test]
 fn a_parameter_made_by_calls_one_side_only_is_judged_by_what_they_were_fed() {
     // The gradient is noise (0.6 apart), so is the bias it updated: the
     // next step's `add` differs by what that explains. No divergence.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| optimizer_by_device(r, side_b, 0.6, 0.0));
-    assert_eq!(code, 0, "{j}");
-    assert!(j["only_in_b"]["op_calls"].as_u64() >= Some(1), "{j}");
+    let c = compare_sides(|w, side_b| optimizer_by_device(w, side_b, 0.6, 0.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        op_of(&c, c.first_divergence)
+    );
+    assert!(c.alignment.only_b_calls >= 1);
     // The gradient agrees, B's update is 1% off: a divergence that the
     // optimizer's inputs do not explain.
-    let Sides { code, j, .. } =
-        compare_sides(|r, side_b| optimizer_by_device(r, side_b, 1e-7, 1e-2));
-    assert_ne!(code, 0, "{j}");
-    assert_eq!(j["first_divergence"]["op"], "aten::add", "{j}");
-    assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
+    let c = compare_sides(|w, side_b| optimizer_by_device(w, side_b, 1e-7, 1e-2));
+    assert_ne!(c.outcome(), Outcome::Agree);
+    assert_eq!(op_of(&c, c.first_divergence), Some("aten::add"));
+    assert_eq!(step_of(&c, c.first_divergence), Some(1));
 }
 
 #[test]
@@ -435,10 +330,7 @@ fn a_cancelled_matrix_product_is_rounding_not_a_divergence() {
     // A product over 512 terms of two factors of RMS 0.05 whose terms
     // cancel to 4e-7 (partial sums near √512 · 0.05 · 0.05 = 0.057), by
     // 6e-7 different on each side: 8 times u·√K of the partial sums.
-    let t = tmp();
-    let run = |side_b: bool| {
-        let dir = t.path().join(if side_b { "b" } else { "a" });
-        let mut w = DumpWriter::new(&dir, 0, "cpu");
+    let c = compare_sides(|w, side_b| {
         w.leaf(
             "aten::mm",
             "default",
@@ -455,23 +347,17 @@ fn a_cancelled_matrix_product_is_rounding_not_a_divergence() {
             )],
         )
         .unwrap();
-        w.close().unwrap();
-        dir
-    };
-    let (a, b) = (run(false), run(true));
-    let (code, j, _) = compare_json(&a, &b, &[]);
-    assert_eq!(code, 0, "{j}");
-    assert_eq!(j["first_divergence"], Value::Null);
+    });
+    assert_eq!(c.outcome(), Outcome::Agree);
+    assert_eq!(c.first_divergence, None);
 }
 
 /// Two parameters updated by one `_fused_adamw_` over both on A and one
 /// `_foreach_addcdiv_` over both on B: the bias's gradient is rounding
 /// noise (0.6 apart), the weight's agrees; B's weight update is off by
 /// `weight_fault`. The next step reads both.
-fn two_params(root: &Path, side_b: bool, weight_fault: f64) -> PathBuf {
+fn two_params(w: &mut DumpWriter, side_b: bool, weight_fault: f64) {
     use opdump_format::Phase;
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
     let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
     let act = [512, 64];
     let listed = |mut t: TensorRecord, i: i32| {
@@ -554,28 +440,29 @@ fn two_params(root: &Path, side_b: bool, weight_fault: f64) -> PathBuf {
         vec![output(0, "float32", &act, 0.16 * f(weight_fault))],
     )
     .unwrap();
-    w.close().unwrap();
-    dir
 }
 
 #[test]
 fn a_list_op_explains_each_element_by_its_own_inputs() {
     // The noisy bias gradient explains the bias, not the weight.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| two_params(r, side_b, 0.0));
-    assert_eq!(code, 0, "{j}");
-    let Sides { code, j, .. } = compare_sides(|r, side_b| two_params(r, side_b, 1e-2));
-    assert_eq!(code, 3, "{j}");
-    assert_eq!(j["first_divergence"]["op"], "aten::mm", "{j}");
-    assert_eq!(j["first_divergence"]["step_a"], 1, "{j}");
+    let c = compare_sides(|w, side_b| two_params(w, side_b, 0.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        op_of(&c, c.first_divergence)
+    );
+    let c = compare_sides(|w, side_b| two_params(w, side_b, 1e-2));
+    assert_eq!(c.outcome(), Outcome::DriftOnly);
+    assert_eq!(op_of(&c, c.first_divergence), Some("aten::mm"));
+    assert_eq!(step_of(&c, c.first_divergence), Some(1));
 }
 
 /// A backward step in miniature: `gelu_backward` reads a gradient of scale
 /// 3e-5 and the forward activation of scale 0.5, and makes a gradient of
 /// the gradient's size, off by `fault` on B while both inputs agree.
-fn gelu_backward_run(root: &Path, side_b: bool, fault: f64) -> PathBuf {
+fn gelu_backward_run(w: &mut DumpWriter, side_b: bool, fault: f64) {
     use opdump_format::Phase;
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
     w.phase = Phase::Backward;
     let act = [512, 512];
     w.leaf(
@@ -594,27 +481,22 @@ fn gelu_backward_run(root: &Path, side_b: bool, fault: f64) -> PathBuf {
         )],
     )
     .unwrap();
-    w.close().unwrap();
-    dir
 }
 
 #[test]
 fn an_element_wise_backward_kernel_is_judged_by_its_own_output() {
     // 1e-3 of the gradient: judged against the activation (0.1 x its RMS,
     // 2,500 times the output's), it read as 4e-7, under the tolerance.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| gelu_backward_run(r, side_b, 1e-3));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(
-        op_of(&j, "headline").as_deref(),
-        Some("aten::gelu_backward"),
-        "{j}"
-    );
-    assert_eq!(j["headline"]["op_class"], "elementwise", "{j}");
-    let err = j["headline"]["rel_err"].as_f64().unwrap();
+    let c = compare_sides(|w, side_b| gelu_backward_run(w, side_b, 1e-3));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::gelu_backward"));
+    let detail = c.detail(c.headline.unwrap());
+    assert_eq!(detail.class.map(|k| k.as_str()), Some("elementwise"));
+    let err = detail.out_err;
     assert!((err - 1e-3).abs() < 1e-4, "{err}");
     // One rounding of float32 is still no divergence.
-    let Sides { code, j, .. } = compare_sides(|r, side_b| gelu_backward_run(r, side_b, 1.2e-7));
-    assert_eq!(code, 0, "{j}");
+    let c = compare_sides(|w, side_b| gelu_backward_run(w, side_b, 1.2e-7));
+    assert_eq!(c.outcome(), Outcome::Agree);
 }
 
 /// `cross_entropy` around `_log_softmax` (its output off by `fault` on B,
@@ -622,10 +504,8 @@ fn an_element_wise_backward_kernel_is_judged_by_its_own_output() {
 /// the difference averages out); then, with `backward_reads_it`, the
 /// backward's `_log_softmax_backward_data` reads that same `_log_softmax`
 /// output and diverges with it.
-fn absorbed_loss_run(root: &Path, side_b: bool, fault: f64, backward_reads_it: bool) -> PathBuf {
+fn absorbed_loss_run(w: &mut DumpWriter, side_b: bool, fault: f64, backward_reads_it: bool) {
     use opdump_format::Phase;
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
     let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
     let logits = [512, 300];
     let ce = w.begin(
@@ -665,26 +545,19 @@ fn absorbed_loss_run(root: &Path, side_b: bool, fault: f64, backward_reads_it: b
         )
         .unwrap();
     }
-    w.close().unwrap();
-    dir
 }
 
 #[test]
 fn absorbed_never_hides_the_op_that_made_a_later_divergence() {
-    let Sides { code, j, .. } = compare_sides(|r, side_b| absorbed_loss_run(r, side_b, 8e-4, true));
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(
-        op_of(&j, "headline").as_deref(),
-        Some("aten::_log_softmax"),
-        "{j}"
-    );
-    assert_eq!(j["op_verdicts"]["absorbed"], 0, "{j}");
+    let c = compare_sides(|w, side_b| absorbed_loss_run(w, side_b, 8e-4, true));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::_log_softmax"));
+    assert_eq!(ops_judged(&c, OpVerdict::Absorbed), 0);
     // Nothing downstream reads it and the loss agrees: the difference
     // vanished inside the loss, absorbed.
-    let Sides { code, j, .. } =
-        compare_sides(|r, side_b| absorbed_loss_run(r, side_b, 8e-4, false));
-    assert_eq!(code, 0, "{j}");
-    assert_eq!(j["op_verdicts"]["absorbed"], 1, "{j}");
+    let c = compare_sides(|w, side_b| absorbed_loss_run(w, side_b, 8e-4, false));
+    assert_eq!(c.outcome(), Outcome::Agree);
+    assert_eq!(ops_judged(&c, OpVerdict::Absorbed), 1);
 }
 
 /// `t` (of scale `x`, as `synth::tensor` makes it) with a fingerprint and a
@@ -700,9 +573,7 @@ fn with_sketch(mut t: TensorRecord, x: f64, rel: f64) -> TensorRecord {
 /// A bfloat16 `silu` (B) against a float32 one (A): its input carries
 /// bf16's rounding (0.3%), its output that plus `fault`; with `sketched`,
 /// both with a sketch that measures those errors.
-fn mixed_precision_silu(root: &Path, side_b: bool, fault: f64, sketched: bool) -> PathBuf {
-    let dir = root.join(if side_b { "b" } else { "a" });
-    let mut w = DumpWriter::new(&dir, 0, "cpu");
+fn mixed_precision_silu(w: &mut DumpWriter, side_b: bool, fault: f64, sketched: bool) {
     let (dt, e_in, e_out) = if side_b {
         ("bfloat16", 0.003, (1.0 + fault) * 1.004 - 1.0)
     } else {
@@ -726,8 +597,6 @@ fn mixed_precision_silu(root: &Path, side_b: bool, fault: f64, sketched: bool) -
         vec![sketch(y, 0.3, e_out)],
     )
     .unwrap();
-    w.close().unwrap();
-    dir
 }
 
 #[test]
@@ -735,17 +604,17 @@ fn a_smooth_element_wise_op_may_amplify_its_input_drift_by_its_condition_number(
     // 32 x 0.3% on top of bf16's tolerance (1.6%) allowed 11%; 8 x allows
     // about 4%, where a sketch measured the input's error.
     let silu = |fault: f64, sketched: bool| {
-        compare_sides(move |r, side_b| mixed_precision_silu(r, side_b, fault, sketched))
+        compare_sides(move |w, side_b| mixed_precision_silu(w, side_b, fault, sketched))
     };
-    let Sides { code, j, .. } = silu(0.05, true);
-    assert_eq!(code, 1, "{j}");
-    assert_eq!(op_of(&j, "headline").as_deref(), Some("aten::silu"), "{j}");
-    assert_eq!(j["headline"]["tensors"][0]["evidence"], "sketch", "{j}");
+    let c = silu(0.05, true);
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::silu"));
+    assert_eq!(tensors_of(&c, c.headline.unwrap())[0].evidence, "sketch");
     // bf16's rounding of the input and the output alone: close.
-    let Sides { code, j, .. } = silu(0.0, true);
-    assert_eq!(code, 0, "{j}");
+    let c = silu(0.0, true);
+    assert_eq!(c.outcome(), Outcome::Agree);
     // Statistics alone may see a tenth of a zero-mean input error: the
     // allowance stays 32 times what they show.
-    let Sides { code, j, .. } = silu(0.05, false);
-    assert_eq!(code, 0, "{j}");
+    let c = silu(0.05, false);
+    assert_eq!(c.outcome(), Outcome::Agree);
 }

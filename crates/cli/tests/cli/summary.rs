@@ -1,9 +1,7 @@
 //! `opdump summary`: counts per op, phase and step, and where NaN first
 //! appeared from inputs without NaN.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use opdump_testkit::synth::{input, output, with_nan, DumpWriter, Variant};
 use serde_json::Value;
 

@@ -446,7 +446,7 @@ fn run_xfsz_child(mode: &str) -> std::process::Output {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sigxfsz_is_blocked_on_the_writer_thread",
+            "hostile::sigxfsz_is_blocked_on_the_writer_thread",
             "--nocapture",
             "--test-threads=1",
         ])

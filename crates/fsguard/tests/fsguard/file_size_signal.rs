@@ -43,7 +43,7 @@ fn run_child(mode: &str) -> std::process::Output {
     std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sigxfsz_is_blocked_on_the_calling_thread",
+            "file_size_signal::sigxfsz_is_blocked_on_the_calling_thread",
             "--nocapture",
         ])
         .env(CHILD, mode)

@@ -2,8 +2,7 @@
 //! replace the statistics' bounds, so a permutation, which keeps every
 //! statistic, is a divergence at the op that made it.
 
-mod common;
-use common::{compare_dirs, gelu_dump, tmp};
+use crate::common::{compare_dirs, gelu_dump, tmp};
 
 #[test]
 fn a_permutation_is_seen_only_with_captures() {

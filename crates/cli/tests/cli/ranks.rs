@@ -4,21 +4,13 @@
 //! fingerprints that agree across ranks except where a test plants a
 //! difference.
 
-mod common;
-
 use std::path::Path;
-use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use common::{path_str, run};
-use opdump_format::reader::list_files;
-use opdump_format::schema::{col, meta};
+use crate::common::{path_str, run};
 use opdump_format::Phase;
 use opdump_testkit::ranks_job::{write_job, write_rank, Flip, Job};
+use opdump_testkit::schema3::strip_to_schema_3;
 use opdump_testkit::synth::{input, DumpWriter};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
-use parquet::file::metadata::KeyValue;
 use serde_json::Value;
 
 fn ranks_json(dir: &Path) -> (i32, Value, String) {
@@ -345,42 +337,4 @@ fn names_from_the_dump_are_escaped() {
     let (_, j, _) = ranks_json(t.path());
     assert_eq!(j["first"]["name"], "evil\x1b[2J.grad");
     assert_eq!(j["first"]["odd_ranks"], serde_json::json!([1]));
-}
-
-/// Rewrites every file of a dump as schema 3 wrote it: no fingerprint, no
-/// sketch column.
-fn strip_to_schema_3(dir: &Path) {
-    for f in list_files(dir).unwrap() {
-        let file = std::fs::File::open(&f.path).unwrap();
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
-        let kv: Vec<KeyValue> = builder
-            .metadata()
-            .file_metadata()
-            .key_value_metadata()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|kv| kv.key != meta::SCHEMA_VERSION && kv.key != "ARROW:schema")
-            .collect();
-        let batches: Vec<RecordBatch> = builder.build().unwrap().map(|b| b.unwrap()).collect();
-        let keep: Vec<usize> = batches[0]
-            .schema()
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, fl)| fl.name() != col::FINGERPRINT && fl.name() != col::SKETCH)
-            .map(|(i, _)| i)
-            .collect();
-        let schema = Arc::new(batches[0].schema().project(&keep).unwrap());
-        let out = std::fs::File::create(&f.path).unwrap();
-        let mut w = ArrowWriter::try_new(out, schema.clone(), None).unwrap();
-        for b in &batches {
-            w.write(&b.project(&keep).unwrap()).unwrap();
-        }
-        for kv in kv {
-            w.append_key_value_metadata(kv);
-        }
-        w.append_key_value_metadata(KeyValue::new(meta::SCHEMA_VERSION.into(), "3".to_string()));
-        w.close().unwrap();
-    }
 }

@@ -4,13 +4,11 @@
 //! one `opdump:` line and exit status 2 (or a safe result), never a hang,
 //! an abort, or a write through a link.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use opdump_testkit::synth::output;
 
 const SECS: u64 = 20;

@@ -2,12 +2,10 @@
 //! panic: corrupt and truncated files, empty directories, dumps of
 //! different programs, unreadable schema versions, bad options.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use opdump_format::schema::{meta, schema, BatchBuilder};
 use opdump_testkit::synth::{Model, Variant};
 use parquet::arrow::ArrowWriter;

@@ -3,9 +3,7 @@
 //! a long repetitive run. Each test names the exact calls it expects to be
 //! unmatched, by seq.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use opdump_format::OpRecord;
 use opdump_testkit::synth::{input, output, DumpWriter};
 

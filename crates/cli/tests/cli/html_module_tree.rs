@@ -3,12 +3,10 @@
 //! among its calls and its descendants'; and the headline call shown once
 //! when it is also the first divergence.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use opdump_testkit::synth::{input, output};
 
 /// (module, op, scale in A, scale in B) of each top-level call.

@@ -56,7 +56,7 @@ fn a_failed_capture_leaves_no_temporary_file() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_failed_capture_leaves_no_temporary_file",
+            "jsonl_files::a_failed_capture_leaves_no_temporary_file",
             "--nocapture",
         ])
         .env(CHILD, &root)

@@ -4,12 +4,10 @@
 //! and the same report whatever `--jobs`. Each rank's row is checked
 //! against a single-rank `compare --rank N` of the same pair.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{compare_json, path_str, run, small_model};
+use crate::common::{compare_json, path_str, run, small_model};
 use opdump_format::schema::meta;
 use opdump_format::{RotateOptions, RotatingWriter};
 use opdump_testkit::synth::{model_records, write_model_rank, Model, RankOf, Variant};

@@ -1,0 +1,87 @@
+//! The words and exit statuses `opdump compare` gives the judge's outcomes
+//! (the rules themselves are tested in crates/judge/tests): a dominant
+//! later fault as the headline, drift with no op to blame (exit 3), and a
+//! fault in an op only B runs.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use opdump_testkit::scenarios::{extra_op_in_b, selected_row, two_faults};
+use opdump_testkit::synth::DumpWriter;
+
+/// Side A (`side_b` false) or B, filled by `fill`, written under `root`.
+fn write_side(root: &Path, side_b: bool, fill: impl Fn(&mut DumpWriter, bool)) -> PathBuf {
+    let dir = root.join(if side_b { "b" } else { "a" });
+    let mut w = DumpWriter::new(&dir, 0, "cpu");
+    fill(&mut w, side_b);
+    w.close().unwrap();
+    dir
+}
+
+#[test]
+fn a_dominant_later_fault_is_named_in_the_verdict() {
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b| two_faults(w, side_b, 3e-6, 1e-2);
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, j, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{stderr}\n{j}");
+    assert_eq!(j["headline_rule"], "dominant", "{j}");
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .contains("Verdict: DIVERGED. Introduced at aten::gelu"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("Strongest introduced"), "{}", r.stdout);
+}
+
+#[test]
+fn drift_with_no_op_to_blame_exits_3() {
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b| selected_row(w, side_b, 0.011, 0.5);
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, j, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 3, "{stderr}\n{j}");
+    assert_eq!(j["exit_status"], 3);
+    assert_eq!(j["first_divergence"]["op_class"], "movement", "{j}");
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 3);
+    assert!(r.stdout.contains("Verdict: DRIFT."), "{}", r.stdout);
+}
+
+#[test]
+fn a_fault_in_an_op_only_in_b_is_named_there() {
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b| extra_op_in_b(w, side_b, "aten::mul", 1.01);
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, v, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{stderr}\n{v:#}");
+    let u = &v["first_introduced_unmatched"];
+    assert_eq!(u["side"], "b", "{v:#}");
+    assert_eq!(u["op"]["op"], "aten::mul");
+    assert_eq!(u["op"]["seq"], 1);
+    assert_eq!(u["consumer"]["op"], "aten::linear");
+    assert_eq!(u["consumer"]["arg"], "input");
+    assert_eq!(v["first_divergence"]["verdict"], "inherited");
+
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stdout
+            .contains("First introduced: aten::mul.Tensor  [introduced, only in B]"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(
+            "Verdict: DIVERGED. First introduced at aten::mul.Tensor (only in B, seq B 1, step 0)."
+        ),
+        "{}",
+        r.stdout
+    );
+}

@@ -1,0 +1,3 @@
+//! The engine's integration tests, one binary.
+
+mod jsonl_files;

@@ -1,0 +1,12 @@
+//! The judge's integration tests, one binary: alignment, evidence,
+//! tolerance and verdicts on dumps built in memory (`Dump::from_records`).
+
+mod align;
+mod align_prop;
+mod common;
+mod evidence_prop;
+mod incremental;
+mod only_in_b;
+mod sketch;
+mod tolerance_model;
+mod verdicts;

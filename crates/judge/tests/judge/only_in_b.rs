@@ -1,0 +1,114 @@
+//! A fault in an op that only B runs: an extra `h * 1.01` after a
+//! LayerNorm. No aligned op introduced it, yet every later output differs;
+//! it must not read as "no divergence".
+
+use opdump_judge::{OpVerdict, Outcome};
+use opdump_testkit::scenarios::extra_op_in_b;
+use opdump_testkit::synth::{input, output, DumpWriter};
+
+use crate::common::*;
+
+#[test]
+fn a_fault_in_an_op_only_in_b_is_introduced_there() {
+    let c = compare_sides(|w, side_b| extra_op_in_b(w, side_b, "aten::mul", 1.01));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert!(c.divergence_found());
+    let u = c.first_unmatched_change.expect("a change only in B");
+    let mul = u.b_op.expect("the op that made it");
+    assert_eq!(c.b.op_name(mul), "aten::mul");
+    assert_eq!(c.b.seq(mul), 1, "the mul is B's second call");
+    assert_eq!(op_of(&c, Some(u.pair)), Some("aten::linear"));
+    assert_eq!(c.b.arg_name(u.after), "input");
+    assert!((0.005..0.02).contains(&u.rel_change), "{}", u.rel_change);
+    // Every aligned op downstream inherits; none introduced it.
+    assert_eq!(c.first_introduced, None);
+    assert_eq!(op_of(&c, c.first_divergence), Some("aten::linear"));
+    assert_eq!(
+        c.op_verdict(c.first_divergence.unwrap()),
+        OpVerdict::Inherited
+    );
+}
+
+#[test]
+fn an_op_only_in_b_that_changes_nothing_is_no_divergence() {
+    let c = compare_sides(|w, side_b| extra_op_in_b(w, side_b, "aten::_to_copy", 1.0));
+    assert_eq!(c.outcome(), Outcome::Agree);
+    assert_eq!(c.first_unmatched_change, None);
+    assert_eq!(c.alignment.only_b_calls, 1);
+}
+
+#[test]
+fn a_change_within_tolerance_only_in_b_is_no_divergence() {
+    let c = compare_sides(|w, side_b| extra_op_in_b(w, side_b, "aten::mul", 1.0 + 1e-8));
+    assert_eq!(c.outcome(), Outcome::Agree);
+    assert_eq!(c.first_unmatched_change, None);
+}
+
+/// `extra_op_in_b`'s two layers, with B's extra call an in-place `add_` that changes
+/// the activations by 1%, and with `a_accumulates`, an `add_` of A's own at
+/// the end of the step, on another tensor: the two are not aligned (a
+/// backward pass accumulates gradients in an order that differs by device).
+fn accumulation_run(w: &mut DumpWriter, side_b: bool, a_accumulates: bool) {
+    let act = [8, 16];
+    let mut x = 1.0;
+    for layer in 0..2 {
+        w.leaf(
+            "aten::layer_norm",
+            "default",
+            "normalized_shape=[16], eps=1e-05",
+            vec![input("input", "float32", &act, x)],
+            vec![output(0, "float32", &act, 1.0)],
+        )
+        .unwrap();
+        let mut h = 1.0;
+        if side_b && layer == 0 {
+            w.leaf(
+                "aten::add_",
+                "Tensor",
+                "",
+                vec![
+                    input("self", "float32", &act, h),
+                    input("other", "float32", &act, 0.01),
+                ],
+                vec![output(0, "float32", &act, h * 1.01)],
+            )
+            .unwrap();
+            h *= 1.01;
+        }
+        w.leaf(
+            "aten::gelu",
+            "default",
+            "approximate=none",
+            vec![input("self", "float32", &act, h)],
+            vec![output(0, "float32", &act, 0.4 * h)],
+        )
+        .unwrap();
+        x = 0.4 * h;
+    }
+    if !side_b && a_accumulates {
+        w.leaf(
+            "aten::add_",
+            "Tensor",
+            "",
+            vec![
+                input("self", "float32", &[16, 16], 0.02),
+                input("other", "float32", &[16, 16], 0.001),
+            ],
+            vec![output(0, "float32", &[16, 16], 0.021)],
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn an_in_place_call_only_in_b_with_a_counterpart_in_a_is_not_blamed() {
+    let c = compare_sides(|w, side_b| accumulation_run(w, side_b, true));
+    assert_eq!(c.first_unmatched_change, None);
+    assert_eq!(c.headline, None);
+    assert_ne!(c.outcome(), Outcome::Introduced);
+    // Without A's own add_, B's is a call A lacks: introduced there.
+    let c = compare_sides(|w, side_b| accumulation_run(w, side_b, false));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    let u = c.first_unmatched_change.expect("a change only in B");
+    assert_eq!(u.b_op.map(|i| c.b.op_name(i)), Some("aten::add_"));
+}
