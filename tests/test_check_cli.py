@@ -1,6 +1,6 @@
 """`opdump check DUMP` and `opdump repro --check FILE`: the CLI half of the
 in-job accuracy check (crates/cli/src/checks.rs, commands/check.rs,
-commands/repro_check.rs, report/check.rs, report/check_html.rs).
+commands/repro_check.rs, report/check/).
 
 The dumps are synthetic: `checks/rank=<R>/part-<pid>.jsonl` files in the
 form the plugin writes, so every verdict, ratio and count below is known

@@ -9,8 +9,8 @@ use crate::app::output;
 use crate::app::print::print_report;
 use crate::checks::{self, CheckFile};
 use crate::cli::{CheckArgs, RankChoice};
+use crate::report::check::html as check_html;
 use crate::report::check::{self, CheckReport};
-use crate::report::check_html;
 
 /// Reads the check results of `dump`, of the ranks `rank` chooses
 /// (default: every rank).

@@ -20,9 +20,9 @@ use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::{CompareArgs, RankChoice};
 use crate::commands::compare;
+use crate::report::compare::html;
+use crate::report::compare::model::CompareReport;
 use crate::report::fleet::{self, FleetReport, RankRow};
-use crate::report::html;
-use crate::report::model::CompareReport;
 
 /// The arguments, and both dumps' files (scanned once for every rank).
 struct Scanned<'a> {

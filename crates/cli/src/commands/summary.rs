@@ -9,8 +9,8 @@ use crate::app::error::{CliError, Result};
 use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::SummaryArgs;
+use crate::report::summary::text as summary_text;
 use crate::report::summary::{summarize, SummaryReport};
-use crate::report::summary_text;
 use opdump_load::read::{load, scan};
 
 /// Loads each rank (or only `rank`) of the dump in `dir` and summarizes it.

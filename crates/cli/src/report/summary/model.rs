@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use opdump_format::Role;
 use serde::Serialize;
 
-use crate::report::model::{DumpInfo, OpBrief, StatsReport};
+use crate::report::compare::model::{DumpInfo, OpBrief, StatsReport};
 use opdump_judge::dump::Dump;
 use opdump_judge::intern::{FxMap, NO_ID};
 

@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use crate::app::text::Clean;
 use crate::checks::{capture_parts, CheckFile, CheckRow, Verdict};
-use crate::report::ranks::list;
-use crate::report::terminal::{num, thousands};
+use crate::report::compare::text::{num, thousands};
+use crate::report::ranks::model::list;
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
 pub const CHECK_REPORT_VERSION: u32 = 1;

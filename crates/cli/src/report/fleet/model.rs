@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::app::error::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_ERROR, EXIT_SAME};
-use crate::report::model::{finite, CompareReport, OpReport};
+use crate::report::compare::model::{finite, CompareReport, OpReport};
 
 /// Identifies the JSON of a fleet compare (a single-rank compare's JSON is
 /// `opdump-compare`).
@@ -112,7 +112,7 @@ impl RankRow {
 
 /// The consumer of a tensor that calls only in B changed: where the
 /// divergence enters the aligned calls.
-fn unmatched_site(u: &crate::report::model::UnmatchedReport) -> Site {
+fn unmatched_site(u: &crate::report::compare::model::UnmatchedReport) -> Site {
     Site {
         op: opdump_judge::full_op_name(&u.consumer.op, &u.consumer.overload),
         module: u.op.as_ref().and_then(|o| o.module.clone()),

@@ -5,9 +5,9 @@
 
 use std::fmt::Write;
 
-use super::check::{count, count_line, rank_list, CheckReport, FAIL_RATIO};
-use super::html::{end_page, esc};
-use super::terminal::{num, thousands};
+use super::model::{count, count_line, rank_list, CheckReport, FAIL_RATIO};
+use crate::report::compare::html::{end_page, esc};
+use crate::report::compare::text::{num, thousands};
 
 fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), num)

@@ -8,7 +8,7 @@ use opdump_judge::{Interner, NO_ID};
 use serde::Serialize;
 
 use crate::app::text::Clean;
-use crate::report::terminal::thousands;
+use crate::report::compare::text::thousands;
 
 /// What `opdump ranks` found (the JSON of `--json`).
 #[derive(Serialize, Debug)]

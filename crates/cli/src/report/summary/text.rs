@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::terminal::{num, thousands};
 use crate::app::text::{clean, op_label, Clean};
+use crate::report::compare::text::{num, thousands};
 use crate::report::summary::{OpSite, RankSummary, SummaryReport};
 
 const TOP_OPS: usize = 30;

@@ -16,9 +16,9 @@ use std::fmt::Write;
 
 use opdump_judge::full_op_name;
 
-use super::fleet::{self, FleetReport, RankRow};
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
-use super::terminal::{num, thousands};
+use super::text::{num, thousands};
+use crate::report::fleet::{self, FleetReport, RankRow};
 use opdump_judge::verdict::OpVerdict;
 
 const BINS: usize = 1200;
@@ -814,7 +814,7 @@ impl Shown {
 }
 
 /// The commands that take the first introduced call to a reproduction.
-fn next_section(out: &mut String, n: &crate::report::model::NextStep) {
+fn next_section(out: &mut String, n: &crate::report::compare::model::NextStep) {
     let _ = write!(
         out,
         "<h3>Next: reproduce {} outside the job</h3>",
