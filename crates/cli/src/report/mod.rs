@@ -4,6 +4,8 @@
 pub(crate) mod check;
 pub(crate) mod compare;
 pub(crate) mod fleet;
+pub(crate) mod format;
 pub(crate) mod json;
+pub(crate) mod page;
 pub(crate) mod ranks;
 pub(crate) mod summary;

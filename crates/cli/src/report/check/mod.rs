@@ -3,5 +3,7 @@
 
 pub(crate) mod html;
 pub(crate) mod model;
+pub(crate) mod text;
 
 pub use model::*;
+pub use text::*;

@@ -14,11 +14,11 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use opdump_judge::full_op_name;
+use crate::app::text::op_label;
 
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
-use super::text::{num, thousands};
-use crate::report::fleet::{self, FleetReport, RankRow};
+use crate::report::format::{num, thousands};
+use crate::report::page::{esc, page};
 use opdump_judge::verdict::OpVerdict;
 
 const BINS: usize = 1200;
@@ -27,27 +27,6 @@ const H: f64 = 336.0;
 const LEFT: f64 = 60.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 52.0;
-
-/// Every string from a dump (and every path) goes through here: markup
-/// characters as entities (the page has no script, and embeds no JSON),
-/// control characters as visible escapes, as on a terminal.
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c if crate::app::text::is_unsafe(c) => {
-                let _ = crate::app::text::escape_char(c, &mut o);
-            }
-            c => o.push(c),
-        }
-    }
-    o
-}
 
 /// The worst verdict in a column of the plot, in the order it is drawn over.
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -694,20 +673,20 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         .map(|a| {
             format!(
                 "{} <span class=\"dim\">(seq {})</span>",
-                esc(&full_op_name(&a.op, &a.overload)),
+                esc(&op_label(&a.op, &a.overload)),
                 a.seq_a
             )
         })
         .chain(std::iter::once(format!(
             "<b>{}</b>",
-            esc(&full_op_name(&r.op, &r.overload))
+            esc(&op_label(&r.op, &r.overload))
         )))
         .collect();
     let _ = write!(
         out,
         "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
          <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
-        esc(&full_op_name(&r.op, &r.overload)),
+        esc(&op_label(&r.op, &r.overload)),
         chain.join(" &rsaquo; "),
         v = r.verdict.as_str(),
     );
@@ -716,7 +695,7 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b, &r.args_b),
     ] {
         let parent = parent.as_ref().map_or("top-level".into(), |p| {
-            format!("{} (seq {})", full_op_name(&p.op, &p.overload), p.seq)
+            format!("{} (seq {})", op_label(&p.op, &p.overload), p.seq)
         });
         let _ = write!(
             out,
@@ -795,7 +774,7 @@ impl Shown {
         let Some(op) = r else {
             return op_section(out, title, r);
         };
-        let call = (op.seq_a, op.seq_b, full_op_name(&op.op, &op.overload));
+        let call = (op.seq_a, op.seq_b, op_label(&op.op, &op.overload));
         if let Some((_, first_title)) = self.calls.iter().find(|(c, _)| *c == call) {
             let _ = write!(
                 out,
@@ -893,7 +872,7 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td></tr>",
-            esc(&full_op_name(&c.op, &c.overload)),
+            esc(&op_label(&c.op, &c.overload)),
             c.count
         );
     }
@@ -903,24 +882,26 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
 /// The page: `r` for the tables, `pairs` for the plot of every pair.
 pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
     let tree = ModTree::build(pairs);
-    let mut o = String::new();
-    o.push_str(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare</title><style>\
-         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
-         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}code{font-size:12px}.dim{color:#888}.ax{font-size:11px;fill:#555}\
-         .introduced{color:#b00}.diverged td{background:#fff0ee}.nan_mismatch td{background:#fde}\
-         .close td{background:#f4fbf4}p.introduced{font-size:16px}.plot{border:1px solid #eee}\
-         .legend span{margin-right:16px}.plot{max-width:100%;height:auto}\
-         .flt{display:none;background:#fffbe6;padding:4px 8px}.flt:target{display:block}\
-         .tree{font-size:13px}.mod{margin-left:18px}.tree>.mod{margin-left:0}.mod.leaf>summary{list-style:none}\
-         .mod.leaf>summary::before{content:\"\\2022  \";color:#bbb}\
-         .worst{color:#555}.over{color:#b00;font-weight:bold}.ops{margin:2px 0 2px 18px;padding:0;list-style:none}\
-         .same{color:#555}</style>",
-    );
-    filter_css(&mut o, &tree);
-    o.push_str("</head><body>");
-    let _ = write!(o, "<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
+    let mut head = String::new();
+    filter_css(&mut head, &tree);
+    page("opdump compare", &head, &r.notes, |o| {
+        dumps_table(o, r);
+        verdict_line(o, r);
+        o.push_str("<h2 id=\"plot\">Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
+        filter_lines(o, &tree);
+        o.push_str(&plot(pairs, &tree));
+        module_tree(o, &tree, pairs);
+        op_sections(o, r);
+        top_introduced(o, r);
+        verdict_counts(o, r);
+        only_section(o, "A", &r.only_in_a);
+        only_section(o, "B", &r.only_in_b);
+    })
+}
+
+/// The two dumps, one row each.
+fn dumps_table(o: &mut String, r: &CompareReport) {
+    o.push_str("<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
     for (side, d) in [("A (reference)", &r.dump_a), ("B (under test)", &r.dump_b)] {
         let _ = write!(
             o,
@@ -936,61 +917,84 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
             }
         );
     }
+    o.push_str("</table>");
+}
+
+/// What was aligned, and the verdict.
+fn verdict_line(o: &mut String, r: &CompareReport) {
     let _ = write!(
         o,
-        "</table><p>aligned {} op calls ({} top-level), {} tensor pairs. Verdict: <b class=\"{}\">{}</b></p>",
+        "<p>aligned {} op calls ({} top-level), {} tensor pairs. Verdict: <b class=\"{}\">{}</b></p>",
         thousands(r.aligned.op_calls),
         thousands(r.aligned.top_level_calls),
         thousands(r.aligned.tensor_pairs),
         if r.headline.is_some() { "introduced" } else { "" },
-        match (&r.headline, r.divergence) {
-            _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
-                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full_op_name(&o.op, &o.overload)), o.seq),
-                None => "first introduced by calls only in B".into(),
-            },
-            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full_op_name(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
-            (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full_op_name(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
-            (None, true) => "diverged, no op introduced it (exit status 3)".into(),
-            (None, false) => "no divergence".into(),
-        }
+        verdict_text(r)
     );
-    o.push_str("<h2 id=\"plot\">Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
-    filter_lines(&mut o, &tree);
-    o.push_str(&plot(pairs, &tree));
-    module_tree(&mut o, &tree, pairs);
+}
+
+fn verdict_text(r: &CompareReport) -> String {
+    if let Some(u) = &r.first_introduced_unmatched {
+        return match &u.op {
+            Some(o) => format!(
+                "first introduced at {} (only in B, seq B {})",
+                esc(&op_label(&o.op, &o.overload)),
+                o.seq
+            ),
+            None => "first introduced by calls only in B".into(),
+        };
+    }
+    match (&r.headline, r.divergence) {
+        (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&op_label(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
+        (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&op_label(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
+        (None, true) => format!("diverged, no op introduced it (exit status {})", r.exit_status),
+        (None, false) => "no divergence".into(),
+    }
+}
+
+/// The headline (when another op than the first introduced), the first
+/// introduced call with the next step, and the first divergence.
+fn op_sections(o: &mut String, r: &CompareReport) {
     let mut shown = Shown::default();
     if r.headline_rule == Some("dominant") {
         shown.section(
-            &mut o,
+            o,
             "Strongest introduced divergence (the headline)",
             &r.headline,
         );
     }
-    shown.section(&mut o, "First introduced divergence", &r.first_introduced);
+    shown.section(o, "First introduced divergence", &r.first_introduced);
     if let Some(n) = &r.next {
-        next_section(&mut o, n);
+        next_section(o, n);
     }
-    shown.section(&mut o, "First divergence", &r.first_divergence);
-    if !r.top_introduced.is_empty() {
-        o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
-        for (k, t) in r.top_introduced.iter().enumerate() {
-            let _ = write!(
-                o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
-                k + 1,
-                esc(&full_op_name(&t.op, &t.overload)),
-                t.seq_a,
-                t.seq_b,
-                t.step_a,
-                t.depth,
-                num(t.rel_err),
-                num(t.tolerance),
-                num(t.amplification),
-                esc(t.module.as_deref().unwrap_or("-"))
-            );
-        }
-        o.push_str("</table>");
+    shown.section(o, "First divergence", &r.first_divergence);
+}
+
+fn top_introduced(o: &mut String, r: &CompareReport) {
+    if r.top_introduced.is_empty() {
+        return;
     }
+    o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
+    for (k, t) in r.top_introduced.iter().enumerate() {
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            k + 1,
+            esc(&op_label(&t.op, &t.overload)),
+            t.seq_a,
+            t.seq_b,
+            t.step_a,
+            t.depth,
+            num(t.rel_err),
+            num(t.tolerance),
+            num(t.amplification),
+            esc(t.module.as_deref().unwrap_or("-"))
+        );
+    }
+    o.push_str("</table>");
+}
+
+fn verdict_counts(o: &mut String, r: &CompareReport) {
     o.push_str("<h2>Verdict counts</h2><table><tr><th>tensor pairs</th><th></th></tr>");
     for (k, v) in &r.tensor_verdicts {
         let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
@@ -1000,88 +1004,4 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
         let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
     }
     o.push_str("</table>");
-    only_section(&mut o, "A", &r.only_in_a);
-    only_section(&mut o, "B", &r.only_in_b);
-    end_page(&mut o, &r.notes);
-    o
-}
-
-/// The notes section, when there are notes, and the end of the page.
-pub fn end_page(o: &mut String, notes: &[String]) {
-    if !notes.is_empty() {
-        o.push_str("<h2>Notes</h2><ul>");
-        for n in notes {
-            let _ = write!(o, "<li>{}</li>", esc(n));
-        }
-        o.push_str("</ul>");
-    }
-    o.push_str("</body></html>\n");
-}
-
-/// The page of `compare --rank all` (or a set of ranks): the fleet verdict
-/// and one table row per rank pair; no plot, since each pair has its own
-/// (`--rank R --html`).
-pub fn render_fleet(r: &FleetReport) -> String {
-    let mut o = String::from(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare: ranks</title><style>\
-         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
-         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}td.l{text-align:left}.introduced td{background:#fff0ee}\
-         .drift td{background:#fffbe6}.error td{background:#fde}pre{white-space:pre-wrap}</style></head><body>",
-    );
-    let _ = write!(
-        o,
-        "<h1>opdump compare: {} rank pairs</h1><p>A (reference) <code>{}</code><br>B (under test) <code>{}</code></p>",
-        r.ranks.len(),
-        esc(&r.dump_a),
-        esc(&r.dump_b)
-    );
-    let _ = write!(o, "<pre>{}</pre>", esc(&fleet::verdict_text(r)));
-    o.push_str(
-        "<table><tr><th>rank</th><th>verdict</th><th>op</th><th>module</th><th>step</th><th>seq A</th>\
-         <th>error</th><th>tolerance</th><th>why not compared</th></tr>",
-    );
-    for row in &r.ranks {
-        fleet_row(&mut o, row);
-    }
-    o.push_str("</table>");
-    for (side, ranks) in [("A", &r.only_in_a), ("B", &r.only_in_b)] {
-        if !ranks.is_empty() {
-            let _ = write!(
-                o,
-                "<p>Only in {side}: ranks {}</p>",
-                fleet::rank_list(ranks)
-            );
-        }
-    }
-    o.push_str("</body></html>\n");
-    o
-}
-
-fn fleet_row(o: &mut String, row: &RankRow) {
-    let _ = write!(
-        o,
-        "<tr class=\"{}\"><td>{}</td><td class=\"l\">{}</td>",
-        row.verdict, row.rank, row.verdict
-    );
-    match &row.headline {
-        Some(s) => {
-            let _ = write!(
-                o,
-                "<td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
-                esc(&s.op),
-                esc(s.module.as_deref().unwrap_or("")),
-                s.step,
-                s.seq_a,
-                num(s.rel_err),
-                num(s.tolerance)
-            );
-        }
-        None => o.push_str("<td></td><td></td><td></td><td></td><td></td><td></td>"),
-    }
-    let _ = write!(
-        o,
-        "<td class=\"l\">{}</td></tr>",
-        esc(row.error.as_deref().unwrap_or(""))
-    );
 }

@@ -578,6 +578,9 @@ pub struct CompareReport {
     /// 0: the runs agree; 1: an op introduced a divergence; 3: outputs
     /// diverged but no op introduced it (see the README's exit statuses).
     pub exit_status: u8,
+    /// What `exit_status` says (its name is the fleet report's verdict).
+    #[serde(skip)]
+    pub outcome: Outcome,
     /// The first op call, in A's call order, whose outputs diverge.
     pub first_divergence: Option<OpReport>,
     /// The deepest op that introduced an error, inside the first introduced
@@ -691,7 +694,8 @@ impl CompareReport {
                 .map(|v| (v.as_str(), c.op_counts[*v as usize]))
                 .collect(),
             divergence: c.divergence_found(),
-            exit_status: exit_status(c.outcome()),
+            outcome: c.outcome(),
+            exit_status: c.outcome().exit_status(),
             first_divergence: c.first_divergence.map(|k| OpReport::of(c, k)),
             first_introduced: c.first_introduced.map(|k| OpReport::of(c, k)),
             headline: c.headline.map(|k| OpReport::of(c, k)),
@@ -714,16 +718,6 @@ impl CompareReport {
             next: c.first_introduced.map(|k| NextStep::of(c, k)),
             notes: c.notes.clone(),
         }
-    }
-}
-
-/// The exit status of `opdump compare` for an outcome.
-pub fn exit_status(o: Outcome) -> u8 {
-    use crate::app::error::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_SAME};
-    match o {
-        Outcome::Agree => EXIT_SAME,
-        Outcome::Introduced => EXIT_DIVERGED,
-        Outcome::DriftOnly => EXIT_DRIFT,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::app::text::{clean, op_label, Clean};
-use crate::report::compare::text::{num, thousands};
+use crate::report::format::{num, thousands};
 use crate::report::summary::{OpSite, RankSummary, SummaryReport};
 
 const TOP_OPS: usize = 30;
