@@ -667,6 +667,24 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         out.push_str("<p>none</p>");
         return;
     };
+    call_rows(out, r);
+    where_rows(out, r);
+    let _ = write!(
+        out,
+        "<p>output rel err <b>{}</b>, tolerance {} ({}, reduction length {}), input rel err {}, amplification <b>{}</b></p>",
+        num(r.rel_err),
+        num(r.tolerance),
+        esc(r.compute_dtype.as_deref().unwrap_or("exact")),
+        num(r.reduction_length),
+        num(r.input_rel_err),
+        num(r.amplification)
+    );
+    tensor_table(out, r);
+    exact_table(out, r);
+}
+
+/// The call's chain of callers, and where it ran in A and in B.
+fn call_rows(out: &mut String, r: &OpReport) {
     let chain: Vec<String> = r
         .ancestors
         .iter()
@@ -706,17 +724,10 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         );
     }
     out.push_str("</table>");
-    where_rows(out, r);
-    let _ = write!(
-        out,
-        "<p>output rel err <b>{}</b>, tolerance {} ({}, reduction length {}), input rel err {}, amplification <b>{}</b></p>",
-        num(r.rel_err),
-        num(r.tolerance),
-        esc(r.compute_dtype.as_deref().unwrap_or("exact")),
-        num(r.reduction_length),
-        num(r.input_rel_err),
-        num(r.amplification)
-    );
+}
+
+/// Each tensor of the call, with its statistics in A and in B.
+fn tensor_table(out: &mut String, r: &OpReport) {
     out.push_str(
         "<table><tr><th>tensor</th><th>dtype</th><th>shape</th><th>verdict</th><th>rel err</th><th title=\"the error sketches' estimate of the relative L2 error\">sketch est</th><th>tol</th><th></th>\
          <th>min</th><th>max</th><th>mean</th><th>std</th><th>l2</th><th>absmax</th><th>nan</th><th>+inf</th><th>-inf</th><th>zeros</th></tr>",
@@ -758,7 +769,6 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         );
     }
     out.push_str("</table>");
-    exact_table(out, r);
 }
 
 /// The op sections written so far: a call shown once (the first

@@ -421,40 +421,10 @@ impl OpReport {
         let cmp: OpCmp = c.detail(pair);
         let (a, b) = (&c.a, &c.b);
         let (ia, ib) = (p.a, p.b);
-        let op_ref = |d: &Dump, i: Option<u32>| {
-            i.map(|i| OpRef {
-                op: d.op_name(i).into(),
-                overload: d.overload_name(i).into(),
-                seq: d.seq(i),
-            })
-        };
-        let ancestors = a
-            .ancestors(ia)
-            .into_iter()
-            .map(|x| {
-                let m = c.alignment.a_match[x as usize];
-                AncestorRef {
-                    op: a.op_name(x).into(),
-                    overload: a.overload_name(x).into(),
-                    seq_a: a.seq(x),
-                    seq_b: (m != NONE).then(|| b.seq(m)),
-                    depth: a.depth(x),
-                }
-            })
-            .collect();
+        let ancestors = ancestor_refs(c, ia);
         let (ma, mb) = (a.module_of(ia), b.module_of(ib));
         let fwd = a.fwd_of(ia);
-        let mut names: Vec<String> = Vec::new();
-        for t in &cmp.tensors {
-            let n =
-                t.ta.and_then(|x| a.tensor_name(x))
-                    .or_else(|| t.tb.and_then(|x| b.tensor_name(x)));
-            if let Some(n) = n {
-                if !names.iter().any(|m| m == n) {
-                    names.push(n.to_string());
-                }
-            }
-        }
+        let names = tensor_names(c, &cmp);
         OpReport {
             module: ma.or(mb).map(str::to_string),
             module_b: mb
@@ -478,8 +448,8 @@ impl OpReport {
             phase_a: a.phase(ia).as_str(),
             phase_b: b.phase(ib).as_str(),
             depth: a.depth(ia),
-            parent_a: op_ref(a, a.parent_of(ia)),
-            parent_b: op_ref(b, b.parent_of(ib)),
+            parent_a: a.parent_of(ia).map(|i| OpRef::of(a, i)),
+            parent_b: b.parent_of(ib).map(|i| OpRef::of(b, i)),
             args_a: a.args_text(ia).into(),
             args_b: b.args_text(ib).into(),
             ancestors,
@@ -499,6 +469,51 @@ impl OpReport {
             tensors: cmp.tensors.iter().map(|t| TensorReport::of(c, t)).collect(),
         }
     }
+}
+
+impl OpRef {
+    fn of(d: &Dump, i: u32) -> Self {
+        OpRef {
+            op: d.op_name(i).into(),
+            overload: d.overload_name(i).into(),
+            seq: d.seq(i),
+        }
+    }
+}
+
+/// A's call `ia`'s ancestors, outermost first, with their seq in B.
+fn ancestor_refs(c: &Compared, ia: u32) -> Vec<AncestorRef> {
+    let (a, b) = (&c.a, &c.b);
+    a.ancestors(ia)
+        .into_iter()
+        .map(|x| {
+            let m = c.alignment.a_match[x as usize];
+            AncestorRef {
+                op: a.op_name(x).into(),
+                overload: a.overload_name(x).into(),
+                seq_a: a.seq(x),
+                seq_b: (m != NONE).then(|| b.seq(m)),
+                depth: a.depth(x),
+            }
+        })
+        .collect()
+}
+
+/// The names of a call's tensors (parameters, buffers), each once.
+fn tensor_names(c: &Compared, cmp: &OpCmp) -> Vec<String> {
+    let (a, b) = (&c.a, &c.b);
+    let mut names: Vec<String> = Vec::new();
+    for t in &cmp.tensors {
+        let n =
+            t.ta.and_then(|x| a.tensor_name(x))
+                .or_else(|| t.tb.and_then(|x| b.tensor_name(x)));
+        if let Some(n) = n {
+            if !names.iter().any(|m| m == n) {
+                names.push(n.to_string());
+            }
+        }
+    }
+    names
 }
 
 /// The aligned op that consumed a tensor changed by calls only in B.

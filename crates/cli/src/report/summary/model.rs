@@ -175,6 +175,74 @@ fn first_deepest(d: &Dump, p: impl Fn(u32) -> bool) -> Option<u32> {
     }
 }
 
+/// Counts call `i` for its innermost module `m`, with whether its outputs
+/// held NaN and Inf.
+fn add_module_call(
+    per_module: &mut FxMap<u32, ModuleCalls>,
+    d: &Dump,
+    i: u32,
+    m: u32,
+    (nan_out, inf_out): (bool, bool),
+) {
+    let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
+        module: d.texts.get(m).to_string(),
+        calls: 0,
+        first_seq: d.seq(i),
+        calls_nan_out: 0,
+        calls_inf_out: 0,
+        first_nonfinite_seq: None,
+        first_nonfinite_op: None,
+        first_nonfinite_phase: None,
+    });
+    e.calls += 1;
+    e.calls_nan_out += nan_out as u64;
+    e.calls_inf_out += inf_out as u64;
+    if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
+        e.first_nonfinite_seq = Some(d.seq(i));
+        e.first_nonfinite_op = Some(d.full_name(i));
+        e.first_nonfinite_phase = Some(d.phase(i).as_str());
+    }
+}
+
+/// Counts call `i` (of op `key`) with NaN or Inf in or out.
+fn add_nonfinite(
+    nonfinite: &mut FxMap<(u32, u32), NonfiniteOp>,
+    d: &Dump,
+    i: u32,
+    key: (u32, u32),
+    (nf_in, nan_out, inf_out): (bool, bool, bool),
+) {
+    let e = nonfinite.entry(key).or_insert_with(|| NonfiniteOp {
+        op: d.names.get(key.0).into(),
+        overload: d.names.get(key.1).into(),
+        calls_nan_out: 0,
+        calls_inf_out: 0,
+        calls_nonfinite_in: 0,
+        first_seq: d.seq(i),
+    });
+    e.calls_nan_out += nan_out as u64;
+    e.calls_inf_out += inf_out as u64;
+    e.calls_nonfinite_in += nf_in as u64;
+}
+
+/// Op calls per op, most first.
+fn per_op_sorted(d: &Dump, per_op: FxMap<(u32, u32), u64>) -> Vec<OpCalls> {
+    let mut per_op: Vec<OpCalls> = per_op
+        .into_iter()
+        .map(|((o, v), calls)| OpCalls {
+            op: d.names.get(o).into(),
+            overload: d.names.get(v).into(),
+            calls,
+        })
+        .collect();
+    per_op.sort_by(|x, y| {
+        y.calls
+            .cmp(&x.calls)
+            .then_with(|| (&x.op, &x.overload).cmp(&(&y.op, &y.overload)))
+    });
+    per_op
+}
+
 pub fn summarize(d: &Dump) -> RankSummary {
     let mut per_op: FxMap<(u32, u32), u64> = FxMap::default();
     let mut per_phase: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -196,54 +264,13 @@ pub fn summarize(d: &Dump) -> RankSummary {
         let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
         match d.op_row(i).module {
             NO_ID => outside += 1,
-            m => {
-                let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
-                    module: d.texts.get(m).to_string(),
-                    calls: 0,
-                    first_seq: d.seq(i),
-                    calls_nan_out: 0,
-                    calls_inf_out: 0,
-                    first_nonfinite_seq: None,
-                    first_nonfinite_op: None,
-                    first_nonfinite_phase: None,
-                });
-                e.calls += 1;
-                e.calls_nan_out += nan_out as u64;
-                e.calls_inf_out += inf_out as u64;
-                if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
-                    e.first_nonfinite_seq = Some(d.seq(i));
-                    e.first_nonfinite_op = Some(d.full_name(i));
-                    e.first_nonfinite_phase = Some(d.phase(i).as_str());
-                }
-            }
+            m => add_module_call(&mut per_module, d, i, m, (nan_out, inf_out)),
         }
         if nf_in || nan_out || inf_out {
-            let e = nonfinite.entry(key).or_insert_with(|| NonfiniteOp {
-                op: d.names.get(key.0).into(),
-                overload: d.names.get(key.1).into(),
-                calls_nan_out: 0,
-                calls_inf_out: 0,
-                calls_nonfinite_in: 0,
-                first_seq: d.seq(i),
-            });
-            e.calls_nan_out += nan_out as u64;
-            e.calls_inf_out += inf_out as u64;
-            e.calls_nonfinite_in += nf_in as u64;
+            add_nonfinite(&mut nonfinite, d, i, key, (nf_in, nan_out, inf_out));
         }
     }
-    let mut per_op: Vec<OpCalls> = per_op
-        .into_iter()
-        .map(|((o, v), calls)| OpCalls {
-            op: d.names.get(o).into(),
-            overload: d.names.get(v).into(),
-            calls,
-        })
-        .collect();
-    per_op.sort_by(|x, y| {
-        y.calls
-            .cmp(&x.calls)
-            .then_with(|| (&x.op, &x.overload).cmp(&(&y.op, &y.overload)))
-    });
+    let per_op = per_op_sorted(d, per_op);
     let mut per_module: Vec<ModuleCalls> = per_module.into_values().collect();
     per_module.sort_by_key(|m| m.first_seq);
     let mut nonfinite_ops: Vec<NonfiniteOp> = nonfinite.into_values().collect();
