@@ -6,6 +6,7 @@ pub(crate) mod compare;
 pub(crate) mod fleet;
 pub(crate) mod format;
 pub(crate) mod json;
+pub(crate) mod module_tree;
 pub(crate) mod page;
 pub(crate) mod ranks;
 pub(crate) mod summary;

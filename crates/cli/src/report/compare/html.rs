@@ -11,13 +11,13 @@
 //! alone (`:target` and `:has`): the page needs no script, so a dump's
 //! strings can never run as one.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 
 use crate::app::text::op_label;
 
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
 use crate::report::format::{num, thousands};
+use crate::report::module_tree::{write_tree, ModNode, ModTree, NodeView, NO_MODULE};
 use crate::report::page::{esc, page};
 use opdump_judge::verdict::OpVerdict;
 
@@ -51,7 +51,7 @@ impl Worst {
 /// module: one point.
 #[derive(Clone, Copy)]
 struct Group {
-    /// The module's node in the [`ModTree`].
+    /// The module's node in the [`ErrorTree`].
     leaf: u32,
     max_err: f64,
     worst: Worst,
@@ -187,7 +187,7 @@ fn decades(cols: &[Column]) -> (f64, f64) {
     }
 }
 
-fn plot(pairs: &AlignedPairs<'_>, tree: &ModTree) -> String {
+fn plot(pairs: &AlignedPairs<'_>, tree: &ErrorTree) -> String {
     let n = pairs.len();
     let mut s = String::new();
     let _ = write!(
@@ -283,12 +283,12 @@ fn draw_points(
     f: &Frame,
     cols: &[Column],
     pairs: &AlignedPairs<'_>,
-    tree: &ModTree,
+    tree: &ErrorTree,
 ) {
     for col in cols {
         let x = f.x_of(col.first_pair + col.count / 2);
         for g in col.groups.iter().filter(|g| g.max_err > 0.0) {
-            draw_point(s, f, x, g, pairs, &tree.classes_of(g.leaf));
+            draw_point(s, f, x, g, pairs, &tree.tree.classes_of(g.leaf));
         }
     }
 }
@@ -366,21 +366,12 @@ fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     }
 }
 
-/// The node of the calls that ran outside any module.
-const NO_MODULE: &str = "(no module)";
-
 /// Introduced calls listed under their innermost module, at most.
 const INTRODUCED_LISTED: usize = 5;
 
-/// A module of the model, with what its calls and its descendants' calls
-/// showed.
-struct ModNode {
-    /// The last part of its path (`fc1`); empty for the root.
-    name: String,
-    /// `blocks.0.mlp.fc1`, or [`NO_MODULE`].
-    path: String,
-    parent: Option<u32>,
-    children: Vec<u32>,
+/// What a module's calls and its descendants' calls showed.
+#[derive(Default)]
+struct Errors {
     /// The largest output error over its allowance among the calls.
     worst: f64,
     calls: u64,
@@ -389,169 +380,94 @@ struct ModNode {
     own_introduced: Vec<usize>,
 }
 
-/// The module tree of A's calls: node 0 is the root above the top-level
-/// modules and [`NO_MODULE`].
-struct ModTree {
-    nodes: Vec<ModNode>,
+/// The module tree of A's calls, and each pair's innermost module.
+struct ErrorTree {
+    tree: ModTree<Errors>,
     /// Per pair: the node of its innermost module.
     leaf_of: Vec<u32>,
-    /// Some call ran in a module (the dump has module paths).
-    any_module: bool,
 }
 
-impl ModTree {
+impl ErrorTree {
     /// Measures every pair again for its error over its allowance (as the
     /// Parquet report does) and adds it to its module and the module's
     /// ancestors.
     fn build(pairs: &AlignedPairs<'_>) -> Self {
-        let mut t = ModTree {
-            nodes: vec![ModTree::node(String::new(), String::new(), None)],
+        let mut t = ErrorTree {
+            tree: ModTree::new(),
             leaf_of: Vec::with_capacity(pairs.len()),
-            any_module: false,
         };
-        let mut by_path: HashMap<String, u32> = HashMap::new();
         let mut details = pairs.details();
         for k in 0..pairs.len() {
             let row = details.load(k);
-            t.any_module |= row.module_a.is_some();
-            let leaf = t.node_of(&mut by_path, row.module_a.unwrap_or(NO_MODULE));
+            let leaf = t.tree.node_of(row.module_a.unwrap_or(NO_MODULE));
             t.leaf_of.push(leaf);
             t.add_call(leaf, k, row.excess, row.verdict == OpVerdict::Introduced);
         }
         t
     }
 
-    fn node(name: String, path: String, parent: Option<u32>) -> ModNode {
-        ModNode {
-            name,
-            path,
-            parent,
-            children: Vec::new(),
-            worst: 0.0,
-            calls: 0,
-            introduced: 0,
-            own_introduced: Vec::new(),
-        }
-    }
-
-    /// The node of a module path, made with its missing ancestors.
-    fn node_of(&mut self, by_path: &mut HashMap<String, u32>, path: &str) -> u32 {
-        if let Some(&id) = by_path.get(path) {
-            return id;
-        }
-        // `(no module)` holds dots only in no sense: it is one node.
-        let split = (path != NO_MODULE).then(|| path.rsplit_once('.')).flatten();
-        let (parent, name) = match split {
-            Some((up, name)) => (self.node_of(by_path, up), name),
-            None => (0, path),
-        };
-        let id = self.nodes.len() as u32;
-        self.nodes.push(ModTree::node(
-            name.to_string(),
-            path.to_string(),
-            Some(parent),
-        ));
-        self.nodes[parent as usize].children.push(id);
-        by_path.insert(path.to_string(), id);
-        id
-    }
-
     fn add_call(&mut self, leaf: u32, k: usize, excess: f64, introduced: bool) {
-        let own = &mut self.nodes[leaf as usize].own_introduced;
+        let own = &mut self.tree.nodes[leaf as usize].data.own_introduced;
         if introduced && own.len() < INTRODUCED_LISTED {
             own.push(k);
         }
-        let mut at = Some(leaf);
-        while let Some(id) = at {
-            let n = &mut self.nodes[id as usize];
+        let ids: Vec<u32> = self.tree.up_from(leaf).collect();
+        for id in ids {
+            let n = &mut self.tree.nodes[id as usize].data;
             n.calls += 1;
             n.introduced += introduced as u64;
             // NaN (nothing measured) never replaces a number.
             if excess > n.worst {
                 n.worst = excess;
             }
-            at = n.parent;
         }
     }
 
-    /// The module and its ancestors (not the root) as classes, `m3 m1`.
-    fn classes_of(&self, leaf: u32) -> String {
-        let mut out = String::new();
-        let mut at = Some(leaf);
-        while let Some(id) = at.filter(|&id| id != 0) {
-            let _ = write!(out, "{}m{id}", if out.is_empty() { "" } else { " " });
-            at = self.nodes[id as usize].parent;
-        }
-        out
-    }
-
-    /// The nodes from the root to pair `k`'s module: open by default.
+    /// The nodes from the root to pair `k`'s module.
     fn path_to(&self, k: Option<usize>) -> Vec<u32> {
-        let mut open = Vec::new();
-        let mut at = k.map(|k| self.leaf_of[k]);
-        while let Some(id) = at {
-            open.push(id);
-            at = self.nodes[id as usize].parent;
-        }
-        open
-    }
-
-    /// Top-level modules in call order, [`NO_MODULE`] last.
-    fn roots(&self) -> Vec<u32> {
-        let mut r = self.nodes[0].children.clone();
-        r.sort_by_key(|&id| self.nodes[id as usize].path == NO_MODULE);
-        r
+        self.tree.path_to(k.map(|k| self.leaf_of[k]))
     }
 }
 
-/// The module tree, each node with its worst error over its allowance and
-/// its introduced calls, the path to the first introduced call open.
-fn module_tree(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>) {
-    out.push_str("<h2 id=\"modules\">Modules</h2>");
-    if !tree.any_module {
-        out.push_str("<p>none: dump A has no module paths</p>");
-        return;
-    }
-    out.push_str(
-        "<p class=\"dim\">per module: the largest output error over its allowance among its calls \
-         and its submodules' calls (above 1: diverged), and the introduced calls; \
-         click a name to show only its calls in the plot</p><div class=\"tree\">",
-    );
-    let open = tree.path_to(pairs.first_introduced().or(pairs.first_divergence()));
-    for id in tree.roots() {
-        module_node(out, tree, pairs, id, &open);
-    }
-    out.push_str("</div>");
+/// The compare page's nodes: the worst error over the allowance, the
+/// calls, the introduced calls.
+struct ErrorView<'p, 'a> {
+    pairs: &'p AlignedPairs<'a>,
 }
 
-fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u32, open: &[u32]) {
-    let n = &tree.nodes[id as usize];
-    let _ = write!(
-        out,
-        "<details class=\"mod{}\" data-path=\"{}\" data-worst=\"{}\"{}><summary><a href=\"#m{id}\">{}</a> \
-         <span class=\"{}\" title=\"largest output error over its allowance\">{}&times; allowed</span> \
-         <span class=\"dim\">{} calls</span>",
-        if n.children.is_empty() { " leaf" } else { "" },
-        esc(&n.path),
-        n.worst,
-        if open.contains(&id) { " open" } else { "" },
-        esc(&n.name),
-        if n.worst > 1.0 { "worst over" } else { "worst" },
-        num(n.worst),
-        thousands(n.calls),
-    );
-    if n.introduced > 0 {
+impl NodeView<Errors> for ErrorView<'_, '_> {
+    const LINKED: bool = true;
+
+    fn attrs(&self, n: &ModNode<Errors>) -> String {
+        format!(" data-worst=\"{}\"", n.data.worst)
+    }
+
+    fn line(&self, out: &mut String, n: &ModNode<Errors>) {
+        let e = &n.data;
         let _ = write!(
             out,
-            " <span class=\"introduced\">&#9650; {} introduced</span>",
-            thousands(n.introduced)
+            "<span class=\"{}\" title=\"largest output error over its allowance\">{}&times; allowed</span> \
+             <span class=\"dim\">{} calls</span>",
+            if e.worst > 1.0 { "worst over" } else { "worst" },
+            num(e.worst),
+            thousands(e.calls),
         );
+        if e.introduced > 0 {
+            let _ = write!(
+                out,
+                " <span class=\"introduced\">&#9650; {} introduced</span>",
+                thousands(e.introduced)
+            );
+        }
     }
-    out.push_str("</summary>");
-    if !n.own_introduced.is_empty() {
+
+    fn own(&self, out: &mut String, n: &ModNode<Errors>) {
+        if n.data.own_introduced.is_empty() {
+            return;
+        }
         out.push_str("<ul class=\"ops\">");
-        for &k in &n.own_introduced {
-            let l = pairs.label(k);
+        for &k in &n.data.own_introduced {
+            let l = self.pairs.label(k);
             let _ = write!(
                 out,
                 "<li class=\"introduced\">&#9650; {} <span class=\"dim\">seq A {} / B {}</span></li>",
@@ -562,20 +478,33 @@ fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u
         }
         out.push_str("</ul>");
     }
-    for &c in &n.children {
-        module_node(out, tree, pairs, c, open);
+}
+
+/// The module tree, each node with its worst error over its allowance and
+/// its introduced calls, the path to the first introduced call open.
+fn module_tree(out: &mut String, t: &ErrorTree, pairs: &AlignedPairs<'_>) {
+    out.push_str("<h2 id=\"modules\">Modules</h2>");
+    if !t.tree.any_module {
+        out.push_str("<p>none: dump A has no module paths</p>");
+        return;
     }
-    out.push_str("</details>");
+    out.push_str(
+        "<p class=\"dim\">per module: the largest output error over its allowance among its calls \
+         and its submodules' calls (above 1: diverged), and the introduced calls; \
+         click a name to show only its calls in the plot</p>",
+    );
+    let open = t.path_to(pairs.first_introduced().or(pairs.first_divergence()));
+    write_tree(out, &t.tree, &open, &ErrorView { pairs });
 }
 
 /// The filter's rules: while module `m<id>` is the page's target, the
 /// points of other modules are hidden and its name in the tree is marked.
-fn filter_css(out: &mut String, tree: &ModTree) {
-    if !tree.any_module {
+fn filter_css(out: &mut String, t: &ErrorTree) {
+    if !t.tree.any_module {
         return;
     }
     out.push_str("<style>");
-    for id in 1..tree.nodes.len() {
+    for id in 1..t.tree.nodes.len() {
         let _ = write!(
             out,
             "body:has(#m{id}:target) .pt:not(.m{id}){{display:none}}\
@@ -587,15 +516,15 @@ fn filter_css(out: &mut String, tree: &ModTree) {
 
 /// The filter's lines above the plot, one per module, shown while their
 /// module is the page's target.
-fn filter_lines(out: &mut String, tree: &ModTree) {
-    if !tree.any_module {
+fn filter_lines(out: &mut String, t: &ErrorTree) {
+    if !t.tree.any_module {
         return;
     }
-    for (id, n) in tree.nodes.iter().enumerate().skip(1) {
+    for (id, n) in t.tree.nodes.iter().enumerate().skip(1) {
         let _ = write!(
             out,
             "<p class=\"flt\" id=\"m{id}\">showing the {} calls in <code>{}</code> only &mdash; <a href=\"#plot\">show all</a></p>",
-            thousands(n.calls),
+            thousands(n.data.calls),
             esc(&n.path)
         );
     }
@@ -891,7 +820,7 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
 
 /// The page: `r` for the tables, `pairs` for the plot of every pair.
 pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
-    let tree = ModTree::build(pairs);
+    let tree = ErrorTree::build(pairs);
     let mut head = String::new();
     filter_css(&mut head, &tree);
     page("opdump compare", &head, &r.notes, |o| {

@@ -1,5 +1,7 @@
-//! The report of `opdump summary`: its model (the JSON) and its text.
+//! The report of `opdump summary`: its model (the JSON), its text and its
+//! HTML page.
 
+pub(crate) mod html;
 pub(crate) mod model;
 pub(crate) mod text;
 

@@ -105,6 +105,9 @@ pub struct RankSummary {
     pub per_module: Vec<ModuleCalls>,
     /// Op calls outside any module.
     pub calls_outside_modules: u64,
+    /// Of those, the calls with NaN / Inf in some output.
+    pub calls_outside_modules_nan_out: u64,
+    pub calls_outside_modules_inf_out: u64,
     pub per_phase: BTreeMap<&'static str, u64>,
     /// Op calls per step (all depths).
     pub per_step: BTreeMap<i64, u64>,
@@ -251,7 +254,8 @@ pub fn summarize(d: &Dump) -> RankSummary {
     let mut raised = 0u64;
     let mut first_raised = None;
     let mut per_module: FxMap<u32, ModuleCalls> = FxMap::default();
-    let mut outside = 0u64;
+    // Calls outside any module: all, NaN out, Inf out.
+    let mut outside = (0u64, 0u64, 0u64);
     for i in 0..d.len() as u32 {
         let key = (d.op[i as usize], d.overload[i as usize]);
         *per_op.entry(key).or_default() += 1;
@@ -263,7 +267,11 @@ pub fn summarize(d: &Dump) -> RankSummary {
         }
         let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
         match d.op_row(i).module {
-            NO_ID => outside += 1,
+            NO_ID => {
+                outside.0 += 1;
+                outside.1 += nan_out as u64;
+                outside.2 += inf_out as u64;
+            }
             m => add_module_call(&mut per_module, d, i, m, (nan_out, inf_out)),
         }
         if nf_in || nan_out || inf_out {
@@ -287,7 +295,10 @@ pub fn summarize(d: &Dump) -> RankSummary {
     RankSummary {
         dump: DumpInfo::of(d),
         per_op,
-        calls_outside_modules: if per_module.is_empty() { 0 } else { outside },
+        // A dump without module paths has no calls outside modules.
+        calls_outside_modules: if per_module.is_empty() { 0 } else { outside.0 },
+        calls_outside_modules_nan_out: if per_module.is_empty() { 0 } else { outside.1 },
+        calls_outside_modules_inf_out: if per_module.is_empty() { 0 } else { outside.2 },
         per_module,
         per_phase,
         per_step,
