@@ -1,6 +1,6 @@
 """`opdump check DUMP` and `opdump repro --check FILE`: the CLI half of the
 in-job accuracy check (crates/cli/src/checks.rs, commands/check.rs,
-commands/repro_check.rs, report/check.rs, report/check_html.rs).
+commands/repro_check.rs, report/check/).
 
 The dumps are synthetic: `checks/rank=<R>/part-<pid>.jsonl` files in the
 form the plugin writes, so every verdict, ratio and count below is known
@@ -113,7 +113,7 @@ def test_failing_signatures_worst_first_exit_1(dump):
     s = out[out.index(f"2. {SUM}"):out.index(f"3. {MM}")]
     assert "phase backward" in s and "step 1" in s and "reduction length 1,024" in s
     mm = out[out.index(f"3. {MM}"):]
-    assert "rank 1" in mm and "failed in 2 calls (ranks 0 and 1)" in mm and "no capture file" in mm
+    assert "rank 1" in mm and "failed in 2 calls (ranks 0-1)" in mm and "no capture file" in mm
     count = next(l for l in out.splitlines() if l.startswith("checked "))
     assert count.startswith("checked 6 calls: 2 passed, 4 failed (3 signatures); 3 no_reference "
                             "(random op: 2; no CPU kernel: 1)"), count

@@ -2,10 +2,13 @@
 battery's Llama (CPU against testdev with silu scaled by 1.01), opened in
 headless Chromium at a wide and a narrow window. The module tree and the
 plot must be drawn, the path to the fault open, and clicking a module (the
-page's fragment) must hide the other modules' points.
+page's fragment) must hide the other modules' points. `opdump summary
+--html` on the reference dump draws the same tree with op calls and NaN/Inf
+counts per module.
 
 Skipped where Chromium is not installed (CI installs none)."""
 
+import json
 import re
 import shutil
 import struct
@@ -23,22 +26,41 @@ CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
 
 FAULT = "aten::silu=scale:1.01"
-# The plot's point colours (html.rs): introduced, within tolerance.
+# The plot's point colours (report/compare/html.rs): introduced, within tolerance.
 RED = (0xD6, 0x27, 0x28)
 BLUE = (0x4A, 0x78, 0xB5)
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def dumps(tmp_path_factory):
     out = tmp_path_factory.mktemp("html-report")
     a = battery.dump("llama", "cpu", out)[0]
     b = battery.dump("llama", "testdev", out, fault=FAULT)[0]
+    return out, a, b
+
+
+@pytest.fixture(scope="module")
+def page(dumps):
+    out, a, b = dumps
     html = out / "report.html"
     p = subprocess.run([str(CLI), "compare", str(a), str(b), "--html", str(html)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout + p.stderr
     _, report = battery.compare(a, b)
     return html, report["first_introduced"]["module"]
+
+
+@pytest.fixture(scope="module")
+def summary_page(dumps):
+    """`opdump summary --html` of A, with its JSON."""
+    out, a, _ = dumps
+    html = out / "summary.html"
+    p = subprocess.run([str(CLI), "summary", str(a), "--html", str(html)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run([str(CLI), "summary", str(a), "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return html, json.loads(p.stdout)["ranks"][0]
 
 
 def ancestry(module):
@@ -150,3 +172,27 @@ def test_clicking_a_module_filters_the_plot(page, tmp_path):
     dom = chromium(page.as_uri() + "#" + target, "--dump-dom", width=1280)
     assert f'class="flt" id="{target}"' in dom
     assert 0 < count(filtered, BLUE) < count(full, BLUE)
+
+
+def test_summary_tree_is_drawn(summary_page, tmp_path):
+    page, rank = summary_page
+    dom = chromium(page.as_uri(), "--dump-dom", width=1280)
+    nodes = re.findall(r'<details class="mod[^"]*" data-path="([^"]*)" data-calls="(\d+)" data-nan="(\d+)" '
+                       r'data-inf="(\d+)"( open)?', dom)
+    assert nodes, "no module tree"
+    calls = {path: (int(c), int(n), int(i)) for path, c, n, i, _ in nodes}
+    # Each innermost module's calls are in its node and every ancestor's; the
+    # top-level nodes add up to every call of the dump.
+    for m in rank["per_module"]:
+        for up in ancestry(m["module"]):
+            assert calls[up][0] >= m["calls"], (up, m)
+    tops = [p for p in calls if "." not in p]
+    assert sum(calls[p][0] for p in tops) == rank["dump"]["op_calls"]
+    assert sum(calls[p][1] for p in tops) == sum(m["calls_nan_out"] for m in rank["per_module"]) \
+        + rank["calls_outside_modules_nan_out"]
+    # The path to where NaN or Inf first came from finite inputs is open.
+    first = (rank["first_nonfinite_from_finite"] or {}).get("module")
+    if first:
+        assert [p for p, *_, o in nodes if o] == ancestry(first)
+    _, _, rows = screenshot(page.as_uri(), tmp_path / "summary.png", 1280)
+    assert len(colours(rows)) > 20, "the page looks blank"

@@ -167,6 +167,10 @@ pub(crate) struct SummaryArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report: the module tree with each
+    /// module's op calls and where NaN or Inf came out.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// `3`, `0-2`, `0..2`, `0-2,5` -> inclusive ranges: the syntax of

@@ -5,15 +5,12 @@ use std::fmt;
 
 use opdump_judge::Refusal;
 
-/// The runs agree (and every other command: done).
+/// Done (`compare`: the runs agree). The other statuses of `compare` are
+/// its outcome's ([`opdump_judge::compare::Outcome::exit_status`]); `ranks`
+/// and `check` give 1 for a finding.
 pub(crate) const EXIT_SAME: u8 = 0;
-/// An op introduced a divergence (`ranks`: a rank differs; `check`: a
-/// check failed).
-pub(crate) const EXIT_DIVERGED: u8 = 1;
 /// A usage or input error.
 pub(crate) const EXIT_ERROR: u8 = 2;
-/// Outputs diverged, but no op introduced the divergence.
-pub(crate) const EXIT_DRIFT: u8 = 3;
 
 #[derive(Debug)]
 pub struct CliError {

@@ -1,5 +1,5 @@
 //! `opdump check DUMP`: the calls `OPDUMP_CHECK` found off, read from the
-//! dump's `checks/` files (see `checks`), worst first, each with the
+//! dump's `checks/` files (see `opdump_load::tables`), worst first, each with the
 //! `opdump repro` command that rebuilds it; exit status 1 when one failed.
 
 use std::path::Path;
@@ -8,8 +8,8 @@ use crate::app::error::{CliError, Result};
 use crate::app::output;
 use crate::app::print::print_report;
 use crate::cli::{CheckArgs, RankChoice};
+use crate::report::check::html as check_html;
 use crate::report::check::{self, CheckReport};
-use crate::report::check_html;
 use opdump_load::tables::{self as checks, CheckFile};
 
 /// Reads the check results of `dump`, of the ranks `rank` chooses

@@ -9,8 +9,9 @@ use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::{timing, Progress};
 use crate::cli::{CompareArgs, CompareOptions};
-use crate::report::model::{AlignedPairs, CompareReport};
-use crate::report::{html, json, parquet, terminal};
+use crate::report::compare::model::{AlignedPairs, CompareReport};
+use crate::report::compare::{html, parquet, text as terminal};
+use crate::report::json;
 
 /// Picks the rank to compare.
 fn choose_rank(

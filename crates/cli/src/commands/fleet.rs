@@ -20,9 +20,8 @@ use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::{CompareArgs, RankChoice};
 use crate::commands::compare;
+use crate::report::compare::model::CompareReport;
 use crate::report::fleet::{self, FleetReport, RankRow};
-use crate::report::html;
-use crate::report::model::CompareReport;
 
 /// The arguments, and both dumps' files (scanned once for every rank).
 struct Scanned<'a> {
@@ -111,8 +110,8 @@ pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
         return Err(CliError::new(format!(
             "the dumps share no rank{} (A has {}, B has {}); dump the same ranks on both sides (OPDUMP_RANKS), or name ranks both have with --rank",
             if wanted.is_some() { " in --rank" } else { "" },
-            fleet::rank_list(&p.only_in_a),
-            fleet::rank_list(&p.only_in_b)
+            crate::report::format::rank_list(&p.only_in_a),
+            crate::report::format::rank_list(&p.only_in_b)
         )));
     }
     let jobs = a.jobs.map_or_else(default_jobs, |n| n as usize);
@@ -126,7 +125,7 @@ pub(crate) fn execute(a: CompareArgs) -> Result<u8> {
         wanted.is_some(),
     );
     if let Some(path) = &a.html {
-        output::write_bytes(path, html::render_fleet(&report).as_bytes())?;
+        output::write_bytes(path, fleet::html::render(&report).as_bytes())?;
     }
     print_report(a.json, &report, fleet::render)?;
     Ok(report.exit_status)

@@ -19,7 +19,8 @@ use crate::app::error::{CliError, Result};
 use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::RanksArgs;
-use crate::report::ranks::{list, plural, render, Finding, RanksReport};
+use crate::report::format::{plural, rank_list};
+use crate::report::ranks::{render, Finding, RanksReport};
 
 /// Rows (of every kind) of the row groups one window reads, summed over
 /// ranks. Only voting rows become entries (48 bytes), so a window holds far
@@ -171,7 +172,7 @@ fn notes_on(unmeasured: &[u32], seen: &Seen, tally: &Tally) -> Vec<String> {
         notes.push(format!(
             "rank{} {} not compared: no fingerprints",
             plural(unmeasured.len()),
-            list(unmeasured)
+            rank_list(unmeasured)
         ));
     }
     if seen.with_fp < seen.named {
@@ -221,7 +222,7 @@ fn check_compared(dir: &Path, unmeasured: &[u32], tally: &Tally) -> Result<()> {
         return Err(CliError::new(format!(
             "{shown}: rank{} {} cannot be compared: {} no fingerprints (written with OPDUMP_SKETCH=0, or recorded no optimizer step or forward); no verdict on the ranks: run the job again with OPDUMP_SKETCH=16 on every rank",
             plural(n),
-            list(unmeasured),
+            rank_list(unmeasured),
             if n == 1 { "it has" } else { "they have" }
         )));
     }

@@ -6,11 +6,12 @@ use std::path::Path;
 
 use crate::app::error::EXIT_SAME;
 use crate::app::error::{CliError, Result};
+use crate::app::output;
 use crate::app::print::print_report;
 use crate::app::progress::Progress;
 use crate::cli::SummaryArgs;
-use crate::report::summary::{summarize, SummaryReport};
-use crate::report::summary_text;
+use crate::report::summary::text as summary_text;
+use crate::report::summary::{self, summarize, SummaryReport};
 use opdump_load::read::{load, scan};
 
 /// Loads each rank (or only `rank`) of the dump in `dir` and summarizes it.
@@ -65,6 +66,10 @@ pub(crate) fn execute(a: SummaryArgs) -> Result<u8> {
     let progress = Progress::auto();
     let s = run(&a.dump, a.rank, &progress)?;
     progress.finish();
+    // Written beside its target and renamed over it (see `output`).
+    if let Some(path) = &a.html {
+        output::write_bytes(path, summary::html::render(&s).as_bytes())?;
+    }
     print_report(a.json, &s, summary_text::render)?;
     Ok(EXIT_SAME)
 }

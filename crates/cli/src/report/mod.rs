@@ -1,13 +1,12 @@
-//! Reports: the data model, and its forms (text, JSON, HTML, Parquet).
+//! Reports, one folder per report (compare, fleet, summary, check, ranks),
+//! each with its model and its forms (text, JSON, HTML, Parquet).
 
 pub(crate) mod check;
-pub(crate) mod check_html;
+pub(crate) mod compare;
 pub(crate) mod fleet;
-pub(crate) mod html;
+pub(crate) mod format;
 pub(crate) mod json;
-pub(crate) mod model;
-pub(crate) mod parquet;
+pub(crate) mod module_tree;
+pub(crate) mod page;
 pub(crate) mod ranks;
 pub(crate) mod summary;
-pub(crate) mod summary_text;
-pub(crate) mod terminal;

@@ -195,14 +195,20 @@ fn control_characters_are_escaped_everywhere() {
         .collect();
     assert!(ops.contains(&EVIL_OP), "{ops:?}");
 
-    // HTML: no markup from the dump, no raw control characters.
-    let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("evil::op"), "the op is not in the page");
-    assert!(!html.contains("<img"), "markup from the dump in the HTML");
-    assert!(!html.contains("</script><img"));
-    assert!(!html.contains("<script"), "the page has no script");
-    assert!(html.contains("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"));
-    assert!(!html.chars().any(|c| c.is_control() && c != '\n'));
+    // HTML (compare's page and summary's): no markup from the dump, no raw
+    // control characters.
+    let summary_page = t.path().join("summary.html");
+    let r = run_timeout(&["summary", b, "--html", path_str(&summary_page)], SECS);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for page in [&page, &summary_page] {
+        let html = std::fs::read_to_string(page).unwrap();
+        assert!(html.contains("evil::op"), "the op is not in the page");
+        assert!(!html.contains("<img"), "markup from the dump in the HTML");
+        assert!(!html.contains("</script><img"));
+        assert!(!html.contains("<script"), "the page has no script");
+        assert!(html.contains("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"));
+        assert!(!html.chars().any(|c| c.is_control() && c != '\n'));
+    }
 }
 
 #[test]

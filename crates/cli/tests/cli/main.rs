@@ -15,4 +15,5 @@ mod report_targets;
 mod schema_table;
 mod sketch;
 mod summary;
+mod summary_html;
 mod verdict_text;

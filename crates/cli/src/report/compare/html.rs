@@ -11,14 +11,14 @@
 //! alone (`:target` and `:has`): the page needs no script, so a dump's
 //! strings can never run as one.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 
-use opdump_judge::full_op_name;
+use crate::app::text::op_label;
 
-use super::fleet::{self, FleetReport, RankRow};
 use super::model::{AlignedPairs, CompareReport, OnlyIn, OpReport, StatsReport};
-use super::terminal::{num, thousands};
+use crate::report::format::{num, thousands};
+use crate::report::module_tree::{write_tree, ModNode, ModTree, NodeView, NO_MODULE};
+use crate::report::page::{esc, page};
 use opdump_judge::verdict::OpVerdict;
 
 const BINS: usize = 1200;
@@ -27,27 +27,6 @@ const H: f64 = 336.0;
 const LEFT: f64 = 60.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 52.0;
-
-/// Every string from a dump (and every path) goes through here: markup
-/// characters as entities (the page has no script, and embeds no JSON),
-/// control characters as visible escapes, as on a terminal.
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c if crate::app::text::is_unsafe(c) => {
-                let _ = crate::app::text::escape_char(c, &mut o);
-            }
-            c => o.push(c),
-        }
-    }
-    o
-}
 
 /// The worst verdict in a column of the plot, in the order it is drawn over.
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,7 +51,7 @@ impl Worst {
 /// module: one point.
 #[derive(Clone, Copy)]
 struct Group {
-    /// The module's node in the [`ModTree`].
+    /// The module's node in the [`ErrorTree`].
     leaf: u32,
     max_err: f64,
     worst: Worst,
@@ -208,7 +187,7 @@ fn decades(cols: &[Column]) -> (f64, f64) {
     }
 }
 
-fn plot(pairs: &AlignedPairs<'_>, tree: &ModTree) -> String {
+fn plot(pairs: &AlignedPairs<'_>, tree: &ErrorTree) -> String {
     let n = pairs.len();
     let mut s = String::new();
     let _ = write!(
@@ -304,12 +283,12 @@ fn draw_points(
     f: &Frame,
     cols: &[Column],
     pairs: &AlignedPairs<'_>,
-    tree: &ModTree,
+    tree: &ErrorTree,
 ) {
     for col in cols {
         let x = f.x_of(col.first_pair + col.count / 2);
         for g in col.groups.iter().filter(|g| g.max_err > 0.0) {
-            draw_point(s, f, x, g, pairs, &tree.classes_of(g.leaf));
+            draw_point(s, f, x, g, pairs, &tree.tree.classes_of(g.leaf));
         }
     }
 }
@@ -387,21 +366,12 @@ fn draw_markers(s: &mut String, f: &Frame, pairs: &AlignedPairs<'_>) {
     }
 }
 
-/// The node of the calls that ran outside any module.
-const NO_MODULE: &str = "(no module)";
-
 /// Introduced calls listed under their innermost module, at most.
 const INTRODUCED_LISTED: usize = 5;
 
-/// A module of the model, with what its calls and its descendants' calls
-/// showed.
-struct ModNode {
-    /// The last part of its path (`fc1`); empty for the root.
-    name: String,
-    /// `blocks.0.mlp.fc1`, or [`NO_MODULE`].
-    path: String,
-    parent: Option<u32>,
-    children: Vec<u32>,
+/// What a module's calls and its descendants' calls showed.
+#[derive(Default)]
+struct Errors {
     /// The largest output error over its allowance among the calls.
     worst: f64,
     calls: u64,
@@ -410,169 +380,94 @@ struct ModNode {
     own_introduced: Vec<usize>,
 }
 
-/// The module tree of A's calls: node 0 is the root above the top-level
-/// modules and [`NO_MODULE`].
-struct ModTree {
-    nodes: Vec<ModNode>,
+/// The module tree of A's calls, and each pair's innermost module.
+struct ErrorTree {
+    tree: ModTree<Errors>,
     /// Per pair: the node of its innermost module.
     leaf_of: Vec<u32>,
-    /// Some call ran in a module (the dump has module paths).
-    any_module: bool,
 }
 
-impl ModTree {
+impl ErrorTree {
     /// Measures every pair again for its error over its allowance (as the
     /// Parquet report does) and adds it to its module and the module's
     /// ancestors.
     fn build(pairs: &AlignedPairs<'_>) -> Self {
-        let mut t = ModTree {
-            nodes: vec![ModTree::node(String::new(), String::new(), None)],
+        let mut t = ErrorTree {
+            tree: ModTree::new(),
             leaf_of: Vec::with_capacity(pairs.len()),
-            any_module: false,
         };
-        let mut by_path: HashMap<String, u32> = HashMap::new();
         let mut details = pairs.details();
         for k in 0..pairs.len() {
             let row = details.load(k);
-            t.any_module |= row.module_a.is_some();
-            let leaf = t.node_of(&mut by_path, row.module_a.unwrap_or(NO_MODULE));
+            let leaf = t.tree.node_of(row.module_a.unwrap_or(NO_MODULE));
             t.leaf_of.push(leaf);
             t.add_call(leaf, k, row.excess, row.verdict == OpVerdict::Introduced);
         }
         t
     }
 
-    fn node(name: String, path: String, parent: Option<u32>) -> ModNode {
-        ModNode {
-            name,
-            path,
-            parent,
-            children: Vec::new(),
-            worst: 0.0,
-            calls: 0,
-            introduced: 0,
-            own_introduced: Vec::new(),
-        }
-    }
-
-    /// The node of a module path, made with its missing ancestors.
-    fn node_of(&mut self, by_path: &mut HashMap<String, u32>, path: &str) -> u32 {
-        if let Some(&id) = by_path.get(path) {
-            return id;
-        }
-        // `(no module)` holds dots only in no sense: it is one node.
-        let split = (path != NO_MODULE).then(|| path.rsplit_once('.')).flatten();
-        let (parent, name) = match split {
-            Some((up, name)) => (self.node_of(by_path, up), name),
-            None => (0, path),
-        };
-        let id = self.nodes.len() as u32;
-        self.nodes.push(ModTree::node(
-            name.to_string(),
-            path.to_string(),
-            Some(parent),
-        ));
-        self.nodes[parent as usize].children.push(id);
-        by_path.insert(path.to_string(), id);
-        id
-    }
-
     fn add_call(&mut self, leaf: u32, k: usize, excess: f64, introduced: bool) {
-        let own = &mut self.nodes[leaf as usize].own_introduced;
+        let own = &mut self.tree.nodes[leaf as usize].data.own_introduced;
         if introduced && own.len() < INTRODUCED_LISTED {
             own.push(k);
         }
-        let mut at = Some(leaf);
-        while let Some(id) = at {
-            let n = &mut self.nodes[id as usize];
+        let ids: Vec<u32> = self.tree.up_from(leaf).collect();
+        for id in ids {
+            let n = &mut self.tree.nodes[id as usize].data;
             n.calls += 1;
             n.introduced += introduced as u64;
             // NaN (nothing measured) never replaces a number.
             if excess > n.worst {
                 n.worst = excess;
             }
-            at = n.parent;
         }
     }
 
-    /// The module and its ancestors (not the root) as classes, `m3 m1`.
-    fn classes_of(&self, leaf: u32) -> String {
-        let mut out = String::new();
-        let mut at = Some(leaf);
-        while let Some(id) = at.filter(|&id| id != 0) {
-            let _ = write!(out, "{}m{id}", if out.is_empty() { "" } else { " " });
-            at = self.nodes[id as usize].parent;
-        }
-        out
-    }
-
-    /// The nodes from the root to pair `k`'s module: open by default.
+    /// The nodes from the root to pair `k`'s module.
     fn path_to(&self, k: Option<usize>) -> Vec<u32> {
-        let mut open = Vec::new();
-        let mut at = k.map(|k| self.leaf_of[k]);
-        while let Some(id) = at {
-            open.push(id);
-            at = self.nodes[id as usize].parent;
-        }
-        open
-    }
-
-    /// Top-level modules in call order, [`NO_MODULE`] last.
-    fn roots(&self) -> Vec<u32> {
-        let mut r = self.nodes[0].children.clone();
-        r.sort_by_key(|&id| self.nodes[id as usize].path == NO_MODULE);
-        r
+        self.tree.path_to(k.map(|k| self.leaf_of[k]))
     }
 }
 
-/// The module tree, each node with its worst error over its allowance and
-/// its introduced calls, the path to the first introduced call open.
-fn module_tree(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>) {
-    out.push_str("<h2 id=\"modules\">Modules</h2>");
-    if !tree.any_module {
-        out.push_str("<p>none: dump A has no module paths</p>");
-        return;
-    }
-    out.push_str(
-        "<p class=\"dim\">per module: the largest output error over its allowance among its calls \
-         and its submodules' calls (above 1: diverged), and the introduced calls; \
-         click a name to show only its calls in the plot</p><div class=\"tree\">",
-    );
-    let open = tree.path_to(pairs.first_introduced().or(pairs.first_divergence()));
-    for id in tree.roots() {
-        module_node(out, tree, pairs, id, &open);
-    }
-    out.push_str("</div>");
+/// The compare page's nodes: the worst error over the allowance, the
+/// calls, the introduced calls.
+struct ErrorView<'p, 'a> {
+    pairs: &'p AlignedPairs<'a>,
 }
 
-fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u32, open: &[u32]) {
-    let n = &tree.nodes[id as usize];
-    let _ = write!(
-        out,
-        "<details class=\"mod{}\" data-path=\"{}\" data-worst=\"{}\"{}><summary><a href=\"#m{id}\">{}</a> \
-         <span class=\"{}\" title=\"largest output error over its allowance\">{}&times; allowed</span> \
-         <span class=\"dim\">{} calls</span>",
-        if n.children.is_empty() { " leaf" } else { "" },
-        esc(&n.path),
-        n.worst,
-        if open.contains(&id) { " open" } else { "" },
-        esc(&n.name),
-        if n.worst > 1.0 { "worst over" } else { "worst" },
-        num(n.worst),
-        thousands(n.calls),
-    );
-    if n.introduced > 0 {
+impl NodeView<Errors> for ErrorView<'_, '_> {
+    const LINKED: bool = true;
+
+    fn attrs(&self, n: &ModNode<Errors>) -> String {
+        format!(" data-worst=\"{}\"", n.data.worst)
+    }
+
+    fn line(&self, out: &mut String, n: &ModNode<Errors>) {
+        let e = &n.data;
         let _ = write!(
             out,
-            " <span class=\"introduced\">&#9650; {} introduced</span>",
-            thousands(n.introduced)
+            "<span class=\"{}\" title=\"largest output error over its allowance\">{}&times; allowed</span> \
+             <span class=\"dim\">{} calls</span>",
+            if e.worst > 1.0 { "worst over" } else { "worst" },
+            num(e.worst),
+            thousands(e.calls),
         );
+        if e.introduced > 0 {
+            let _ = write!(
+                out,
+                " <span class=\"introduced\">&#9650; {} introduced</span>",
+                thousands(e.introduced)
+            );
+        }
     }
-    out.push_str("</summary>");
-    if !n.own_introduced.is_empty() {
+
+    fn own(&self, out: &mut String, n: &ModNode<Errors>) {
+        if n.data.own_introduced.is_empty() {
+            return;
+        }
         out.push_str("<ul class=\"ops\">");
-        for &k in &n.own_introduced {
-            let l = pairs.label(k);
+        for &k in &n.data.own_introduced {
+            let l = self.pairs.label(k);
             let _ = write!(
                 out,
                 "<li class=\"introduced\">&#9650; {} <span class=\"dim\">seq A {} / B {}</span></li>",
@@ -583,20 +478,33 @@ fn module_node(out: &mut String, tree: &ModTree, pairs: &AlignedPairs<'_>, id: u
         }
         out.push_str("</ul>");
     }
-    for &c in &n.children {
-        module_node(out, tree, pairs, c, open);
+}
+
+/// The module tree, each node with its worst error over its allowance and
+/// its introduced calls, the path to the first introduced call open.
+fn module_tree(out: &mut String, t: &ErrorTree, pairs: &AlignedPairs<'_>) {
+    out.push_str("<h2 id=\"modules\">Modules</h2>");
+    if !t.tree.any_module {
+        out.push_str("<p>none: dump A has no module paths</p>");
+        return;
     }
-    out.push_str("</details>");
+    out.push_str(
+        "<p class=\"dim\">per module: the largest output error over its allowance among its calls \
+         and its submodules' calls (above 1: diverged), and the introduced calls; \
+         click a name to show only its calls in the plot</p>",
+    );
+    let open = t.path_to(pairs.first_introduced().or(pairs.first_divergence()));
+    write_tree(out, &t.tree, &open, &ErrorView { pairs });
 }
 
 /// The filter's rules: while module `m<id>` is the page's target, the
 /// points of other modules are hidden and its name in the tree is marked.
-fn filter_css(out: &mut String, tree: &ModTree) {
-    if !tree.any_module {
+fn filter_css(out: &mut String, t: &ErrorTree) {
+    if !t.tree.any_module {
         return;
     }
     out.push_str("<style>");
-    for id in 1..tree.nodes.len() {
+    for id in 1..t.tree.nodes.len() {
         let _ = write!(
             out,
             "body:has(#m{id}:target) .pt:not(.m{id}){{display:none}}\
@@ -608,15 +516,15 @@ fn filter_css(out: &mut String, tree: &ModTree) {
 
 /// The filter's lines above the plot, one per module, shown while their
 /// module is the page's target.
-fn filter_lines(out: &mut String, tree: &ModTree) {
-    if !tree.any_module {
+fn filter_lines(out: &mut String, t: &ErrorTree) {
+    if !t.tree.any_module {
         return;
     }
-    for (id, n) in tree.nodes.iter().enumerate().skip(1) {
+    for (id, n) in t.tree.nodes.iter().enumerate().skip(1) {
         let _ = write!(
             out,
             "<p class=\"flt\" id=\"m{id}\">showing the {} calls in <code>{}</code> only &mdash; <a href=\"#plot\">show all</a></p>",
-            thousands(n.calls),
+            thousands(n.data.calls),
             esc(&n.path)
         );
     }
@@ -688,45 +596,7 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         out.push_str("<p>none</p>");
         return;
     };
-    let chain: Vec<String> = r
-        .ancestors
-        .iter()
-        .map(|a| {
-            format!(
-                "{} <span class=\"dim\">(seq {})</span>",
-                esc(&full_op_name(&a.op, &a.overload)),
-                a.seq_a
-            )
-        })
-        .chain(std::iter::once(format!(
-            "<b>{}</b>",
-            esc(&full_op_name(&r.op, &r.overload))
-        )))
-        .collect();
-    let _ = write!(
-        out,
-        "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
-         <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
-        esc(&full_op_name(&r.op, &r.overload)),
-        chain.join(" &rsaquo; "),
-        v = r.verdict.as_str(),
-    );
-    for (side, seq, step, phase, parent, args) in [
-        ("A", r.seq_a, r.step_a, r.phase_a, &r.parent_a, &r.args_a),
-        ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b, &r.args_b),
-    ] {
-        let parent = parent.as_ref().map_or("top-level".into(), |p| {
-            format!("{} (seq {})", full_op_name(&p.op, &p.overload), p.seq)
-        });
-        let _ = write!(
-            out,
-            "<tr><th>{side}</th><td>{seq}</td><td>{step}</td><td>{phase}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
-            r.depth,
-            esc(&parent),
-            esc(args)
-        );
-    }
-    out.push_str("</table>");
+    call_rows(out, r);
     where_rows(out, r);
     let _ = write!(
         out,
@@ -738,6 +608,55 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         num(r.input_rel_err),
         num(r.amplification)
     );
+    tensor_table(out, r);
+    exact_table(out, r);
+}
+
+/// The call's chain of callers, and where it ran in A and in B.
+fn call_rows(out: &mut String, r: &OpReport) {
+    let chain: Vec<String> = r
+        .ancestors
+        .iter()
+        .map(|a| {
+            format!(
+                "{} <span class=\"dim\">(seq {})</span>",
+                esc(&op_label(&a.op, &a.overload)),
+                a.seq_a
+            )
+        })
+        .chain(std::iter::once(format!(
+            "<b>{}</b>",
+            esc(&op_label(&r.op, &r.overload))
+        )))
+        .collect();
+    let _ = write!(
+        out,
+        "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
+         <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
+        esc(&op_label(&r.op, &r.overload)),
+        chain.join(" &rsaquo; "),
+        v = r.verdict.as_str(),
+    );
+    for (side, seq, step, phase, parent, args) in [
+        ("A", r.seq_a, r.step_a, r.phase_a, &r.parent_a, &r.args_a),
+        ("B", r.seq_b, r.step_b, r.phase_b, &r.parent_b, &r.args_b),
+    ] {
+        let parent = parent.as_ref().map_or("top-level".into(), |p| {
+            format!("{} (seq {})", op_label(&p.op, &p.overload), p.seq)
+        });
+        let _ = write!(
+            out,
+            "<tr><th>{side}</th><td>{seq}</td><td>{step}</td><td>{phase}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            r.depth,
+            esc(&parent),
+            esc(args)
+        );
+    }
+    out.push_str("</table>");
+}
+
+/// Each tensor of the call, with its statistics in A and in B.
+fn tensor_table(out: &mut String, r: &OpReport) {
     out.push_str(
         "<table><tr><th>tensor</th><th>dtype</th><th>shape</th><th>verdict</th><th>rel err</th><th title=\"the error sketches' estimate of the relative L2 error\">sketch est</th><th>tol</th><th></th>\
          <th>min</th><th>max</th><th>mean</th><th>std</th><th>l2</th><th>absmax</th><th>nan</th><th>+inf</th><th>-inf</th><th>zeros</th></tr>",
@@ -779,7 +698,6 @@ fn op_section(out: &mut String, title: &str, r: &Option<OpReport>) {
         );
     }
     out.push_str("</table>");
-    exact_table(out, r);
 }
 
 /// The op sections written so far: a call shown once (the first
@@ -795,7 +713,7 @@ impl Shown {
         let Some(op) = r else {
             return op_section(out, title, r);
         };
-        let call = (op.seq_a, op.seq_b, full_op_name(&op.op, &op.overload));
+        let call = (op.seq_a, op.seq_b, op_label(&op.op, &op.overload));
         if let Some((_, first_title)) = self.calls.iter().find(|(c, _)| *c == call) {
             let _ = write!(
                 out,
@@ -814,7 +732,7 @@ impl Shown {
 }
 
 /// The commands that take the first introduced call to a reproduction.
-fn next_section(out: &mut String, n: &crate::report::model::NextStep) {
+fn next_section(out: &mut String, n: &crate::report::compare::model::NextStep) {
     let _ = write!(
         out,
         "<h3>Next: reproduce {} outside the job</h3>",
@@ -893,7 +811,7 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td></tr>",
-            esc(&full_op_name(&c.op, &c.overload)),
+            esc(&op_label(&c.op, &c.overload)),
             c.count
         );
     }
@@ -902,25 +820,27 @@ fn only_section(out: &mut String, side: &str, o: &OnlyIn) {
 
 /// The page: `r` for the tables, `pairs` for the plot of every pair.
 pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
-    let tree = ModTree::build(pairs);
-    let mut o = String::new();
-    o.push_str(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare</title><style>\
-         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
-         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}code{font-size:12px}.dim{color:#888}.ax{font-size:11px;fill:#555}\
-         .introduced{color:#b00}.diverged td{background:#fff0ee}.nan_mismatch td{background:#fde}\
-         .close td{background:#f4fbf4}p.introduced{font-size:16px}.plot{border:1px solid #eee}\
-         .legend span{margin-right:16px}.plot{max-width:100%;height:auto}\
-         .flt{display:none;background:#fffbe6;padding:4px 8px}.flt:target{display:block}\
-         .tree{font-size:13px}.mod{margin-left:18px}.tree>.mod{margin-left:0}.mod.leaf>summary{list-style:none}\
-         .mod.leaf>summary::before{content:\"\\2022  \";color:#bbb}\
-         .worst{color:#555}.over{color:#b00;font-weight:bold}.ops{margin:2px 0 2px 18px;padding:0;list-style:none}\
-         .same{color:#555}</style>",
-    );
-    filter_css(&mut o, &tree);
-    o.push_str("</head><body>");
-    let _ = write!(o, "<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
+    let tree = ErrorTree::build(pairs);
+    let mut head = String::new();
+    filter_css(&mut head, &tree);
+    page("opdump compare", &head, &r.notes, |o| {
+        dumps_table(o, r);
+        verdict_line(o, r);
+        o.push_str("<h2 id=\"plot\">Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
+        filter_lines(o, &tree);
+        o.push_str(&plot(pairs, &tree));
+        module_tree(o, &tree, pairs);
+        op_sections(o, r);
+        top_introduced(o, r);
+        verdict_counts(o, r);
+        only_section(o, "A", &r.only_in_a);
+        only_section(o, "B", &r.only_in_b);
+    })
+}
+
+/// The two dumps, one row each.
+fn dumps_table(o: &mut String, r: &CompareReport) {
+    o.push_str("<h1>opdump compare</h1><table class=\"kv\"><tr><th></th><th>dump</th><th>rank</th><th>files</th><th>op calls</th><th>top-level</th><th>steps</th></tr>");
     for (side, d) in [("A (reference)", &r.dump_a), ("B (under test)", &r.dump_b)] {
         let _ = write!(
             o,
@@ -936,61 +856,84 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
             }
         );
     }
+    o.push_str("</table>");
+}
+
+/// What was aligned, and the verdict.
+fn verdict_line(o: &mut String, r: &CompareReport) {
     let _ = write!(
         o,
-        "</table><p>aligned {} op calls ({} top-level), {} tensor pairs. Verdict: <b class=\"{}\">{}</b></p>",
+        "<p>aligned {} op calls ({} top-level), {} tensor pairs. Verdict: <b class=\"{}\">{}</b></p>",
         thousands(r.aligned.op_calls),
         thousands(r.aligned.top_level_calls),
         thousands(r.aligned.tensor_pairs),
         if r.headline.is_some() { "introduced" } else { "" },
-        match (&r.headline, r.divergence) {
-            _ if r.first_introduced_unmatched.is_some() => match r.first_introduced_unmatched.as_ref().and_then(|u| u.op.as_ref()) {
-                Some(o) => format!("first introduced at {} (only in B, seq B {})", esc(&full_op_name(&o.op, &o.overload)), o.seq),
-                None => "first introduced by calls only in B".into(),
-            },
-            (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&full_op_name(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
-            (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&full_op_name(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
-            (None, true) => "diverged, no op introduced it (exit status 3)".into(),
-            (None, false) => "no divergence".into(),
-        }
+        verdict_text(r)
     );
-    o.push_str("<h2 id=\"plot\">Error along the op sequence</h2><p class=\"legend\"><span style=\"color:#d62728\">&#9650; introduced</span><span style=\"color:#ff9f1c\">&#9679; inherited</span><span style=\"color:#4a78b5\">&#9679; within tolerance</span><span class=\"dim\">largest relative error of the outputs (lower bound from the statistics, or the low end of the sketches' estimate); hover for the op</span></p>");
-    filter_lines(&mut o, &tree);
-    o.push_str(&plot(pairs, &tree));
-    module_tree(&mut o, &tree, pairs);
+}
+
+fn verdict_text(r: &CompareReport) -> String {
+    if let Some(u) = &r.first_introduced_unmatched {
+        return match &u.op {
+            Some(o) => format!(
+                "first introduced at {} (only in B, seq B {})",
+                esc(&op_label(&o.op, &o.overload)),
+                o.seq
+            ),
+            None => "first introduced by calls only in B".into(),
+        };
+    }
+    match (&r.headline, r.divergence) {
+        (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&op_label(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
+        (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&op_label(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
+        (None, true) => format!("diverged, no op introduced it (exit status {})", r.exit_status),
+        (None, false) => "no divergence".into(),
+    }
+}
+
+/// The headline (when another op than the first introduced), the first
+/// introduced call with the next step, and the first divergence.
+fn op_sections(o: &mut String, r: &CompareReport) {
     let mut shown = Shown::default();
     if r.headline_rule == Some("dominant") {
         shown.section(
-            &mut o,
+            o,
             "Strongest introduced divergence (the headline)",
             &r.headline,
         );
     }
-    shown.section(&mut o, "First introduced divergence", &r.first_introduced);
+    shown.section(o, "First introduced divergence", &r.first_introduced);
     if let Some(n) = &r.next {
-        next_section(&mut o, n);
+        next_section(o, n);
     }
-    shown.section(&mut o, "First divergence", &r.first_divergence);
-    if !r.top_introduced.is_empty() {
-        o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
-        for (k, t) in r.top_introduced.iter().enumerate() {
-            let _ = write!(
-                o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
-                k + 1,
-                esc(&full_op_name(&t.op, &t.overload)),
-                t.seq_a,
-                t.seq_b,
-                t.step_a,
-                t.depth,
-                num(t.rel_err),
-                num(t.tolerance),
-                num(t.amplification),
-                esc(t.module.as_deref().unwrap_or("-"))
-            );
-        }
-        o.push_str("</table>");
+    shown.section(o, "First divergence", &r.first_divergence);
+}
+
+fn top_introduced(o: &mut String, r: &CompareReport) {
+    if r.top_introduced.is_empty() {
+        return;
     }
+    o.push_str("<h2>Introduced divergences by amplification</h2><table><tr><th>#</th><th>op</th><th>seq A</th><th>seq B</th><th>step</th><th>depth</th><th>rel err</th><th>tolerance</th><th>amplification</th><th>module</th></tr>");
+    for (k, t) in r.top_introduced.iter().enumerate() {
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            k + 1,
+            esc(&op_label(&t.op, &t.overload)),
+            t.seq_a,
+            t.seq_b,
+            t.step_a,
+            t.depth,
+            num(t.rel_err),
+            num(t.tolerance),
+            num(t.amplification),
+            esc(t.module.as_deref().unwrap_or("-"))
+        );
+    }
+    o.push_str("</table>");
+}
+
+fn verdict_counts(o: &mut String, r: &CompareReport) {
     o.push_str("<h2>Verdict counts</h2><table><tr><th>tensor pairs</th><th></th></tr>");
     for (k, v) in &r.tensor_verdicts {
         let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
@@ -1000,88 +943,4 @@ pub fn render(r: &CompareReport, pairs: &AlignedPairs<'_>) -> String {
         let _ = write!(o, "<tr><td>{k}</td><td>{}</td></tr>", thousands(*v));
     }
     o.push_str("</table>");
-    only_section(&mut o, "A", &r.only_in_a);
-    only_section(&mut o, "B", &r.only_in_b);
-    end_page(&mut o, &r.notes);
-    o
-}
-
-/// The notes section, when there are notes, and the end of the page.
-pub fn end_page(o: &mut String, notes: &[String]) {
-    if !notes.is_empty() {
-        o.push_str("<h2>Notes</h2><ul>");
-        for n in notes {
-            let _ = write!(o, "<li>{}</li>", esc(n));
-        }
-        o.push_str("</ul>");
-    }
-    o.push_str("</body></html>\n");
-}
-
-/// The page of `compare --rank all` (or a set of ranks): the fleet verdict
-/// and one table row per rank pair; no plot, since each pair has its own
-/// (`--rank R --html`).
-pub fn render_fleet(r: &FleetReport) -> String {
-    let mut o = String::from(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump compare: ranks</title><style>\
-         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
-         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}td.l{text-align:left}.introduced td{background:#fff0ee}\
-         .drift td{background:#fffbe6}.error td{background:#fde}pre{white-space:pre-wrap}</style></head><body>",
-    );
-    let _ = write!(
-        o,
-        "<h1>opdump compare: {} rank pairs</h1><p>A (reference) <code>{}</code><br>B (under test) <code>{}</code></p>",
-        r.ranks.len(),
-        esc(&r.dump_a),
-        esc(&r.dump_b)
-    );
-    let _ = write!(o, "<pre>{}</pre>", esc(&fleet::verdict_text(r)));
-    o.push_str(
-        "<table><tr><th>rank</th><th>verdict</th><th>op</th><th>module</th><th>step</th><th>seq A</th>\
-         <th>error</th><th>tolerance</th><th>why not compared</th></tr>",
-    );
-    for row in &r.ranks {
-        fleet_row(&mut o, row);
-    }
-    o.push_str("</table>");
-    for (side, ranks) in [("A", &r.only_in_a), ("B", &r.only_in_b)] {
-        if !ranks.is_empty() {
-            let _ = write!(
-                o,
-                "<p>Only in {side}: ranks {}</p>",
-                fleet::rank_list(ranks)
-            );
-        }
-    }
-    o.push_str("</body></html>\n");
-    o
-}
-
-fn fleet_row(o: &mut String, row: &RankRow) {
-    let _ = write!(
-        o,
-        "<tr class=\"{}\"><td>{}</td><td class=\"l\">{}</td>",
-        row.verdict, row.rank, row.verdict
-    );
-    match &row.headline {
-        Some(s) => {
-            let _ = write!(
-                o,
-                "<td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
-                esc(&s.op),
-                esc(s.module.as_deref().unwrap_or("")),
-                s.step,
-                s.seq_a,
-                num(s.rel_err),
-                num(s.tolerance)
-            );
-        }
-        None => o.push_str("<td></td><td></td><td></td><td></td><td></td><td></td>"),
-    }
-    let _ = write!(
-        o,
-        "<td class=\"l\">{}</td></tr>",
-        esc(row.error.as_deref().unwrap_or(""))
-    );
 }

@@ -5,14 +5,10 @@
 //! signature, orders them worst first and counts.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::app::text::Clean;
-use crate::report::ranks::list;
-use crate::report::terminal::{num, thousands};
 use opdump_format::tables::check::{CheckLine, CheckedCall, Verdict};
 use opdump_load::tables::{capture_parts, CheckFile};
 
@@ -169,94 +165,25 @@ impl Failure {
     }
 }
 
+/// Per failing signature: its worst row, its failed calls, its ranks.
+type BySignature<'a> = BTreeMap<&'a str, (&'a CheckLine, u64, Vec<u32>)>;
+
 impl CheckReport {
     /// The report of the files read from `dump`.
     pub fn build(dump: &Path, files: &[CheckFile], mut notes: Vec<String>) -> Self {
         let mut counts = Counts::default();
         let mut skipped = Skipped::default();
         let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
-        // Per failing signature: its worst row, its failed calls, its ranks.
-        let mut by_sig: BTreeMap<&str, (&CheckLine, u64, Vec<u32>)> = BTreeMap::new();
+        let mut by_sig: BySignature = BTreeMap::new();
         let mut processes = Vec::new();
         let mut ranks: Vec<u32> = files.iter().map(|f| f.rank).collect();
         ranks.dedup();
         for f in files {
             for r in &f.rows {
-                // As the plugin counts: checked is judged, pass or fail.
-                if r.verdict != Verdict::NoReference {
-                    counts.checked += 1;
-                }
-                match r.verdict {
-                    Verdict::Pass => counts.passed += 1,
-                    Verdict::NoReference => {
-                        counts.no_reference += 1;
-                        let why = r
-                            .call
-                            .reason
-                            .clone()
-                            .unwrap_or_else(|| "no reason given".into());
-                        *reasons.entry(why).or_default() += 1;
-                    }
-                    Verdict::Fail => {
-                        counts.failed += 1;
-                        let e =
-                            by_sig
-                                .entry(r.call.signature.as_str())
-                                .or_insert((r, 0, Vec::new()));
-                        if badness(r) > badness(e.0) {
-                            e.0 = r;
-                        }
-                        e.1 += 1;
-                        if !e.2.contains(&r.call.rank) {
-                            e.2.push(r.call.rank);
-                        }
-                    }
-                }
+                count_row(r, &mut counts, &mut reasons, &mut by_sig);
             }
             let file = f.path.display().to_string();
-            match &f.summary {
-                Some(s) => {
-                    skipped.bytes += s.skipped_bytes;
-                    skipped.budget += s.skipped_budget;
-                    skipped.busy += s.skipped_busy;
-                    let held = |v: Verdict| f.rows.iter().filter(|r| r.verdict == v).count() as u64;
-                    let lines = (
-                        held(Verdict::Pass),
-                        held(Verdict::Fail),
-                        held(Verdict::NoReference),
-                    );
-                    if (s.passed, s.failed, s.no_reference) != lines {
-                        notes.push(format!(
-                            "{file}: the summary line counts {} passed, {} failed, {} no_reference; the file's lines hold {}, {}, {}",
-                            s.passed, s.failed, s.no_reference, lines.0, lines.1, lines.2
-                        ));
-                    }
-                    if let n @ 1.. = s.unfinished {
-                        notes.push(format!(
-                            "{file}: {n} checks were still queued when the process exited and have no line"
-                        ));
-                    }
-                    if let n @ 1.. = s.write_failures {
-                        notes.push(format!(
-                            "{file}: {n} lines or capture files could not be written"
-                        ));
-                    }
-                }
-                None => notes.push(format!(
-                    "{file}: no summary line: the process ended before exit (killed?); its checks so far are counted, its skipped calls are not known"
-                )),
-            }
-            if f.torn_last_line {
-                notes.push(format!(
-                    "{file}: its last line was cut short (the process was killed while writing it) and is left out"
-                ));
-            }
-            if f.unknown_kinds > 0 {
-                notes.push(format!(
-                    "{file}: {} lines of a kind this opdump does not know are left out (written by a newer opdump?)",
-                    f.unknown_kinds
-                ));
-            }
+            file_notes(f, &file, &mut skipped, &mut notes);
             processes.push(ProcessInfo {
                 rank: f.rank,
                 file,
@@ -273,21 +200,7 @@ impl CheckReport {
                     .count() as u64,
             });
         }
-        let mut failures: Vec<Failure> = by_sig
-            .into_values()
-            .map(|(r, n, mut rk)| {
-                rk.sort_unstable();
-                let mut fl = Failure::of(dump, r, &mut notes);
-                fl.calls_failed = n;
-                fl.ranks_failed = rk;
-                fl
-            })
-            .collect();
-        // Worst first; ties in the order of the signature (by_sig's).
-        failures.sort_by(|a, b| {
-            let key = |f: &Failure| f.ratio.unwrap_or(f64::INFINITY);
-            key(b).total_cmp(&key(a))
-        });
+        let failures = failures_of(dump, by_sig, &mut notes);
         counts.failed_signatures = failures.len() as u64;
         let mut no_reference_reasons: Vec<ReasonCount> = reasons
             .into_iter()
@@ -310,12 +223,111 @@ impl CheckReport {
     }
 }
 
-/// `rank 0`, `ranks 0, 1 and 3`.
-pub fn rank_list(ranks: &[u32]) -> String {
-    match ranks.len() {
-        1 => format!("rank {}", ranks[0]),
-        _ => format!("ranks {}", list(ranks)),
+/// Counts a row by its verdict: a reason for no reference, a failed row
+/// under its signature.
+fn count_row<'a>(
+    r: &'a CheckLine,
+    counts: &mut Counts,
+    reasons: &mut BTreeMap<String, u64>,
+    by_sig: &mut BySignature<'a>,
+) {
+    // As the plugin counts: checked is judged, pass or fail.
+    if r.verdict != Verdict::NoReference {
+        counts.checked += 1;
     }
+    match r.verdict {
+        Verdict::Pass => counts.passed += 1,
+        Verdict::NoReference => {
+            counts.no_reference += 1;
+            let why = r
+                .call
+                .reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".into());
+            *reasons.entry(why).or_default() += 1;
+        }
+        Verdict::Fail => {
+            counts.failed += 1;
+            let e = by_sig
+                .entry(r.call.signature.as_str())
+                .or_insert((r, 0, Vec::new()));
+            if badness(r) > badness(e.0) {
+                e.0 = r;
+            }
+            e.1 += 1;
+            if !e.2.contains(&r.call.rank) {
+                e.2.push(r.call.rank);
+            }
+        }
+    }
+}
+
+/// Adds a file's skipped calls, from its summary line, and notes what is
+/// wrong with the file.
+fn file_notes(f: &CheckFile, file: &str, skipped: &mut Skipped, notes: &mut Vec<String>) {
+    match &f.summary {
+        Some(s) => {
+            skipped.bytes += s.skipped_bytes;
+            skipped.budget += s.skipped_budget;
+            skipped.busy += s.skipped_busy;
+            let held = |v: Verdict| f.rows.iter().filter(|r| r.verdict == v).count() as u64;
+            let lines = (
+                held(Verdict::Pass),
+                held(Verdict::Fail),
+                held(Verdict::NoReference),
+            );
+            if (s.passed, s.failed, s.no_reference) != lines {
+                notes.push(format!(
+                    "{file}: the summary line counts {} passed, {} failed, {} no_reference; the file's lines hold {}, {}, {}",
+                    s.passed, s.failed, s.no_reference, lines.0, lines.1, lines.2
+                ));
+            }
+            if let n @ 1.. = s.unfinished {
+                notes.push(format!(
+                    "{file}: {n} checks were still queued when the process exited and have no line"
+                ));
+            }
+            if let n @ 1.. = s.write_failures {
+                notes.push(format!(
+                    "{file}: {n} lines or capture files could not be written"
+                ));
+            }
+        }
+        None => notes.push(format!(
+            "{file}: no summary line: the process ended before exit (killed?); its checks so far are counted, its skipped calls are not known"
+        )),
+    }
+    if f.torn_last_line {
+        notes.push(format!(
+            "{file}: its last line was cut short (the process was killed while writing it) and is left out"
+        ));
+    }
+    if f.unknown_kinds > 0 {
+        notes.push(format!(
+            "{file}: {} lines of a kind this opdump does not know are left out (written by a newer opdump?)",
+            f.unknown_kinds
+        ));
+    }
+}
+
+/// One failure per signature, worst first (ties in the order of the
+/// signature, `by_sig`'s).
+fn failures_of(dump: &Path, by_sig: BySignature, notes: &mut Vec<String>) -> Vec<Failure> {
+    let mut failures: Vec<Failure> = by_sig
+        .into_values()
+        .map(|(r, n, mut rk)| {
+            rk.sort_unstable();
+            let mut fl = Failure::of(dump, r, notes);
+            fl.calls_failed = n;
+            fl.ranks_failed = rk;
+            fl
+        })
+        .collect();
+    failures.sort_by(|a, b| {
+        let key = |f: &Failure| f.ratio.unwrap_or(f64::INFINITY);
+        key(b).total_cmp(&key(a))
+    });
+    failures
 }
 
 /// `part-<pid>.jsonl`'s pid.
@@ -326,144 +338,6 @@ fn pid_of(path: &Path) -> Option<i64> {
         .strip_suffix(".jsonl")?
         .parse()
         .ok()
-}
-
-/// A count the plugin may write as a float: as an integer when it is one.
-pub fn count(n: f64) -> String {
-    if n >= 0.0 && n.fract() == 0.0 && n < 1e18 {
-        thousands(n as u64)
-    } else {
-        num(n)
-    }
-}
-
-fn opt(v: Option<f64>) -> String {
-    v.map_or("-".into(), num)
-}
-
-/// The count line: checked, by verdict, skipped and why, and why calls had
-/// no reference.
-pub fn count_line(r: &CheckReport) -> String {
-    let c = &r.counts;
-    let mut s = format!(
-        "checked {} calls: {} passed, {} failed",
-        thousands(c.checked),
-        thousands(c.passed),
-        thousands(c.failed)
-    );
-    if c.failed > 0 {
-        let _ = write!(s, " ({} signatures)", thousands(c.failed_signatures));
-    }
-    let _ = write!(s, "; {} no_reference", thousands(c.no_reference));
-    if !r.no_reference_reasons.is_empty() {
-        let why: Vec<String> = r
-            .no_reference_reasons
-            .iter()
-            .map(|x| format!("{}: {}", Clean(&x.reason), x.count))
-            .collect();
-        let _ = write!(s, " ({})", why.join("; "));
-    }
-    let k = &r.skipped;
-    let _ = write!(
-        s,
-        "; skipped {}: {} over OPDUMP_CHECK_MAX_BYTES, {} past the time budget, {} while the checker was busy",
-        thousands(k.bytes + k.budget + k.busy),
-        thousands(k.bytes),
-        thousands(k.budget),
-        thousands(k.busy)
-    );
-    s
-}
-
-/// The text report: one block per failing signature, worst first, then the
-/// count line and the notes.
-pub fn render(r: &CheckReport) -> String {
-    let mut o = String::new();
-    let ranks = rank_list(&r.ranks);
-    if r.failures.is_empty() {
-        let _ = writeln!(
-            o,
-            "opdump check: no check failed in {} ({ranks})",
-            Clean(&r.path)
-        );
-    } else {
-        let _ = writeln!(
-            o,
-            "opdump check: {} failing signatures in {} ({ranks}), worst first\n",
-            r.failures.len(),
-            Clean(&r.path)
-        );
-    }
-    for (k, f) in r.failures.iter().enumerate() {
-        let _ = writeln!(o, "{}. {}", k + 1, Clean(&f.signature));
-        let _ = writeln!(
-            o,
-            "   op {}.{}  module {}  phase {}  step {}  seq {}  rank {}  on {} in {}",
-            Clean(&f.op),
-            Clean(&f.overload),
-            Clean(f.module.as_deref().unwrap_or("-")),
-            Clean(&f.phase),
-            f.step,
-            f.seq,
-            f.rank,
-            Clean(&f.device),
-            Clean(&f.dtype)
-        );
-        if !f.args.is_empty() {
-            let _ = writeln!(o, "   args {}", Clean(&f.args));
-        }
-        let _ = writeln!(
-            o,
-            "   error vs float64 on the CPU: device {}, CPU in {} {}; ratio {} (fails above {})",
-            opt(f.device_err),
-            Clean(&f.dtype),
-            opt(f.cpu_err),
-            opt(f.ratio),
-            num(FAIL_RATIO)
-        );
-        let mut extra = Vec::new();
-        if f.device_ulp.is_some() || f.cpu_ulp.is_some() {
-            extra.push(format!(
-                "ULP device {}, CPU {}",
-                opt(f.device_ulp),
-                opt(f.cpu_ulp)
-            ));
-        }
-        if let Some(n) = f.reduction_len {
-            extra.push(format!("reduction length {}", count(n)));
-        }
-        if let Some(x) = f.device_vs_cpu {
-            extra.push(format!("device vs CPU in {} {}", Clean(&f.dtype), num(x)));
-        }
-        if let Some(why) = &f.reason {
-            extra.push(format!("reason: {}", Clean(why)));
-        }
-        if !extra.is_empty() {
-            let _ = writeln!(o, "   {}", extra.join("; "));
-        }
-        if f.calls_failed > 1 || f.ranks_failed.len() > 1 {
-            let _ = writeln!(
-                o,
-                "   failed in {} calls ({}); shown: the worst",
-                f.calls_failed,
-                rank_list(&f.ranks_failed)
-            );
-        }
-        match &f.repro {
-            Some(cmd) => {
-                let _ = writeln!(o, "   reproduce: {}", Clean(cmd));
-            }
-            None => {
-                let _ = writeln!(o, "   reproduce: no capture file of this call");
-            }
-        }
-        o.push('\n');
-    }
-    let _ = writeln!(o, "{}", count_line(r));
-    for n in &r.notes {
-        let _ = writeln!(o, "note: {}", Clean(n));
-    }
-    o
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::terminal::{num, thousands};
 use crate::app::text::{clean, op_label, Clean};
+use crate::report::format::{num, thousands};
 use crate::report::summary::{OpSite, RankSummary, SummaryReport};
 
 const TOP_OPS: usize = 30;
@@ -156,48 +156,13 @@ fn rank(out: &mut String, r: &RankSummary) {
             String::new()
         }
     );
-    let _ = writeln!(out, "  op calls per op ({} distinct):", r.per_op.len());
-    for o in r.per_op.iter().take(TOP_OPS) {
-        let _ = writeln!(
-            out,
-            "    {:>12}  {}",
-            thousands(o.calls),
-            op_label(&o.op, &o.overload)
-        );
-    }
-    if r.per_op.len() > TOP_OPS {
-        let _ = writeln!(
-            out,
-            "    ... {} more (see --json)",
-            r.per_op.len() - TOP_OPS
-        );
-    }
+    per_op(out, r);
     modules(out, r);
     if r.ops_raised > 0 {
         let _ = writeln!(out, "  op calls that raised: {}", thousands(r.ops_raised));
         site(out, "first that raised", &r.first_raised);
     }
-    if r.nonfinite_ops.is_empty() {
-        out.push_str("  NaN/Inf: none\n");
-    } else {
-        out.push_str("  ops with NaN/Inf (first seen first):\n");
-        let _ = writeln!(
-            out,
-            "    {:<40} {:>10} {:>10} {:>10} {:>10}",
-            "op", "NaN out", "Inf out", "NaN/Inf in", "first seq"
-        );
-        for o in r.nonfinite_ops.iter().take(TOP_OPS) {
-            let _ = writeln!(
-                out,
-                "    {:<40} {:>10} {:>10} {:>10} {:>10}",
-                op_label(&o.op, &o.overload),
-                o.calls_nan_out,
-                o.calls_inf_out,
-                o.calls_nonfinite_in,
-                o.first_seq
-            );
-        }
-    }
+    nonfinite_ops(out, r);
     site(
         out,
         "first NaN from inputs without NaN",
@@ -219,4 +184,49 @@ pub fn render(s: &SummaryReport) -> String {
         let _ = writeln!(out, "note: {}", Clean(n));
     }
     out
+}
+
+/// Op calls per op, most first.
+fn per_op(out: &mut String, r: &RankSummary) {
+    let _ = writeln!(out, "  op calls per op ({} distinct):", r.per_op.len());
+    for o in r.per_op.iter().take(TOP_OPS) {
+        let _ = writeln!(
+            out,
+            "    {:>12}  {}",
+            thousands(o.calls),
+            op_label(&o.op, &o.overload)
+        );
+    }
+    if r.per_op.len() > TOP_OPS {
+        let _ = writeln!(
+            out,
+            "    ... {} more (see --json)",
+            r.per_op.len() - TOP_OPS
+        );
+    }
+}
+
+/// The ops whose calls had NaN or Inf in or out, first seen first.
+fn nonfinite_ops(out: &mut String, r: &RankSummary) {
+    if r.nonfinite_ops.is_empty() {
+        out.push_str("  NaN/Inf: none\n");
+    } else {
+        out.push_str("  ops with NaN/Inf (first seen first):\n");
+        let _ = writeln!(
+            out,
+            "    {:<40} {:>10} {:>10} {:>10} {:>10}",
+            "op", "NaN out", "Inf out", "NaN/Inf in", "first seq"
+        );
+        for o in r.nonfinite_ops.iter().take(TOP_OPS) {
+            let _ = writeln!(
+                out,
+                "    {:<40} {:>10} {:>10} {:>10} {:>10}",
+                op_label(&o.op, &o.overload),
+                o.calls_nan_out,
+                o.calls_inf_out,
+                o.calls_nonfinite_in,
+                o.first_seq
+            );
+        }
+    }
 }

@@ -6,56 +6,7 @@ use super::model::{
     CompareReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
 };
 use crate::app::text::{clean, op_label, Clean};
-
-/// `1234567` -> `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// A number in 3 significant digits, `-` when missing.
-pub fn num(v: f64) -> String {
-    if v.is_nan() {
-        "-".into()
-    } else if v.is_infinite() {
-        if v > 0.0 {
-            "inf".into()
-        } else {
-            "-inf".into()
-        }
-    } else if v == 0.0 {
-        "0".into()
-    } else if (1e-3..1e5).contains(&v.abs()) {
-        // Four significant digits.
-        let decimals = (3 - v.abs().log10().floor() as i32).max(0) as usize;
-        let s = format!("{v:.decimals$}");
-        // Trailing zeros of the decimals only: 25000 stays 25000.
-        if !s.contains('.') {
-            return s;
-        }
-        let s = s.trim_end_matches('0').trim_end_matches('.');
-        s.to_string()
-    } else {
-        format!("{v:.3e}")
-    }
-}
-
-/// A statistic with 7 significant digits, so that A and B side by side show
-/// where they differ.
-pub fn sig(v: f64) -> String {
-    if v.is_finite() && v != 0.0 {
-        format!("{v:.6e}")
-    } else {
-        num(v)
-    }
-}
+use crate::report::format::{num, sig, thousands};
 
 fn shape(s: &Option<Vec<i64>>) -> String {
     match s {

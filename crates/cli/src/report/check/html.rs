@@ -5,28 +5,29 @@
 
 use std::fmt::Write;
 
-use super::check::{count, count_line, rank_list, CheckReport, FAIL_RATIO};
-use super::html::{end_page, esc};
-use super::terminal::{num, thousands};
-
-fn opt(v: Option<f64>) -> String {
-    v.map_or("-".into(), num)
-}
+use super::model::{CheckReport, FAIL_RATIO};
+use super::text::{count, count_line, opt};
+use crate::report::format::{self, num, thousands};
+use crate::report::page::{esc, page};
 
 /// The page.
 pub fn render(r: &CheckReport) -> String {
-    let mut o = String::from(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>opdump check</title><style>\
-         body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}\
-         td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;font-variant-numeric:tabular-nums}\
-         th{background:#f5f5f5}td.l{text-align:left}code{font-size:12px}td.cmd{text-align:left;word-break:break-all}.fail td{background:#fff0ee}\
-         .unfinished td{background:#fffbe6}p.verdict{font-size:16px}.bad{color:#b00}</style></head><body>",
-    );
+    page("opdump check", "", &r.notes, |o| {
+        verdict(o, r);
+        failures(o, r);
+        no_reference(o, r);
+        counts(o, r);
+        processes(o, r);
+    })
+}
+
+/// The dump, its ranks, the verdict and the count line.
+fn verdict(o: &mut String, r: &CheckReport) {
     let _ = write!(
         o,
         "<h1>opdump check</h1><p><code>{}</code> ({})</p>",
         esc(&r.path),
-        esc(&rank_list(&r.ranks))
+        esc(&format::ranks(&r.ranks))
     );
     let _ = write!(
         o,
@@ -42,6 +43,10 @@ pub fn render(r: &CheckReport) -> String {
         },
         esc(&count_line(r))
     );
+}
+
+/// The failing signatures, worst first, with their `opdump repro` commands.
+fn failures(o: &mut String, r: &CheckReport) {
     if !r.failures.is_empty() {
         o.push_str(
             "<h2>Failing signatures</h2><table id=\"failures\"><tr><th>#</th><th>signature</th><th>module</th>\
@@ -75,6 +80,10 @@ pub fn render(r: &CheckReport) -> String {
         }
         o.push_str("</table>");
     }
+}
+
+/// Why calls had no reference, most first.
+fn no_reference(o: &mut String, r: &CheckReport) {
     if !r.no_reference_reasons.is_empty() {
         o.push_str("<h2>No reference</h2><table id=\"no_reference\"><tr><th>reason</th><th>calls</th></tr>");
         for x in &r.no_reference_reasons {
@@ -87,6 +96,9 @@ pub fn render(r: &CheckReport) -> String {
         }
         o.push_str("</table>");
     }
+}
+
+fn counts(o: &mut String, r: &CheckReport) {
     let k = &r.skipped;
     let _ = write!(
         o,
@@ -101,6 +113,10 @@ pub fn render(r: &CheckReport) -> String {
         thousands(k.budget),
         thousands(k.busy)
     );
+}
+
+/// One row per file read.
+fn processes(o: &mut String, r: &CheckReport) {
     o.push_str("<h2>Processes</h2><table id=\"processes\"><tr><th>rank</th><th>pid</th><th>checked</th><th>finished</th><th>file</th></tr>");
     for p in &r.processes {
         let _ = write!(
@@ -115,6 +131,4 @@ pub fn render(r: &CheckReport) -> String {
         );
     }
     o.push_str("</table>");
-    end_page(&mut o, &r.notes);
-    o
 }

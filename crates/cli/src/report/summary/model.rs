@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use opdump_format::Role;
 use serde::Serialize;
 
-use crate::report::model::{DumpInfo, OpBrief, StatsReport};
+use crate::report::compare::model::{DumpInfo, OpBrief, StatsReport};
 use opdump_judge::dump::Dump;
 use opdump_judge::intern::{FxMap, NO_ID};
 
@@ -105,6 +105,9 @@ pub struct RankSummary {
     pub per_module: Vec<ModuleCalls>,
     /// Op calls outside any module.
     pub calls_outside_modules: u64,
+    /// Of those, the calls with NaN / Inf in some output.
+    pub calls_outside_modules_nan_out: u64,
+    pub calls_outside_modules_inf_out: u64,
     pub per_phase: BTreeMap<&'static str, u64>,
     /// Op calls per step (all depths).
     pub per_step: BTreeMap<i64, u64>,
@@ -175,62 +178,58 @@ fn first_deepest(d: &Dump, p: impl Fn(u32) -> bool) -> Option<u32> {
     }
 }
 
-pub fn summarize(d: &Dump) -> RankSummary {
-    let mut per_op: FxMap<(u32, u32), u64> = FxMap::default();
-    let mut per_phase: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut per_step: BTreeMap<i64, u64> = BTreeMap::new();
-    let mut nonfinite: FxMap<(u32, u32), NonfiniteOp> = FxMap::default();
-    let mut raised = 0u64;
-    let mut first_raised = None;
-    let mut per_module: FxMap<u32, ModuleCalls> = FxMap::default();
-    let mut outside = 0u64;
-    for i in 0..d.len() as u32 {
-        let key = (d.op[i as usize], d.overload[i as usize]);
-        *per_op.entry(key).or_default() += 1;
-        *per_phase.entry(d.phase(i).as_str()).or_default() += 1;
-        *per_step.entry(d.step(i)).or_default() += 1;
-        if d.error_text(i).is_some() {
-            raised += 1;
-            first_raised.get_or_insert(i);
-        }
-        let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
-        match d.op_row(i).module {
-            NO_ID => outside += 1,
-            m => {
-                let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
-                    module: d.texts.get(m).to_string(),
-                    calls: 0,
-                    first_seq: d.seq(i),
-                    calls_nan_out: 0,
-                    calls_inf_out: 0,
-                    first_nonfinite_seq: None,
-                    first_nonfinite_op: None,
-                    first_nonfinite_phase: None,
-                });
-                e.calls += 1;
-                e.calls_nan_out += nan_out as u64;
-                e.calls_inf_out += inf_out as u64;
-                if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
-                    e.first_nonfinite_seq = Some(d.seq(i));
-                    e.first_nonfinite_op = Some(d.full_name(i));
-                    e.first_nonfinite_phase = Some(d.phase(i).as_str());
-                }
-            }
-        }
-        if nf_in || nan_out || inf_out {
-            let e = nonfinite.entry(key).or_insert_with(|| NonfiniteOp {
-                op: d.names.get(key.0).into(),
-                overload: d.names.get(key.1).into(),
-                calls_nan_out: 0,
-                calls_inf_out: 0,
-                calls_nonfinite_in: 0,
-                first_seq: d.seq(i),
-            });
-            e.calls_nan_out += nan_out as u64;
-            e.calls_inf_out += inf_out as u64;
-            e.calls_nonfinite_in += nf_in as u64;
-        }
+/// Counts call `i` for its innermost module `m`, with whether its outputs
+/// held NaN and Inf.
+fn add_module_call(
+    per_module: &mut FxMap<u32, ModuleCalls>,
+    d: &Dump,
+    i: u32,
+    m: u32,
+    (nan_out, inf_out): (bool, bool),
+) {
+    let e = per_module.entry(m).or_insert_with(|| ModuleCalls {
+        module: d.texts.get(m).to_string(),
+        calls: 0,
+        first_seq: d.seq(i),
+        calls_nan_out: 0,
+        calls_inf_out: 0,
+        first_nonfinite_seq: None,
+        first_nonfinite_op: None,
+        first_nonfinite_phase: None,
+    });
+    e.calls += 1;
+    e.calls_nan_out += nan_out as u64;
+    e.calls_inf_out += inf_out as u64;
+    if (nan_out || inf_out) && e.first_nonfinite_seq.is_none() {
+        e.first_nonfinite_seq = Some(d.seq(i));
+        e.first_nonfinite_op = Some(d.full_name(i));
+        e.first_nonfinite_phase = Some(d.phase(i).as_str());
     }
+}
+
+/// Counts call `i` (of op `key`) with NaN or Inf in or out.
+fn add_nonfinite(
+    nonfinite: &mut FxMap<(u32, u32), NonfiniteOp>,
+    d: &Dump,
+    i: u32,
+    key: (u32, u32),
+    (nf_in, nan_out, inf_out): (bool, bool, bool),
+) {
+    let e = nonfinite.entry(key).or_insert_with(|| NonfiniteOp {
+        op: d.names.get(key.0).into(),
+        overload: d.names.get(key.1).into(),
+        calls_nan_out: 0,
+        calls_inf_out: 0,
+        calls_nonfinite_in: 0,
+        first_seq: d.seq(i),
+    });
+    e.calls_nan_out += nan_out as u64;
+    e.calls_inf_out += inf_out as u64;
+    e.calls_nonfinite_in += nf_in as u64;
+}
+
+/// Op calls per op, most first.
+fn per_op_sorted(d: &Dump, per_op: FxMap<(u32, u32), u64>) -> Vec<OpCalls> {
     let mut per_op: Vec<OpCalls> = per_op
         .into_iter()
         .map(|((o, v), calls)| OpCalls {
@@ -244,6 +243,42 @@ pub fn summarize(d: &Dump) -> RankSummary {
             .cmp(&x.calls)
             .then_with(|| (&x.op, &x.overload).cmp(&(&y.op, &y.overload)))
     });
+    per_op
+}
+
+pub fn summarize(d: &Dump) -> RankSummary {
+    let mut per_op: FxMap<(u32, u32), u64> = FxMap::default();
+    let mut per_phase: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut per_step: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut nonfinite: FxMap<(u32, u32), NonfiniteOp> = FxMap::default();
+    let mut raised = 0u64;
+    let mut first_raised = None;
+    let mut per_module: FxMap<u32, ModuleCalls> = FxMap::default();
+    // Calls outside any module: all, NaN out, Inf out.
+    let mut outside = (0u64, 0u64, 0u64);
+    for i in 0..d.len() as u32 {
+        let key = (d.op[i as usize], d.overload[i as usize]);
+        *per_op.entry(key).or_default() += 1;
+        *per_phase.entry(d.phase(i).as_str()).or_default() += 1;
+        *per_step.entry(d.step(i)).or_default() += 1;
+        if d.error_text(i).is_some() {
+            raised += 1;
+            first_raised.get_or_insert(i);
+        }
+        let (_, nf_in, nan_out, inf_out) = io_flags(d, i);
+        match d.op_row(i).module {
+            NO_ID => {
+                outside.0 += 1;
+                outside.1 += nan_out as u64;
+                outside.2 += inf_out as u64;
+            }
+            m => add_module_call(&mut per_module, d, i, m, (nan_out, inf_out)),
+        }
+        if nf_in || nan_out || inf_out {
+            add_nonfinite(&mut nonfinite, d, i, key, (nf_in, nan_out, inf_out));
+        }
+    }
+    let per_op = per_op_sorted(d, per_op);
     let mut per_module: Vec<ModuleCalls> = per_module.into_values().collect();
     per_module.sort_by_key(|m| m.first_seq);
     let mut nonfinite_ops: Vec<NonfiniteOp> = nonfinite.into_values().collect();
@@ -260,7 +295,10 @@ pub fn summarize(d: &Dump) -> RankSummary {
     RankSummary {
         dump: DumpInfo::of(d),
         per_op,
-        calls_outside_modules: if per_module.is_empty() { 0 } else { outside },
+        // A dump without module paths has no calls outside modules.
+        calls_outside_modules: if per_module.is_empty() { 0 } else { outside.0 },
+        calls_outside_modules_nan_out: if per_module.is_empty() { 0 } else { outside.1 },
+        calls_outside_modules_inf_out: if per_module.is_empty() { 0 } else { outside.2 },
         per_module,
         per_phase,
         per_step,

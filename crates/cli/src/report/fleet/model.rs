@@ -1,15 +1,15 @@
 //! `opdump compare --rank all` (or a set of ranks): one row per rank pair,
-//! and the fleet verdict over them, as text and as JSON.
+//! and the fleet verdict over them: the model (the JSON).
 //!
 //! A row keeps only what the fleet report shows, so that a rank pair's
 //! judged dumps can be dropped as soon as the row is made.
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 
-use crate::app::error::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_ERROR, EXIT_SAME};
-use crate::report::model::{finite, CompareReport, OpReport};
+use opdump_judge::compare::Outcome;
+
+use crate::app::error::EXIT_ERROR;
+use crate::report::compare::model::{finite, CompareReport, OpReport};
 
 /// Identifies the JSON of a fleet compare (a single-rank compare's JSON is
 /// `opdump-compare`).
@@ -73,12 +73,7 @@ pub struct RankRow {
 impl RankRow {
     /// The row of a judged rank pair.
     pub fn of(rank: u32, r: &CompareReport) -> Self {
-        let verdict = match r.exit_status {
-            EXIT_SAME => "agree",
-            EXIT_DIVERGED => "introduced",
-            EXIT_DRIFT => "drift",
-            _ => "error",
-        };
+        let verdict = r.outcome.as_str();
         let headline = r
             .headline
             .as_ref()
@@ -88,7 +83,7 @@ impl RankRow {
         RankRow {
             rank,
             verdict,
-            exit_status: r.exit_status,
+            exit_status: r.outcome.exit_status(),
             headline,
             first_introduced: r.first_introduced.as_ref().map(Site::of),
             introduced_by_calls_only_in_b: r.first_introduced_unmatched.is_some(),
@@ -112,7 +107,7 @@ impl RankRow {
 
 /// The consumer of a tensor that calls only in B changed: where the
 /// divergence enters the aligned calls.
-fn unmatched_site(u: &crate::report::model::UnmatchedReport) -> Site {
+fn unmatched_site(u: &crate::report::compare::model::UnmatchedReport) -> Site {
     Site {
         op: opdump_judge::full_op_name(&u.consumer.op, &u.consumer.overload),
         module: u.op.as_ref().and_then(|o| o.module.clone()),
@@ -187,11 +182,11 @@ impl FleetReport {
         let exit_status = if missing || !fleet.error.is_empty() {
             EXIT_ERROR
         } else if !fleet.introduced.is_empty() {
-            EXIT_DIVERGED
+            Outcome::Introduced.exit_status()
         } else if !fleet.drift.is_empty() {
-            EXIT_DRIFT
+            Outcome::DriftOnly.exit_status()
         } else {
-            EXIT_SAME
+            Outcome::Agree.exit_status()
         };
         FleetReport {
             format: FORMAT,
@@ -261,154 +256,4 @@ fn first_fault(rows: &[RankRow], judged: usize) -> Option<FirstFault> {
         on_every_rank: ranks.len() == judged && judged > 1,
         ranks,
     })
-}
-
-/// `0, 1, 2, 3, 5` -> `0-3, 5`: a thousand ranks stay one short line.
-pub fn rank_list(ranks: &[u32]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        out.push(if j == i {
-            ranks[i].to_string()
-        } else {
-            format!("{}-{}", ranks[i], ranks[j])
-        });
-        i = j + 1;
-    }
-    out.join(", ")
-}
-
-/// `rank 5 only`, `all 8 ranks`, `ranks 2, 5 (2 of 8)`.
-fn where_it_shows(f: &FirstFault, judged: usize) -> String {
-    if f.on_every_rank {
-        format!("on all {judged} ranks")
-    } else if f.ranks.len() == 1 {
-        format!("on rank {} only", f.ranks[0])
-    } else {
-        format!(
-            "on ranks {} ({} of {judged})",
-            rank_list(&f.ranks),
-            f.ranks.len()
-        )
-    }
-}
-
-fn site_text(s: &Site) -> String {
-    let module = s
-        .module
-        .as_deref()
-        .map_or(String::new(), |m| format!(" in {m}"));
-    format!("{}{module} at step {} (seq {})", s.op, s.step, s.seq_a)
-}
-
-fn error_text(s: &Site) -> String {
-    format!("error {:.3e} vs tolerance {:.3e}", s.rel_err, s.tolerance)
-}
-
-/// `rank 5`, `ranks 0-3, 5`.
-fn ranks_text(ranks: &[u32]) -> String {
-    match ranks {
-        [one] => format!("rank {one}"),
-        _ => format!("ranks {}", rank_list(ranks)),
-    }
-}
-
-/// `width`: the digits of the largest rank, so the verdicts line up.
-fn row_line(r: &RankRow, width: usize) -> String {
-    let mut line = format!("rank {:>width$}  {:<10}", r.rank, r.verdict);
-    if let Some(s) = &r.headline {
-        let _ = write!(line, "  {}  {}", site_text(s), error_text(s));
-        if r.introduced_by_calls_only_in_b && r.first_introduced.is_none() {
-            line.push_str("  (introduced by calls only in B, before this call)");
-        }
-    }
-    if let Some(e) = &r.error {
-        let _ = write!(line, "  {e}");
-    }
-    line.trim_end().to_string()
-}
-
-/// The text report: one line per rank, the ranks in one dump only, then
-/// the fleet verdict.
-pub fn render(r: &FleetReport) -> String {
-    let mut out = format!(
-        "opdump compare: {} rank pair{} of A {} and B {}\n",
-        r.ranks.len(),
-        if r.ranks.len() == 1 { "" } else { "s" },
-        r.dump_a,
-        r.dump_b
-    );
-    let width = r.ranks.last().map_or(1, |row| row.rank.to_string().len());
-    for row in &r.ranks {
-        out.push_str(&row_line(row, width));
-        out.push('\n');
-    }
-    let kind = if r.missing_is_error {
-        "not compared"
-    } else {
-        "left out"
-    };
-    for (side, ranks) in [("A", &r.only_in_a), ("B", &r.only_in_b)] {
-        if !ranks.is_empty() {
-            let _ = writeln!(out, "only in {side} ({kind}): {}", ranks_text(ranks));
-        }
-    }
-    out.push_str(&verdict_text(r));
-    out
-}
-
-/// The fleet verdict, with the ranks by verdict unless all agree.
-pub fn verdict_text(r: &FleetReport) -> String {
-    let f = &r.fleet;
-    let judged = r.ranks.len() - f.error.len();
-    let mut line = match &f.first_introduced {
-        Some(first) => format!(
-            "fleet: introduced first on rank {}: {}, {}; {}",
-            first.rank,
-            site_text(&first.site),
-            error_text(&first.site),
-            where_it_shows(first, judged)
-        ),
-        None if !f.introduced.is_empty() => format!(
-            "fleet: introduced by calls only in B on {}",
-            ranks_text(&f.introduced)
-        ),
-        None if !f.drift.is_empty() => format!(
-            "fleet: outputs drift beyond tolerance on {}, no op introduced it",
-            ranks_text(&f.drift)
-        ),
-        None if judged > 0 => format!("fleet: all {judged} rank pairs agree"),
-        None => "fleet: no rank pair could be judged".to_string(),
-    };
-    // Which ranks fall where, unless every pair agrees (the line said so).
-    if f.agree.len() != r.ranks.len() {
-        for (what, ranks) in [
-            ("introduced", &f.introduced),
-            ("drift", &f.drift),
-            ("agree", &f.agree),
-            ("could not be compared", &f.error),
-        ] {
-            if !ranks.is_empty() {
-                let _ = write!(line, "\n  {what}: {}", ranks_text(ranks));
-            }
-        }
-    }
-    line.push('\n');
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rank_lists_fold_runs() {
-        assert_eq!(rank_list(&[0, 1, 2, 3, 5, 7, 8]), "0-3, 5, 7-8");
-        assert_eq!(rank_list(&[4]), "4");
-        assert_eq!(rank_list(&[]), "");
-    }
 }

@@ -421,40 +421,10 @@ impl OpReport {
         let cmp: OpCmp = c.detail(pair);
         let (a, b) = (&c.a, &c.b);
         let (ia, ib) = (p.a, p.b);
-        let op_ref = |d: &Dump, i: Option<u32>| {
-            i.map(|i| OpRef {
-                op: d.op_name(i).into(),
-                overload: d.overload_name(i).into(),
-                seq: d.seq(i),
-            })
-        };
-        let ancestors = a
-            .ancestors(ia)
-            .into_iter()
-            .map(|x| {
-                let m = c.alignment.a_match[x as usize];
-                AncestorRef {
-                    op: a.op_name(x).into(),
-                    overload: a.overload_name(x).into(),
-                    seq_a: a.seq(x),
-                    seq_b: (m != NONE).then(|| b.seq(m)),
-                    depth: a.depth(x),
-                }
-            })
-            .collect();
+        let ancestors = ancestor_refs(c, ia);
         let (ma, mb) = (a.module_of(ia), b.module_of(ib));
         let fwd = a.fwd_of(ia);
-        let mut names: Vec<String> = Vec::new();
-        for t in &cmp.tensors {
-            let n =
-                t.ta.and_then(|x| a.tensor_name(x))
-                    .or_else(|| t.tb.and_then(|x| b.tensor_name(x)));
-            if let Some(n) = n {
-                if !names.iter().any(|m| m == n) {
-                    names.push(n.to_string());
-                }
-            }
-        }
+        let names = tensor_names(c, &cmp);
         OpReport {
             module: ma.or(mb).map(str::to_string),
             module_b: mb
@@ -478,8 +448,8 @@ impl OpReport {
             phase_a: a.phase(ia).as_str(),
             phase_b: b.phase(ib).as_str(),
             depth: a.depth(ia),
-            parent_a: op_ref(a, a.parent_of(ia)),
-            parent_b: op_ref(b, b.parent_of(ib)),
+            parent_a: a.parent_of(ia).map(|i| OpRef::of(a, i)),
+            parent_b: b.parent_of(ib).map(|i| OpRef::of(b, i)),
             args_a: a.args_text(ia).into(),
             args_b: b.args_text(ib).into(),
             ancestors,
@@ -499,6 +469,51 @@ impl OpReport {
             tensors: cmp.tensors.iter().map(|t| TensorReport::of(c, t)).collect(),
         }
     }
+}
+
+impl OpRef {
+    fn of(d: &Dump, i: u32) -> Self {
+        OpRef {
+            op: d.op_name(i).into(),
+            overload: d.overload_name(i).into(),
+            seq: d.seq(i),
+        }
+    }
+}
+
+/// A's call `ia`'s ancestors, outermost first, with their seq in B.
+fn ancestor_refs(c: &Compared, ia: u32) -> Vec<AncestorRef> {
+    let (a, b) = (&c.a, &c.b);
+    a.ancestors(ia)
+        .into_iter()
+        .map(|x| {
+            let m = c.alignment.a_match[x as usize];
+            AncestorRef {
+                op: a.op_name(x).into(),
+                overload: a.overload_name(x).into(),
+                seq_a: a.seq(x),
+                seq_b: (m != NONE).then(|| b.seq(m)),
+                depth: a.depth(x),
+            }
+        })
+        .collect()
+}
+
+/// The names of a call's tensors (parameters, buffers), each once.
+fn tensor_names(c: &Compared, cmp: &OpCmp) -> Vec<String> {
+    let (a, b) = (&c.a, &c.b);
+    let mut names: Vec<String> = Vec::new();
+    for t in &cmp.tensors {
+        let n =
+            t.ta.and_then(|x| a.tensor_name(x))
+                .or_else(|| t.tb.and_then(|x| b.tensor_name(x)));
+        if let Some(n) = n {
+            if !names.iter().any(|m| m == n) {
+                names.push(n.to_string());
+            }
+        }
+    }
+    names
 }
 
 /// The aligned op that consumed a tensor changed by calls only in B.
@@ -578,6 +593,9 @@ pub struct CompareReport {
     /// 0: the runs agree; 1: an op introduced a divergence; 3: outputs
     /// diverged but no op introduced it (see the README's exit statuses).
     pub exit_status: u8,
+    /// What `exit_status` says (its name is the fleet report's verdict).
+    #[serde(skip)]
+    pub outcome: Outcome,
     /// The first op call, in A's call order, whose outputs diverge.
     pub first_divergence: Option<OpReport>,
     /// The deepest op that introduced an error, inside the first introduced
@@ -691,7 +709,8 @@ impl CompareReport {
                 .map(|v| (v.as_str(), c.op_counts[*v as usize]))
                 .collect(),
             divergence: c.divergence_found(),
-            exit_status: exit_status(c.outcome()),
+            outcome: c.outcome(),
+            exit_status: c.outcome().exit_status(),
             first_divergence: c.first_divergence.map(|k| OpReport::of(c, k)),
             first_introduced: c.first_introduced.map(|k| OpReport::of(c, k)),
             headline: c.headline.map(|k| OpReport::of(c, k)),
@@ -714,16 +733,6 @@ impl CompareReport {
             next: c.first_introduced.map(|k| NextStep::of(c, k)),
             notes: c.notes.clone(),
         }
-    }
-}
-
-/// The exit status of `opdump compare` for an outcome.
-pub fn exit_status(o: Outcome) -> u8 {
-    use crate::app::error::{EXIT_DIVERGED, EXIT_DRIFT, EXIT_SAME};
-    match o {
-        Outcome::Agree => EXIT_SAME,
-        Outcome::Introduced => EXIT_DIVERGED,
-        Outcome::DriftOnly => EXIT_DRIFT,
     }
 }
 

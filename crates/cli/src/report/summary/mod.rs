@@ -1,0 +1,8 @@
+//! The report of `opdump summary`: its model (the JSON), its text and its
+//! HTML page.
+
+pub(crate) mod html;
+pub(crate) mod model;
+pub(crate) mod text;
+
+pub use model::*;
