@@ -385,6 +385,7 @@ def test_the_printed_repro_command_works_on_the_cpu(run, tmp_path):
     assert call["device_a"] == "cpu" and call["device_b"] == "cpu" and call["a_from_b"] is True
     assert call["op"] == "aten::mm" and call["overload"] == "default" and call["seq_b"] == 4
     assert call["tolerance"] == pytest.approx(10 * 2.0 ** -24)
+    assert call["margin"] == 10  # repro.py's factor: the check's own
     assert call["check"]["ratio"] == 5e3 and call["check"]["signature"] == MM
     assert call["module"] == "blocks.0.mlp"
     # repro.py: the same kernel on both sides, neither off; the errors are

@@ -127,6 +127,14 @@ def test_a_planted_fault_is_named_captured_and_stored_as_offline_compare_says(
     assert p.returncode == 1, p.stdout + p.stderr
     result = json.loads(p.stdout)
     assert result["off"] == ["testdev"], result
+    # repro.py judges with call.json's margin, the check's factor: with one
+    # larger than the fault's error ratio, testdev is no longer off.
+    call = json.loads((repro / "call.json").read_text())
+    assert call["margin"] == 10
+    (repro / "call.json").write_text(json.dumps({**call, "margin": 1e30}))
+    p = subprocess.run([sys.executable, str(repro / "repro.py"), "--setup", "tests.testdev:load", "--json"],
+                       capture_output=True, text=True, env=clean_env(TESTDEV_FAULT=fault))
+    assert "testdev" not in json.loads(p.stdout)["off"], p.stdout + p.stderr
 
 
 def test_a_fault_free_run_says_nothing_and_stores_agreement(reference, tmp_path):

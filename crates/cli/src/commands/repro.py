@@ -17,7 +17,8 @@ It calls the op again three times, each from A's captured inputs:
 and prints each output's error against the reference, and that of the
 outputs the two runs recorded. The last line names the device that is off:
 the one whose error is beyond what rounding explains (call.json's
-`tolerance`, from `opdump compare`) and at least 10 times the other's.
+`tolerance`, from `opdump compare`) and at least call.json's `margin` (the
+check's factor, 10) times the other's.
 
   python repro.py [--device-a DEV] [--device-b DEV] [--setup MODULE[:FUNCTION]] [--json]
 
@@ -78,8 +79,6 @@ for name, attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
                    ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
     if hasattr(torch, attr):
         DTYPES[name] = getattr(torch, attr)
-# Off by this factor more than the other device, beyond rounding: "off".
-MARGIN = 10.0
 
 
 class CallError(Exception):
@@ -417,6 +416,7 @@ CALL_FIELDS = {
     "device_a": VALUE_CHECKS["device"], "device_b": VALUE_CHECKS["device"],
     "dump_a": lambda x: isinstance(x, str), "dump_b": lambda x: isinstance(x, str),
     "seq_a": is_int, "seq_b": is_int, "tolerance": lambda x: is_int(x) or isinstance(x, float),
+    "margin": lambda x: (is_int(x) or isinstance(x, float)) and x >= 1,
     # Written by every opdump that writes a_from_b; older folders lack it.
     "a_from_b": lambda x: x is None or isinstance(x, bool),
 }
@@ -470,6 +470,8 @@ def main(argv=None):
     dev_b = args.device_b or call["device_b"]
     name = f"{call['op']}.{call['overload']}"
     tol = float(call["tolerance"])
+    # Off by this factor more than the other device, beyond rounding: "off".
+    margin = float(call["margin"])
     result = {"op": name, "device_a": dev_a, "device_b": dev_b, "tolerance": tol, "outputs": {}, "notes": []}
 
     def attempt(what, fn):
@@ -519,8 +521,8 @@ def main(argv=None):
     if run_a is None or run_b is None:
         err_a = math.inf if run_a is None else err_a
         err_b = math.inf if run_b is None else err_b
-    off_a = err_a > tol and err_a > MARGIN * err_b
-    off_b = err_b > tol and err_b > MARGIN * err_a
+    off_a = err_a > tol and err_a > margin * err_b
+    off_b = err_b > tol and err_b > margin * err_a
     both = err_a > tol and err_b > tol and not (off_a or off_b)
     kind_a, kind_b = device_kind(dev_a), device_kind(dev_b)
     if off_b:
@@ -549,7 +551,7 @@ def main(argv=None):
             print(f"{name}  checked in {call['dump_b']} (seq {call['seq_b']}, on {call['device_b']}): "
                   f"ratio {fmt(check.get('ratio'))}, {check.get('verdict')}")
             print(f"each run from the captured inputs, A on {dev_a} in the call's dtype, B on {dev_b}; "
-                  f"reference: {ref_kind}; off beyond {fmt(tol)} and {MARGIN:g} times the other")
+                  f"reference: {ref_kind}; off beyond {fmt(tol)} and {margin:g} times the other")
         else:
             print(f"{name}  A: {call['dump_a']} (seq {call['seq_a']}, {call['device_a']})  "
                   f"B: {call['dump_b']} (seq {call['seq_b']}, {call['device_b']})")
