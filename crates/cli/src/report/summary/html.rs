@@ -193,7 +193,7 @@ impl NodeView<Calls> for CallsView {
         if c.nan_out + c.inf_out > 0 {
             let _ = write!(
                 out,
-                " <span class=\"introduced\">&#9650; NaN out in {} calls, Inf out in {}</span>",
+                " <span class=\"introduced\">&#9650; outputs with NaN in {} of them, with Inf in {}</span>",
                 thousands(c.nan_out),
                 thousands(c.inf_out)
             );
