@@ -2,8 +2,8 @@
 past its range is one `opdump:` line that names it and says what is
 accepted, never a Rust panic, and the job runs on unchanged
 (crates/engine/src/config.rs). The CLI's and the engine's file probes are
-Rust tests: crates/cli/tests/probe_files.rs, crates/engine/tests/jsonl_files.rs,
-crates/load/tests/chunk_sums.rs."""
+Rust tests: crates/cli/tests/cli/probe_files.rs, crates/engine/tests/engine/jsonl_files.rs,
+crates/load/tests/load/chunk_sums.rs."""
 
 import pytest
 

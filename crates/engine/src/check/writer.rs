@@ -144,10 +144,9 @@ impl Output {
                 Err(e) => {
                     self.refused = true;
                     (p.say)(&format!(
-                        "cannot write the accuracy check's results under {}/{} ({e}); the checks' verdicts are lost. \
+                        "cannot write the accuracy check's results under {}/checks ({e}); the checks' verdicts are lost. \
                          Free space or fix the permissions under OPDUMP_DIR",
-                        p.dir.display(),
-                        Table::Checks.dir()
+                        p.dir.display()
                     ));
                 }
             }

@@ -413,9 +413,8 @@ impl Judging {
                 Err(e) => {
                     self.write_failed = true;
                     return self.stop_comparing(&format!(
-                        "the verdict file under {}/{} cannot be created ({e})",
-                        s.dir.display(),
-                        Table::Verdicts.dir()
+                        "the verdict file under {}/verdicts cannot be created ({e})",
+                        s.dir.display()
                     ));
                 }
             }
