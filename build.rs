@@ -5,43 +5,10 @@
 fn main() {
     let torch = opdump_torchfind::find_or_exit();
 
+    let sources = cpp_sources();
     let mut build = cxx_build::bridge("src/bridge.rs");
     build
-        .files([
-            "cpp/install.cpp",
-            "cpp/fallback.cpp",
-            "cpp/op_kinds.cpp",
-            "cpp/carries.cpp",
-            "cpp/arg_text.cpp",
-            "cpp/call_args.cpp",
-            "cpp/call_kind.cpp",
-            "cpp/recorder.cpp",
-            "cpp/stats.cpp",
-            "cpp/signature.cpp",
-            "cpp/signature_cpu.cpp",
-            "cpp/signature_device.cpp",
-            "cpp/device_stats.cpp",
-            "cpp/device_batches.cpp",
-            "cpp/device_hold.cpp",
-            "cpp/held_memory.cpp",
-            "cpp/device_complete.cpp",
-            "cpp/device_counters.cpp",
-            "cpp/device_reduce.cpp",
-            "cpp/capture.cpp",
-            "cpp/cpu_check.cpp",
-            "cpp/cpu_rerun.cpp",
-            "cpp/accuracy_check.cpp",
-            "cpp/python_hooks.cpp",
-            "cpp/names.cpp",
-            "cpp/interned.cpp",
-            "cpp/saved_call.cpp",
-            "cpp/threads.cpp",
-            "cpp/uninitialized.cpp",
-            "cpp/provenance.cpp",
-            "cpp/reuse.cpp",
-            "cpp/rank.cpp",
-            "cpp/own_threads.cpp",
-        ])
+        .files(&sources.baseline)
         // The torch 2.15 headers refuse anything older than C++20.
         .std("c++20")
         .define(
@@ -74,8 +41,7 @@ fn main() {
     if avx2 {
         cc::Build::new()
             .cpp(true)
-            .file("cpp/stats_avx2.cpp")
-            .file("cpp/signature_avx2.cpp")
+            .files(&sources.avx2)
             .flag("-std=c++17")
             .flag("-mavx2")
             .flag("-mfma")
@@ -96,5 +62,40 @@ fn main() {
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/bridge.rs");
+    // A directory is scanned whole, its folders included.
     println!("cargo:rerun-if-changed=cpp");
+}
+
+/// The C++ sources: every `*.cpp` in the folders of cpp/ (a folder per
+/// concern, see the layout in README.md), those named `*_avx2.cpp` apart,
+/// since they build with their own ISA flags. Sorted, so the build does not
+/// depend on the order the file system lists them in.
+struct Sources {
+    baseline: Vec<std::path::PathBuf>,
+    avx2: Vec<std::path::PathBuf>,
+}
+
+fn cpp_sources() -> Sources {
+    let mut sources = Sources {
+        baseline: Vec::new(),
+        avx2: Vec::new(),
+    };
+    let folders = std::fs::read_dir("cpp").expect("cpp/ is readable");
+    for folder in folders.map(|e| e.expect("cpp/ is readable").path()) {
+        if !folder.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&folder).expect("a folder of cpp/ is readable") {
+            let path = file.expect("a folder of cpp/ is readable").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.ends_with("_avx2.cpp") {
+                sources.avx2.push(path);
+            } else if name.ends_with(".cpp") {
+                sources.baseline.push(path);
+            }
+        }
+    }
+    sources.baseline.sort();
+    sources.avx2.sort();
+    sources
 }

@@ -1,5 +1,5 @@
 """OPDUMP_CAPTURE and opdump repro: the full tensors and typed arguments of
-chosen calls (crates/engine/src/capture.rs, cpp/saved_call.cpp,
+chosen calls (crates/engine/src/capture.rs, cpp/rows/saved_call.cpp,
 crates/format/src/capture.rs), the exact metrics compare takes from them
 (crates/judge/src/exact.rs), and the repro folder (crates/cli/src/commands/repro.rs,
 repro.py)."""

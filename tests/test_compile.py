@@ -3,8 +3,8 @@ made while tracing are not the job's, and a fault in compiled code is named.
 
 Most training jobs are compiled. Dynamo traces every module call, and so
 would trace opdump's module hooks; the hooks step aside while it compiles
-(cpp/python_hooks.cpp), and the calls it makes on fake tensors are not
-recorded (cpp/fallback.cpp, `tracing_call`)."""
+(cpp/hook/python_hooks.cpp), and the calls it makes on fake tensors are not
+recorded (cpp/hook/fallback.cpp, `tracing_call`)."""
 
 import json
 import subprocess

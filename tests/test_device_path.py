@@ -1,4 +1,4 @@
-"""The device path (cpp/device_stats.cpp) on the test device: bounded extra
+"""The device path (cpp/device/device_stats.cpp) on the test device: bounded extra
 memory, no wait on the job's thread, nothing launched during a graph
 capture, the same records as a synchronous measurement, and the pool of
 pending results under OPDUMP_QUEUE_FULL's rules.
@@ -189,7 +189,7 @@ def assert_same_records(a, b):
         differ = (a[col] != b[col]) & ~(a[col].isna() & b[col].isna())
         assert not differ.any(), (col, a[differ][keys + ["op", col]].head(8).to_string())
     # The statuses too: which memory a nested call may read is judged by
-    # storage (cpp/provenance.cpp), never by an address the allocator may
+    # storage (cpp/hook/provenance.cpp), never by an address the allocator may
     # hand out again in another order.
     status = (a.stats_status != b.stats_status) & ~(a.stats_status.isna() & b.stats_status.isna())
     assert not status.any(), a[status][keys + ["op", "stats_status"]].head(8).to_string()

@@ -1,8 +1,10 @@
 """The layout of the Rust code: no import circle between the files of a crate
 (scripts/import_cycles.py), checked on the repository and, so that the check
-can fail, on a small tree with a known circle."""
+can fail, on a small tree with a known circle; and the layout of the C++
+code: a folder of cpp/ per concern, and which folders may include which."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +129,7 @@ def test_the_format_without_its_parquet_feature_has_no_arrow():
 # Rust (opdump_fsguard::spawn) and one in C++ (start_thread).
 THREAD_STARTERS = {
     "rust": (REPO / "crates" / "fsguard" / "src" / "lib.rs", ("std::thread::Builder", "thread::spawn(")),
-    "c++": (REPO / "cpp" / "own_threads.cpp", ("std::thread(", "std::jthread(", "pthread_create(")),
+    "c++": (REPO / "cpp" / "common" / "own_threads.cpp", ("std::thread(", "std::jthread(", "pthread_create(")),
 }
 
 
@@ -149,3 +151,58 @@ def test_threads_are_started_in_one_place_per_language():
             continue
         for needle in needles:
             assert needle not in text, f"{path.relative_to(REPO)} starts a thread ({needle}); use {home.name}'s"
+
+
+# cpp/ holds a folder per concern (README.md, "Code layout"); each folder's
+# header is what the others may use. Only the header the cxx bridge includes
+# (src/bridge.rs) sits in cpp/ itself.
+CPP = REPO / "cpp"
+BRIDGE_HEADER = "opdump.h"
+# The device path and the signature measure tensors whatever calls them (the
+# test device's batch kernel includes the signature's definition): neither
+# reaches into the hook's state.
+HOOK_FREE = ("device", "signature")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.MULTILINE)
+
+
+def cpp_includes(path):
+    """The folders of cpp/ a file includes from, by its #include lines."""
+    folders = set()
+    for name in _INCLUDE.findall(path.read_text()):
+        target = (path.parent / name).resolve() if not name.startswith("opdump/") else None
+        if name.startswith("opdump/cpp/"):
+            parts = name.split("/")[2:]
+        elif target is not None and target.is_relative_to(CPP) and target.exists():
+            parts = target.relative_to(CPP).parts
+        else:
+            continue
+        if len(parts) > 1:
+            folders.add(parts[0])
+    return folders
+
+
+def test_the_bridge_header_is_the_only_file_directly_in_cpp():
+    assert BRIDGE_HEADER in (REPO / "src" / "bridge.rs").read_text().replace("opdump/cpp/", "")
+    loose = sorted(p.name for p in CPP.iterdir() if not p.is_dir())
+    assert loose == [BRIDGE_HEADER], f"files directly in cpp/ belong in a folder: {loose}"
+
+
+@pytest.mark.parametrize("folder", HOOK_FREE)
+def test_the_device_path_and_the_signature_never_include_the_hook(folder):
+    files = sorted(p for p in (CPP / folder).rglob("*") if p.is_file())
+    assert files, f"cpp/{folder}/ is empty"
+    for path in files:
+        assert "hook" not in cpp_includes(path), f"{path.relative_to(REPO)} includes a header of cpp/hook/"
+
+
+def test_includes_are_read_by_folder(tmp_path):
+    # The check above sees both ways of naming a header of cpp/: by the
+    # project's path, and relative to the file (the AVX2 files, built alone).
+    demo = tmp_path / "demo.cpp"
+    demo.write_text(
+        '#include "opdump/cpp/hook/hook.h"\n#include <vector>\n'
+        '#include "opdump/cpp/opdump.h"\n#include "opdump/src/bridge.rs.h"\n'
+    )
+    assert cpp_includes(demo) == {"hook"}
+    assert cpp_includes(CPP / "signature" / "signature_avx2.cpp") == {"signature"}
+    assert cpp_includes(CPP / "stats" / "stats_avx2.cpp") == {"signature", "stats"}

@@ -38,7 +38,7 @@ EMITTERS = {
     "crates/format/src/regular.rs": _SAY,
     "crates/load/src/*.rs": _SAY,
     "crates/cli/src/**/*.rs": _SAY,
-    "cpp/*.cpp": _SAY,
+    "cpp/*/*.cpp": _SAY,
     "python/opdump/*.py": _PYTHON,
 }
 

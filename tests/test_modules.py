@@ -1,6 +1,6 @@
 """Where in the model: the module path of each call, the parameter and buffer
 names of its tensors, the forward call behind each backward call, and the
-source line (cpp/python_hooks.cpp, cpp/names.cpp, crates/engine/src/modules.rs).
+source line (cpp/hook/python_hooks.cpp, cpp/rows/param_names.cpp, crates/engine/src/modules.rs).
 
 The test model is written in the style of real ones: nested ModuleLists, a
 tied embedding and head, an nn.Sequential inside a custom module, a module

@@ -143,7 +143,7 @@ print(json.dumps(out.cpu().tolist()))
 
 def test_switches_and_bad_arguments(run):
     """opdump takes the batch kernel where one is registered on the backend's
-    key (cpp/device_reduce.cpp): TESTDEV_FUSED_BATCH=0, or
+    key (cpp/device/device_reduce.cpp): TESTDEV_FUSED_BATCH=0, or
     TESTDEV_FUSED_STATS=0, registers none."""
     code = """
 has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -178,7 +178,7 @@ def test_rows_give_what_opdump_records_on_the_cpu(run):
     """The limbs and y of a row, finished as opdump finishes them (F, then
     the sketch H y), equal the fingerprint and sketch opdump records for the
     same values on the CPU with OPDUMP_SKETCH=16 (its own kernels,
-    cpp/signature.cpp)."""
+    cpp/signature/signature.cpp)."""
     job = run(TENSORS + f"""
 torch.ops.opdump.enable()
 for t in host:

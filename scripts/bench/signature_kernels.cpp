@@ -3,16 +3,16 @@
 // (the fingerprint word by word, the sketch as the O(n·K) sum), for runs
 // split at places that are not block boundaries. Then the one-pass float32
 // kernel (statistics, fingerprint and sketch from the same loads,
-// cpp/stats_avx2.cpp's add_block_signed) against the three kernels run in
-// turn on the same blocks of 1,024, as cpp/stats.cpp runs them, over a
+// cpp/stats/stats_avx2.cpp's add_block_signed) against the three kernels run in
+// turn on the same blocks of 1,024, as cpp/stats/stats.cpp runs them, over a
 // tensor of 16K values (64 KiB, about the TinyLM's mean measured tensor),
 // with its results checked against both. Build and run from the repository
 // root:
 //
-//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/signature_avx2.cpp -Icpp -o /tmp/sig_avx2.o
-//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/stats_avx2.cpp -Icpp -o /tmp/stats_avx2.o
+//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/signature/signature_avx2.cpp -Icpp -o /tmp/sig_avx2.o
+//   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -c cpp/stats/stats_avx2.cpp -Icpp -o /tmp/stats_avx2.o
 //   mkdir -p /tmp/siginc/opdump && ln -sfn "$PWD/cpp" /tmp/siginc/opdump/cpp
-//   g++ -O3 -std=c++20 -DSTATS_HAVE_AVX2=1 -I/tmp/siginc cpp/signature.cpp \
+//   g++ -O3 -std=c++20 -DSTATS_HAVE_AVX2=1 -I/tmp/siginc cpp/signature/signature.cpp \
 //       scripts/bench/signature_kernels.cpp /tmp/sig_avx2.o /tmp/stats_avx2.o -Icpp -o /tmp/sig_bench && /tmp/sig_bench
 
 #include <algorithm>
@@ -22,8 +22,8 @@
 #include <cstring>
 #include <vector>
 
-#include "signature.h"
-#include "stats_acc.h"
+#include "signature/signature.h"
+#include "stats/stats_acc.h"
 
 using namespace opdump::sig;
 

@@ -1,11 +1,11 @@
-// The AVX2 statistics kernel alone (cpp/stats_avx2.cpp): nanoseconds per
+// The AVX2 statistics kernel alone (cpp/stats/stats_avx2.cpp): nanoseconds per
 // float32 element over a buffer in cache (256 KiB) and one in memory
-// (64 MiB), blocks of 1,024 as cpp/stats.cpp hands them, and the mean and
+// (64 MiB), blocks of 1,024 as cpp/stats/stats.cpp hands them, and the mean and
 // the sum of squared deviations against a long double two-pass reference,
 // for random values and for blocks whose first value (the kernel's pivot) is
 // an outlier. Build and run from the repository root:
 //
-//   g++ -O3 -std=c++20 -mavx2 -mfma -mf16c -Icpp scripts/bench/stats_kernel.cpp cpp/stats_avx2.cpp \
+//   g++ -O3 -std=c++20 -mavx2 -mfma -mf16c -Icpp scripts/bench/stats_kernel.cpp cpp/stats/stats_avx2.cpp \
 //       -o /tmp/stats_bench && /tmp/stats_bench
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "stats_acc.h"
+#include "stats/stats_acc.h"
 
 using opdump::Acc;
 

@@ -35,7 +35,7 @@ SOURCES = [HERE / "testdev.cpp", HERE / "faults.cpp", HERE / "direct.cpp", HERE 
 HEADERS = [HERE / "faults.h", HERE / "direct.h", HERE / "counters.h", HERE / "device.h", HERE / "fused_stats.h",
            HERE / "autocast.h"]
 # The batch kernel's fingerprint and sketch take their constants from opdump's header.
-HEADERS.append(HERE.parent.parent / "cpp" / "signature.h")
+HEADERS.append(HERE.parent.parent / "cpp" / "signature" / "signature.h")
 
 
 class BuildError(RuntimeError):

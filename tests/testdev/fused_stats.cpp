@@ -13,8 +13,8 @@
 // The batch kernel gives the rows of several tensors in one launch, each
 // followed, when asked for a sketch of length K, by the tensor's fingerprint
 // in three limbs and its sketch before the Hadamard transform (README.md,
-// "Fused statistics"; opdump's definition is cpp/signature.h, and
-// cpp/signature_device.cpp computes the same with ATen ops). Both are added
+// "Fused statistics"; opdump's definition is cpp/signature/signature.h, and
+// cpp/signature/signature_device.cpp computes the same with ATen ops). Both are added
 // in the same pass as the statistics, from the same values.
 
 #include "fused_stats.h"
@@ -26,7 +26,7 @@
 #include "device.h"
 // Header-only here: the constants and hashes of the definition (the sums
 // are written below, so opdump's own kernels are not linked in).
-#include "../../cpp/signature.h"
+#include "../../cpp/signature/signature.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>

@@ -1,7 +1,7 @@
 //! Where in the model a call runs: the module path of forward calls, and the
 //! forward call behind each backward call.
 //!
-//! - **Module paths.** The plugin's Python hooks (cpp/python_hooks.cpp) call
+//! - **Module paths.** The plugin's Python hooks (cpp/hook/python_hooks.cpp) call
 //!   `torch.ops.opdump.module_enter(path)` before each `nn.Module.forward`
 //!   and `module_exit()` after it. Each thread keeps the stack of modules it
 //!   is inside; a call takes the innermost one. Paths are interned: a call
@@ -12,7 +12,7 @@
 //!   made a node claims it: it exits first. A backward call then finds the
 //!   forward call of the node being run, with that call's module; the
 //!   engine's work for a node (a bias gradient's `sum_to`, accumulating its
-//!   outputs) counts as the node's (cpp/threads.cpp).
+//!   outputs) counts as the node's (cpp/hook/threads.cpp).
 //! - **Accumulation into a parameter.** An AccumulateGrad node was made by
 //!   no forward call: its calls (`detach`, `add_`) take the module whose
 //!   parameter it accumulates into, and no `fwd_seq`.
@@ -42,7 +42,7 @@ thread_local! {
 
 /// Pushed for a module whose calls must carry no path: code compiled by
 /// torch.compile runs its submodules without their hooks, so the innermost
-/// module of its calls is unknown (cpp/python_hooks.cpp enters "").
+/// module of its calls is unknown (cpp/hook/python_hooks.cpp enters "").
 const UNKNOWN: ModuleId = ModuleId::MAX;
 
 /// A module's forward begins on this thread; "" for one whose calls carry no
@@ -150,7 +150,7 @@ pub fn forward_of(thread: i64, nr: i64) -> Option<Forward> {
     nodes().lock().ok()?.get(thread, nr)
 }
 
-/// The node `thread` of an AccumulateGrad node (cpp/threads.cpp,
+/// The node `thread` of an AccumulateGrad node (cpp/hook/threads.cpp,
 /// kAccumulateGradThread): its number is then the id of the module whose
 /// parameter it accumulates into. Forward threads are never negative.
 pub const ACCUMULATE_GRAD_THREAD: i64 = -2;

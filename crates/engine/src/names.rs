@@ -4,7 +4,7 @@
 //! Each distinct name is stored once, for the life of the process, and
 //! records borrow it (`Name::Borrowed`): a record carries no allocation for
 //! its names, and the writer thread frees none. The C++ hook asks for a
-//! name's id once per distinct name and caches it (cpp/interned.cpp); an id
+//! name's id once per distinct name and caches it (cpp/rows/interned.cpp); an id
 //! resolves without a lock, from any thread. Names are a bounded set (those of
 //! the registered ops' schemas, of dtypes and devices, of the model's
 //! modules), so keeping them costs a few hundred KiB at most.

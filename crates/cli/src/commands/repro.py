@@ -154,7 +154,7 @@ def is_list_of(x, test):
     return isinstance(x, list) and all(test(e) for e in x)
 
 
-# What each kind of argument value holds (cpp/saved_call.cpp).
+# What each kind of argument value holds (cpp/rows/saved_call.cpp).
 VALUE_CHECKS = {
     "tensor": lambda x: isinstance(x, str),
     "tensors": lambda x: is_list_of(x, lambda k: k is None or isinstance(k, str)),

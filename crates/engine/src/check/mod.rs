@@ -7,7 +7,7 @@
 //! - at the call (the job's thread): [`Checks::wanted`] decides from the
 //!   signature C++ describes; C++ then copies the inputs to the host before
 //!   the op runs, and the outputs after;
-//! - on C++'s checking thread (`cpp/accuracy_check.cpp`): the two CPU runs
+//! - on C++'s checking thread (`cpp/check/accuracy_check.cpp`): the two CPU runs
 //!   and the measures, handed back as [`Measured`];
 //! - here: the verdict, the capture file of a failed call, and one line in
 //!   `<OPDUMP_DIR>/checks/rank=<R>/part-<pid>.jsonl`
@@ -72,7 +72,7 @@ pub struct CallInfo {
     pub rank: u32,
 }
 
-/// What the checking thread measured of one call (`cpp/accuracy_check.cpp`).
+/// What the checking thread measured of one call (`cpp/check/accuracy_check.cpp`).
 #[derive(Clone, Debug, Default)]
 pub struct Measured {
     pub device: String,

@@ -1,6 +1,6 @@
 //! Which device is off: the call online compare named is run again on the
 //! CPU from its captured inputs, in float64 and in its own dtype
-//! (`cpp/cpu_check.cpp`), and its outputs on this run's device are
+//! (`cpp/check/cpu_check.cpp`), and its outputs on this run's device are
 //! measured against the float64 result.
 //!
 //! The inputs agreed between the two runs (that is what "introduced"

@@ -6,7 +6,7 @@
 //! distributions, optionally with NaN and infinities) and a `b` derived from
 //! it (equal, rounded to bfloat16 or float16, noised, one element moved,
 //! scaled, permuted, or independent). Both tensors' statistics are computed
-//! here as the plugin defines them (`cpp/stats.cpp`: over the finite
+//! here as the plugin defines them (`cpp/stats/stats.cpp`: over the finite
 //! elements, population std, `l2` the norm, `absmax = max(|min|, |max|)`,
 //! counts), made into a dump in memory (`Dump::from_records`, which holds
 //! what the loader reads from the same records written to Parquet), and
@@ -318,7 +318,7 @@ fn exact_stats(x: &[f64]) -> Stats {
     s
 }
 
-/// The running sums of the plugin's `Acc` (cpp/stats_acc.h).
+/// The running sums of the plugin's `Acc` (cpp/stats/stats_acc.h).
 #[derive(Default)]
 struct Acc {
     finite: f64,
@@ -329,7 +329,7 @@ struct Acc {
 }
 
 /// The statistics as the plugin's portable CPU kernel sums them
-/// (`add_finite` in cpp/stats.cpp): blocks of 1024 elements, 8 lanes per
+/// (`add_finite` in cpp/stats/stats.cpp): blocks of 1024 elements, 8 lanes per
 /// sum, each block's squared deviations from its own mean, blocks merged
 /// with Chan's formula.
 fn plugin_stats(x: &[f64]) -> Stats {

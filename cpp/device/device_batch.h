@@ -1,0 +1,176 @@
+// The batches of device measurements (device_batches.cpp): the open batch of
+// each device and stream, which stages small tensors and collects the rows of
+// its measurements, and the closed batches in flight to the host, which
+// opdump-device completes (device_complete.cpp). See device_stats.h.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include "opdump/cpp/device/device_stats.h"
+
+namespace opdump {
+
+struct DeviceResult {
+  // All guarded by g.results.
+  bool done = false;
+  bool ok = false;
+  TensorStats stats{};
+  SignatureValues signature;
+  struct Waiter {
+    std::shared_ptr<PendingCall> call;
+    size_t row;
+    StatsStatus status;
+    int64_t repeat;
+    bool signature;
+  };
+  std::vector<Waiter> waiters;
+};
+
+namespace devstats {
+
+class WatchingAllocator;  // held_memory.cpp
+
+// Staging: one float64 buffer per open batch, and at a batch's close a few
+// temporaries of its size (segment_rows: at most about 41 bytes an element
+// at once, the buffer included), within the same budget.
+constexpr int64_t kStageElements = kDeviceScratchBytes / 64;
+constexpr int64_t kStageMaxElements = kStageElements / 4;
+// The job's memory a batch may hold for a backend's batch kernel.
+constexpr int64_t kHoldBytes = kDeviceScratchBytes / 4;
+constexpr size_t kBatchResults = 1024;
+constexpr size_t kMaxInFlight = 4;
+
+struct Settings {
+  bool sync = false;
+  bool hold = true;
+  bool block = true;
+  std::chrono::milliseconds wait{10000};
+};
+
+// OPDUMP_DEVICE_SYNC, OPDUMP_DEVICE_HOLD and the OPDUMP_QUEUE_FULL rules,
+// read once.
+const Settings& settings();
+
+// The backend's kernel for opdump::fused_stats_batch (device_stats.h).
+using BatchKernel = c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>;
+
+struct Batch {
+  uint64_t id = 0;
+  c10::Device device;
+  c10::Stream stream;
+  at::Tensor probe;  // an empty tensor on the device, to ask about captures
+  std::vector<at::Tensor> rows;  // one [kFields] tensor per piece, on the device
+  // One [kSignatureHead + K] tensor per signature piece (signature_row), on the device.
+  std::vector<at::Tensor> sig_rows;  // or blocks of such rows, flat
+  int64_t sig_row_count = 0;         // rows in sig_rows
+  std::vector<at::Tensor> keep;      // host memory its copies read, kept until its event
+  // Blocks of the backend's batch kernel, [n, kFields + kSignatureHead + K] each.
+  std::vector<at::Tensor> kernel_blocks;
+  int64_t kernel_rows = 0;
+  at::Tensor stage;              // the staged tensors, one after the other
+  std::vector<int64_t> lengths;  // elements of each staged tensor
+  int64_t staged = 0;  // elements taken: filled, or held to be staged at the close
+  int64_t filled = 0;  // elements in the buffer
+  struct Part {
+    DeviceResultPtr result;
+    int64_t first = 0;                 // its first piece row, or
+    int64_t segment = -1;              // its segment of the staging buffer (-1: none)
+    std::vector<int64_t> piece_numel;  // elements of each of its pieces (or of the tensor)
+    int64_t sig_first = -1;            // its first signature row (-1: none)
+    int64_t sig_count = 0;
+    int64_t kernel_row = -1;           // its row of the batch kernel's blocks (-1: none)
+    // Held until the batch closes (or an op is about to write its memory):
+    // an alias of the measured tensor, read then. `storage`: its memory.
+    at::Tensor held;
+    const c10::StorageImpl* storage = nullptr;
+    // Its memory's address, and the watch on its allocations, when it was
+    // held (held_memory.cpp).
+    const void* held_address = nullptr;
+    WatchingAllocator* watch = nullptr;
+    uint64_t allocations = 0;
+    bool held_signature = false;  // its fingerprint and sketch are made from `held` too
+    bool failed = false;          // reading it failed: its result fails
+  };
+  std::vector<Part> parts;
+  int64_t held = 0;        // parts holding a tensor
+  int64_t held_bytes = 0;  // their bytes, for the batch kernel's bound
+  const BatchKernel* kernel = nullptr;  // the batch kernel its held parts go to, if any
+  // Set when the batch closes: the rows of the pieces, then those of the
+  // segments.
+  int64_t piece_rows = 0;
+  int64_t stats_values = 0;  // the host copy: the statistics rows, then the signature rows
+  int64_t kernel_values = 0;  // then the batch kernel's rows, from here
+  int sig_k = 0;
+  at::Tensor lengths_host;
+  at::Tensor device_rows;
+  at::Tensor host;
+  std::optional<c10::Event> event;
+  bool failed = false;
+
+  Batch(c10::Device d, c10::Stream s) : device(d), stream(s) {}
+};
+
+// The shared state lives for the whole process and is never destroyed: at
+// exit opdump-device still waits on g.changed (destroying a condition
+// variable with a waiter blocks), and the batches hold device tensors that
+// must not be freed after torch has gone.
+struct State {
+  std::mutex mutex;  // the open batches, the batches in flight, stalled
+  std::condition_variable changed;
+  std::vector<std::unique_ptr<Batch>> open;  // one per device and stream
+  std::deque<std::unique_ptr<Batch>> in_flight;
+  bool stalled = false;  // a wait for room timed out; no more waits until room is made
+  bool thread_started = false;
+  std::atomic<int64_t> held{0};  // parts holding a tensor, in all open batches
+  uint64_t next_id = 1;
+  std::mutex results;  // DeviceResult's fields
+};
+extern State& g;
+
+// ---- batches (g.mutex held) -------------------------------------------------
+
+// Room for one more batch in flight, waiting for it under the queue rules.
+bool make_room(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline);
+// The open batch of (d, s), or g.open.end().
+std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stream s);
+// Hands the open batch `it` to opdump-device (there must be room in flight).
+void close(std::vector<std::unique_ptr<Batch>>::iterator it);
+// The signature rows of `t` for a sketch of length `k`, launched now; none
+// when one fails (the row then has statistics without a fingerprint).
+void launch_signature(const at::Tensor& t, int k, Batch& b, Batch::Part& part);
+// Reads the held tensors of `parts` (indexes into b.parts) now, on the
+// batch's stream: staged, or given to the batch kernel (device_hold.cpp).
+void read_held(Batch& b, const std::vector<size_t>& parts);
+// Closes every open batch not on a capturing stream, waiting for room in
+// flight until `deadline`; false when a batch stayed open.
+bool close_open(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline);
+// Closes the open batch of (d, s) and waits until it has come back.
+void close_and_wait(std::unique_lock<std::mutex>& lock, c10::Device d, c10::Stream s);
+
+// A held part's memory watched from now until unwatch_memory, which must
+// come before its alias is released (held_memory.cpp; g.mutex held).
+void watch_memory(Batch::Part& part);
+// Whether the memory under a held part changed owner since it was held:
+// freed and allocated again, at another address or the same one.
+bool memory_changed(const Batch::Part& part);
+void unwatch_memory(Batch::Part& part);
+
+// opdump-device's loop (device_complete.cpp), started at the first close.
+void completion_loop();
+
+}  // namespace devstats
+}  // namespace opdump

@@ -1,0 +1,150 @@
+// Opening, closing and waiting for batches of device measurements (see
+// device_batch.h).
+
+#include "opdump/cpp/device/device_batch.h"
+
+#include <string>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "opdump/cpp/device/device_counters.h"
+#include "opdump/cpp/device/device_reduce.h"
+#include "opdump/cpp/common/common.h"
+#include "opdump/cpp/stats/stats.h"
+
+namespace opdump::devstats {
+
+const Settings& settings() {
+  static const Settings s = [] {
+    const DeviceSettings d = device_settings();
+    return Settings{d.sync, d.hold, d.block, std::chrono::milliseconds(d.wait_ms)};
+  }();
+  return s;
+}
+
+State& g = *new State;
+
+// Room for one more batch in flight, waiting for it under the queue rules.
+bool make_room(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline) {
+  if (g.in_flight.size() < kMaxInFlight) return true;
+  if (!settings().block || g.stalled) return false;
+  g_job_waits.fetch_add(1, std::memory_order_relaxed);
+  if (g.changed.wait_until(lock, deadline, [] { return g.in_flight.size() < kMaxInFlight; })) return true;
+  g.stalled = true;
+  warn(rust::Str("device statistics have not come back within OPDUMP_QUEUE_WAIT_MS (a stalled device?); "
+                 "measurements are dropped and counted until they do"));
+  return false;
+}
+
+std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stream s) {
+  for (auto it = g.open.begin(); it != g.open.end(); ++it)
+    if ((*it)->device == d && (*it)->stream == s) return it;
+  return g.open.end();
+}
+
+namespace {
+
+// The statistics rows of batch `b` on the device, as flat blocks: the rows
+// of the pieces, then those of the staged segments.
+std::vector<at::Tensor> stats_blocks(Batch& b) {
+  std::vector<at::Tensor> blocks;
+  b.piece_rows = static_cast<int64_t>(b.rows.size());
+  if (!b.rows.empty()) blocks.push_back(at::stack(b.rows));
+  b.rows.clear();
+  if (!b.lengths.empty()) {
+    // The lengths go to the device from host memory that the batch keeps
+    // until its event: pinned on CUDA, so that the copy does not wait.
+    const auto n = static_cast<int64_t>(b.lengths.size());
+    b.lengths_host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
+    std::copy(b.lengths.begin(), b.lengths.end(), b.lengths_host.mutable_data_ptr<int64_t>());
+    const at::Tensor lengths = b.lengths_host.to(b.device, /*non_blocking=*/true);
+    blocks.push_back(segment_rows(b.stage.narrow(0, 0, b.filled), lengths));
+    b.stage.reset();  // back to the allocator, in stream order
+  }
+  for (auto& block : blocks) block = block.reshape({-1});
+  return blocks;
+}
+
+// One flat host copy: the statistics rows, the signature rows, then the
+// batch kernel's rows; and the event that says it has arrived.
+void copy_to_host(Batch& b, std::vector<at::Tensor> blocks) {
+  b.stats_values = 0;
+  for (const auto& block : blocks) b.stats_values += block.numel();
+  b.kernel_values = b.stats_values;
+  if (!b.sig_rows.empty()) {
+    blocks.push_back(at::cat(b.sig_rows));
+    b.kernel_values += blocks.back().numel();
+  }
+  b.sig_rows.clear();
+  for (const auto& block : b.kernel_blocks) blocks.push_back(block.reshape({-1}));
+  b.kernel_blocks.clear();
+  b.device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);
+  if (b.device_rows.scalar_type() != at::kDouble) b.device_rows = b.device_rows.to(at::kDouble);
+  b.host = at::empty(b.device_rows.sizes(),
+                     at::TensorOptions().dtype(at::kDouble).pinned_memory(b.device.is_cuda()));
+  b.host.copy_(b.device_rows, /*non_blocking=*/true);
+  b.event.emplace(b.device.type());
+  b.event->record(b.stream);
+}
+
+}  // namespace
+
+// Launches the stacking, the copy to the host and the event of the open
+// batch `it` on its own stream, and hands it to opdump-device. There must be
+// room in flight.
+void close(std::vector<std::unique_ptr<Batch>>::iterator it) {
+  std::unique_ptr<Batch> b = std::move(*it);
+  g.open.erase(it);
+  if (b->parts.empty()) return;
+  try {
+    // Unseen by opdump itself (which would measure these ops), by autograd
+    // and by user modes, as the measurement's own ops are. It may run
+    // outside measure(): at a flush.
+    c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
+    c10::StreamGuard guard(b->stream);
+    if (b->held > 0) {
+      std::vector<size_t> held;
+      for (size_t i = 0; i < b->parts.size(); ++i)
+        if (b->parts[i].held.defined()) held.push_back(i);
+      read_held(*b, held);
+    }
+    copy_to_host(*b, stats_blocks(*b));
+  } catch (const std::exception& e) {
+    b->failed = true;
+    warn(rust::Str(std::string("sending device statistics to the host failed: ") + e.what()));
+  }
+  // A held part left (its read threw before it was released) goes now.
+  for (auto& p : b->parts)
+    if (p.held.defined()) {
+      unwatch_memory(p);
+      p.held.reset();
+      g.held.fetch_sub(1, std::memory_order_relaxed);
+    }
+  g.in_flight.push_back(std::move(b));
+  if (!g.thread_started) {
+    start_thread("opdump-device", completion_loop);
+    g.thread_started = true;
+  }
+  g.changed.notify_all();
+}
+
+// Closes the open batch of (d, s) and waits until it has come back.
+void close_and_wait(std::unique_lock<std::mutex>& lock, c10::Device d, c10::Stream s) {
+  const auto deadline = std::chrono::steady_clock::now() + settings().wait;
+  if (!make_room(lock, deadline)) return;
+  auto it = find_open(d, s);
+  if (it == g.open.end()) return;
+  const uint64_t id = (*it)->id;
+  close(it);
+  g_job_waits.fetch_add(1, std::memory_order_relaxed);
+  g.changed.wait_until(lock, deadline, [id] {
+    for (const auto& b : g.in_flight)
+      if (b->id == id) return false;
+    return true;
+  });
+}
+
+}  // namespace opdump::devstats

@@ -1,0 +1,423 @@
+// The boxed fallback that sees every op: measures the inputs, redispatches to
+// the rest of the dispatcher, measures the outputs, and hands one plain
+// record to Rust. Modelled on PyTorch's in-tree boxed fallbacks
+// (ConjugateFallback.cpp): the redispatch uses the keys after ours, and
+// arguments and returns are read off the stack. The rows of the tensors are
+// built by RowBuilder (rows/row_builder.h); memory without values is followed through
+// copies by Carries (carries.h).
+
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include "opdump/cpp/rows/arg_text.h"
+#include "opdump/cpp/rows/call_args.h"
+#include "opdump/cpp/hook/call_kind.h"
+#include "opdump/cpp/hook/carries.h"
+#include "opdump/cpp/check/cpu_rerun.h"
+#include "opdump/cpp/device/device_stats.h"
+#include <optional>
+
+#include "opdump/cpp/check/check.h"
+#include "opdump/cpp/common/common.h"
+#include "opdump/cpp/hook/hook.h"
+#include "opdump/cpp/hook/parts.h"
+#include "opdump/cpp/rows/rows.h"
+#include "opdump/cpp/stats/stats.h"
+#include "opdump/cpp/hook/op_kinds.h"
+#include "opdump/cpp/rows/row_builder.h"
+#include "opdump/src/bridge.rs.h"
+
+namespace opdump {
+
+std::atomic<bool> g_active{false};
+std::atomic<bool> g_hook_only{false};
+
+namespace {
+
+int64_t epoch_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string error_text(const std::exception& e) {
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
+}
+
+// Pairs op_exit with op_enter on every path out of the fallback, the user's
+// exceptions included. A call with rows still waiting for device statistics
+// leaves through device_call_exited, which hands it over once they arrive.
+struct ExitGuard {
+  RowBuilder* rec;
+  ~ExitGuard() {
+    try {
+      if (rec->pending)
+        device_call_exited(std::move(rec->pending), std::move(rec->call));
+      else
+        op_exit(rec->call);
+    } catch (...) {
+    }
+  }
+};
+
+// A CPU check whose inputs were copied is started, or reported failed on
+// the way out when the op raised (Rust counts the checks under way).
+struct CpuCheckGuard {
+  std::optional<CpuCheckInputs> inputs;
+  ~CpuCheckGuard() {
+    if (!inputs) return;
+    try {
+      cpu_check_failed(rust::Str("the op raised an error"));
+    } catch (...) {
+    }
+  }
+};
+
+// An accuracy check (OPDUMP_CHECK) whose inputs were copied is queued
+// after the op ran, or dropped on the way out when the op raised: its
+// signature is then checked at its next call.
+struct AccuracyCheckGuard {
+  int64_t id = -1;
+  std::optional<CpuCheckInputs> inputs;
+  ~AccuracyCheckGuard() {
+    if (id < 0) return;
+    try {
+      check_dropped(id, false);
+    } catch (...) {
+    }
+  }
+};
+
+// A view op computes nothing: there is nothing of the device's to check.
+bool returns_views_only(const c10::FunctionSchema& schema) {
+  const auto& returns = schema.returns();
+  if (returns.empty()) return false;
+  for (const auto& r : returns)
+    if (r.alias_info() == nullptr || r.alias_info()->isWrite()) return false;
+  return true;
+}
+
+// OPDUMP_CHECK: whether Rust wants this call checked, and if so its inputs
+// copied to the host as they are before it runs.
+void start_accuracy_check(AccuracyCheckGuard& check, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          const OpCall& call) {
+  try {
+    const auto& name = op.operator_name();
+    const std::string signature = call_signature(op, stack, std::string_view(call.args.data(), call.args.size()));
+    const std::string_view overload =
+        name.overload_name.empty() ? std::string_view("default") : std::string_view(name.overload_name);
+    const int64_t id = check_wanted(rust::Str(name.name), rust::Str(overload.data(), overload.size()),
+                                    rust::Str(call.args.data(), call.args.size()), rust::Str(signature),
+                                    input_bytes(op, stack));
+    if (id < 0) return;
+    check.id = id;
+    check.inputs = cpu_check_inputs(op, stack);
+  } catch (const std::exception& e) {
+    warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +
+                   " could not copy its inputs: " + e.what()));
+  }
+}
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Calls from above autograd note what their kernel may trust and write: a
+// top-level call's arguments are known memory (provenance.cpp), and the
+// arguments it writes are kept out of the reuse cache inside it (reuse.cpp).
+// This runs for unrecorded calls too, so that recorded calls nested in them
+// see the right memory.
+void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, bool top_level) {
+  if (top_level) provenance_begin_top_level();
+  reuse_begin_call();
+  const auto& args = schema.arguments();
+  const size_t first = stack.size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (top_level) provenance_note_all(stack[first + i]);
+    if (is_written(args[i])) reuse_note_written(stack[first + i]);
+  }
+  if (top_level) provenance_arguments_noted();
+}
+
+// The tensors a collective (c10d) takes are what it fills, though its
+// schema marks no write: from its return on they hold values, whole, even
+// where only a part of them held values before (FSDP's all-gather buffer).
+struct CollectiveFills {
+  c10::SmallVector<c10::IValue, 4> arguments;
+  CollectiveFills(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+    if (!uninitialized_tracking() || !outputs_asynchronous(op.operator_name().name)) return;
+    const size_t n = std::min(op.schema().arguments().size(), stack.size());
+    arguments.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
+  }
+  void done() {
+    for (const auto& v : arguments) for_each_tensor(v, [](const at::Tensor& t) { forget_uninitialized(t); });
+    arguments.clear();
+  }
+};
+
+// Arguments written by the call, for ops that return nothing.
+using Written = c10::SmallVector<std::pair<size_t, c10::IValue>, 2>;
+
+// A call that is not recorded still produces memory with values, or copies
+// memory without.
+void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
+                    bool versioned) {
+  const auto& schema = op.schema();
+  const std::string_view base = base_name(op.operator_name().name);
+  Carries carries;
+  Written written;
+  try {
+    carries = Carries::judge(base, schema, *stack);
+    if (schema.returns().empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
+      const auto& args = schema.arguments();
+      const size_t first = stack->size() - args.size();
+      for (size_t i = 0; i < args.size(); ++i)
+        if (is_written(args[i])) written.emplace_back(i, (*stack)[first + i]);
+    }
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+  CollectiveFills filled(op, *stack);
+  WriteScope writing(schema, *stack);
+  op.redispatchBoxed(next, stack);
+  try {
+    const auto& returns = schema.returns();
+    const bool empty = output_uninitialized(base);
+    for (size_t r = 0; r < returns.size(); ++r) {
+      const c10::IValue& v = (*stack)[stack->size() - returns.size() + r];
+      const auto* alias = returns[r].alias_info();
+      if (alias == nullptr) provenance_note_all(v);
+      note_unrecorded_output(v, alias == nullptr || alias->isWrite(), alias != nullptr && alias->isWrite(), empty,
+                             carries, versioned);
+    }
+    for (const auto& [i, v] : written) note_unrecorded_output(v, true, true, false, carries, versioned);
+    filled.done();
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+}
+
+// Names the call, measures its tensor arguments and writes the others as
+// text. A failure here is opdump's, never the job's.
+void record_inputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                   const OpTicket& ticket, Written& written) {
+  const auto& name = op.operator_name();
+  try {
+    const auto& args = op.schema().arguments();
+    const std::string_view base = base_name(name.name);
+    rec.call.tensors.reserve(args.size() + op.schema().returns().size());
+    const OpNames& names = op_names(op);
+    rec.call.op_id = names.op;
+    rec.call.overload_id = names.overload_id;
+    const size_t first = stack.size() - args.size();
+    std::string text;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = stack[first + i];
+      const auto& a = args[i];
+      const bool writes = is_written(a);
+      if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
+        if (writes) written.emplace_back(i, v);
+        if (ticket.inputs) rec.value(v, Role::Input, names.args[i], input_values_defined(base, a, writes));
+      } else {
+        append_arg_text(text, a, v);
+      }
+    }
+    rec.call.args = rust::String(text);
+  } catch (const std::exception& e) {
+    internal_error(rust::Str(std::string("measuring the inputs of ") + name.name + " failed: " + e.what()));
+  }
+  if (ticket.capture) {
+    try {
+      save_inputs(rec.call, op.schema(), stack);
+    } catch (const std::exception& e) {
+      rec.call.captured = false;
+      rec.call.saved.clear();
+      warn(rust::Str(std::string("capturing the inputs of ") + name.name + " failed: " + e.what()));
+    }
+  }
+}
+
+// Runs the op with its wall time. The user's own error goes back to them
+// unchanged, after its message is put into the record.
+void run_timed(RowBuilder& rec, const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
+  WriteScope writing(op.schema(), *stack);
+  rec.call.start_ns = epoch_ns();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    op.redispatchBoxed(next, stack);
+  } catch (const std::exception& e) {
+    rec.call.duration_ns = nanoseconds_since(t0);
+    rec.call.has_error = true;
+    try {
+      rec.call.error = rust::String(error_text(e));
+    } catch (...) {
+    }
+    throw;  // ExitGuard hands over the record
+  }
+  rec.call.duration_ns = nanoseconds_since(t0);
+}
+
+// Measures the returns, or, for in-place ops that return nothing
+// (_foreach_add_), the arguments the schema marks as written.
+void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                    const OpTicket& ticket, const Written& written) {
+  const auto& name = op.operator_name();
+  try {
+    const std::string_view base = base_name(name.name);
+    const auto& returns = op.schema().returns();
+    if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
+      static const uint32_t self = name_id("self");
+      for (size_t i = 0; i < rec.call.tensors.size(); ++i)
+        if (rec.call.tensors[i].role == Role::Input && rec.call.tensors[i].arg_id == self) rec.view_source = i;
+      rec.view_keeps_order = preserves_order(base);
+    }
+    const bool async_outputs = outputs_asynchronous(name.name);
+    const bool fresh = !output_uninitialized(base) && !async_outputs;
+    const StatsStatus no_values = async_outputs ? StatsStatus::NotMeasured : StatsStatus::Uninitialized;
+    if (!returns.empty()) {
+      const size_t first = stack.size() - returns.size();
+      for (size_t r = 0; r < returns.size(); ++r) {
+        // A view of an input holds no new values; anything else the op computed.
+        const auto* alias = returns[r].alias_info();
+        const bool produced = alias == nullptr || alias->isWrite();
+        rec.alias_return = !produced;
+        rec.write_return = alias != nullptr && alias->isWrite();
+        rec.value(stack[first + r], Role::Output, return_name_id(r), fresh, produced, no_values);
+      }
+    } else {
+      rec.alias_return = false;
+      rec.write_return = true;
+      const OpNames& names = op_names(op);
+      for (auto& [i, v] : written) rec.value(v, Role::Output, names.args[i], fresh, true, no_values);
+    }
+  } catch (const std::exception& e) {
+    internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));
+  }
+  if (ticket.capture && rec.call.captured) {
+    try {
+      std::vector<std::pair<std::string, c10::IValue>> by_name;
+      for (const auto& [i, v] : written) by_name.emplace_back(op.schema().arguments()[i].name(), v);
+      save_outputs(rec.call, op.schema(), stack, by_name);
+    } catch (const std::exception& e) {
+      rec.call.capture_outputs_skipped = true;
+      warn(rust::Str(std::string("capturing the outputs of ") + name.name + " failed: " + e.what()));
+    }
+  }
+}
+
+void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
+                    const OpTicket& ticket) {
+  // Every op_enter is paired with op_exit, for unrecorded calls too: the
+  // guard comes first.
+  RowBuilder rec;
+  ExitGuard exit_guard{&rec};
+  // OPDUMP_ON_DIVERGENCE=stop: the job's own error, raised where its op
+  // would run (the exit guard pairs the entry as for any error).
+  if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
+  const bool versioned = from_above_autograd();
+  const bool above_autograd = ticket.depth == 0 || versioned;
+  if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+  if (!ticket.record) return run_unrecorded(op, next, stack, versioned);
+
+  rec.nested = ticket.depth > 0;
+  rec.above_autograd = above_autograd;
+  rec.versioned = versioned;
+  rec.shortcuts = ticket.shortcuts;
+  Written written;
+  Carries carries;
+  try {
+    carries = Carries::judge(base_name(op.operator_name().name), op.schema(), *stack);
+    rec.carries = &carries;
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+  if (ticket.source) rec.call.source = rust::String(python_source());
+  record_inputs(rec, op, *stack, ticket, written);
+  // The autograd nodes the op makes take the next sequence numbers of this
+  // thread: the call claims them for its backward calls (fwd_seq).
+  CpuCheckGuard cpu_check;
+  if (ticket.check_on_cpu) {
+    try {
+      cpu_check.inputs = cpu_check_inputs(op, *stack);
+    } catch (const std::exception& e) {
+      cpu_check_failed(rust::Str(std::string("its inputs could not be copied to the host: ") + e.what()));
+    }
+  }
+  AccuracyCheckGuard accuracy;
+  if (ticket.check && !returns_views_only(op.schema())) start_accuracy_check(accuracy, op, *stack, rec.call);
+  const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
+  CollectiveFills filled(op, *stack);
+  run_timed(rec, op, next, stack);
+  try {
+    filled.done();
+  } catch (const std::exception& e) {
+    carry_failed(op, e);
+  }
+  if (accuracy.inputs) {
+    const int64_t id = accuracy.id;
+    accuracy.id = -1;
+    try {
+      accuracy_check_enqueue(id, std::move(*accuracy.inputs), op, *stack);
+    } catch (const std::exception& e) {
+      check_dropped(id, false);
+      warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +
+                     " could not copy its outputs: " + e.what()));
+    }
+  }
+  if (cpu_check.inputs) {
+    CpuCheckInputs inputs = std::move(*cpu_check.inputs);
+    cpu_check.inputs.reset();
+    try {
+      cpu_check_start(std::move(inputs), op, *stack);
+    } catch (const std::exception& e) {
+      cpu_check_failed(rust::Str(std::string("its outputs could not be copied to the host: ") + e.what()));
+    }
+  }
+  const auto end_node = static_cast<int64_t>(at::sequence_number::peek());
+  if (end_node > first_node)
+    op_made_nodes(static_cast<int64_t>(at::RecordFunction::currentThreadId()), first_node, end_node);
+  record_outputs(rec, op, *stack, ticket, written);
+}
+
+}  // namespace
+
+void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // opdump's own CPU reruns (cpu_rerun.cpp) pass here to be stopped
+  // before they draw random numbers; nothing of theirs is recorded.
+  if (C10_UNLIKELY(rerunning_here())) return rerun_fallback(op, ks, stack);
+  const auto next = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
+  if (!g_active.load(std::memory_order_relaxed) || g_hook_only.load(std::memory_order_relaxed)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const auto& name = op.operator_name().name;
+  if (name.starts_with("opdump::")) {  // our own control ops
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tracing_call(*stack, op.schema().arguments().size())) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  python_hooks_tick();
+  const auto& overload = op.operator_name().overload_name;
+  int64_t node_thread = -1, node_seq_nr = -1;
+  current_backward_node(node_thread, node_seq_nr);
+  OpTicket ticket = op_enter(rust::Str(name), rust::Str(overload.empty() ? "default" : overload),
+                             current_phase(), node_thread, node_seq_nr);
+  record_and_run(op, next, stack, ticket);
+}
+
+}  // namespace opdump

@@ -1,0 +1,117 @@
+// Statistics already measured, reused instead of reading the data again.
+//
+// An op's input is very often the unmodified output of an op just recorded
+// (a layer's activation, a weight read by forward and backward). The cache
+// keys each measured tensor on a weak reference to its TensorImpl and its
+// version counter, not on an address, since freed addresses are reused; any
+// in-place write through the dispatcher above ADInplaceOrView moves the
+// version and invalidates the entry. Inference tensors have no version
+// counter and are never cached.
+//
+// Only calls made from above autograd (the user's program, composite ops)
+// fill the cache: below it, a kernel writes without moving versions, through
+// nested calls or directly. Calls inside a kernel still read the cache, for
+// memory other than what the kernel's own call writes (its in-place and out=
+// arguments), since a kernel only writes those and memory it allocated.
+// Writes that break these rules (a NumPy view, a data_ptr kernel, a kernel
+// writing an argument its schema marks read-only) do not move the version:
+// OPDUMP_REUSE=0 switches the shortcuts off.
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "opdump/cpp/common/common.h"
+#include "opdump/cpp/device/device_stats.h"
+#include "opdump/cpp/stats/parts.h"
+#include "opdump/cpp/stats/stats.h"
+#include "opdump/src/bridge.rs.h"
+
+namespace opdump {
+
+namespace {
+
+struct Cached {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+  int64_t version;  // as TensorBase::_version() returns it
+  TensorStats stats;
+  SignatureValues signature;  // with the statistics, when measured
+  DeviceResultPtr pending;  // statistics still on their way from a device
+  int64_t repeat;
+  bool pending_signature;  // whether `pending` also brings this tensor's signature
+};
+
+constexpr size_t kMaxEntries = 1 << 15;
+
+std::mutex g_mutex;
+std::unordered_map<const c10::TensorImpl*, Cached> g_cache;
+
+// Below this many elements, measuring again costs less than a lookup (a
+// lock, a hash, a weak reference) and a remembered entry.
+constexpr int64_t kMinElements = 1024;
+
+bool cacheable(const at::Tensor& t) {
+  return t.defined() && !t.is_inference() && t.layout() == at::kStrided && t.numel() >= kMinElements;
+}
+
+// The storages the innermost call from above autograd on this thread may
+// write: its arguments marked as written (in-place and out=). Its kernel
+// writes them with nested calls that do not move the version (the version
+// moves when the call returns), so a call inside it must not take their
+// statistics from the cache.
+thread_local std::vector<const c10::StorageImpl*> tl_written;
+
+void note_written(const at::Tensor& t) {
+  if (t.defined() && t.has_storage()) tl_written.push_back(t.storage().unsafeGetStorageImpl());
+}
+
+}  // namespace
+
+void reuse_begin_call() { tl_written.clear(); }
+
+void reuse_note_written(const c10::IValue& v) { for_each_tensor(v, note_written); }
+
+bool reuse_written_by_current_call(const at::Tensor& t) {
+  if (tl_written.empty()) return false;
+  if (!t.has_storage()) return true;
+  return std::find(tl_written.begin(), tl_written.end(), t.storage().unsafeGetStorageImpl()) != tl_written.end();
+}
+
+void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending, int64_t repeat,
+                    bool pending_signature) {
+  if (!cacheable(t)) return;
+  Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(),
+           row.stats, signature_of_row(row), std::move(pending), repeat, pending_signature};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_cache.size() >= kMaxEntries) {
+    std::erase_if(g_cache, [](const auto& kv) { return kv.second.impl.expired(); });
+    if (g_cache.size() >= kMaxEntries) g_cache.clear();
+  }
+  g_cache.insert_or_assign(t.unsafeGetTensorImpl(), std::move(c));
+}
+
+bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat,
+                  bool& pending_signature) {
+  if (!cacheable(t)) return false;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_cache.find(t.unsafeGetTensorImpl());
+  if (it == g_cache.end()) return false;
+  const Cached& c = it->second;
+  auto live = c.impl.lock();
+  if (live.get() != t.unsafeGetTensorImpl() || c.version != t._version()) {
+    g_cache.erase(it);  // written since, or a new tensor at a reused address
+    return false;
+  }
+  row.stats = c.stats;
+  if (c.signature.has) put_signature(c.signature, row);
+  pending = c.pending;
+  repeat = c.repeat;
+  pending_signature = c.pending_signature;
+  return true;
+}
+
+void reuse_atfork_prepare() { g_mutex.lock(); }
+void reuse_atfork_release() { g_mutex.unlock(); }
+
+}  // namespace opdump
