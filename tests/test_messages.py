@@ -227,7 +227,8 @@ ELSEWHERE = {
     # creates the directory first. Its unit test reaches NotDirectory.
     "is not a directory; set OPDUMP_DIR": ("crates/fsguard/tests/fsguard/directories.rs", "DirProblem::NotDirectory"),
     "descriptor <n> no longer refers": ("tests/test_hostile.py", "no longer refers"),
-    "is no longer the file opdump wrote": ("crates/fsguard/tests/fsguard/descriptors.rs", "no longer the file opdump wrote"),
+    "is no longer the file opdump wrote": ("crates/fsguard/tests/fsguard/descriptors.rs",
+                                           "no longer the file opdump wrote"),
     "corrupt footer": ("crates/cli/tests/cli/hostile_input.rs", "corrupt footer"),
     "fails its checksum": ("crates/cli/tests/cli/probe_files.rs", '"checksum"'),
     "not a file of check results opdump wrote": ("crates/cli/tests/cli/probe_files.rs", "larger than"),
