@@ -133,6 +133,44 @@ def test_sdpa_without_dropout_is_still_checked(tmp_path):
     assert sdpa and all(r["verdict"] == "pass" for r in sdpa), sdpa
 
 
+def test_a_call_without_a_tensor_result_is_never_run_again(tmp_path):
+    """An op that returns no tensor and writes none has nothing to compare,
+    and running it again would repeat its side effect on the job's objects
+    (the optimizer's profiler ranges, a custom op's logging): the check says
+    so and never runs it."""
+    code = """
+    import json, os
+    import torch
+    torch.ops.load_library(os.environ["TESTJOB_LIB"])
+    calls = []
+
+    @torch.library.custom_op("opdump_probe::note", mutates_args=())
+    def note(x: torch.Tensor) -> None:
+        calls.append(float(x.sum()))
+
+    x = torch.ones(3)
+    for _ in range(3):
+        note(x)
+        with torch.autograd.profiler.record_function("probe-range"):
+            x = x * 2
+    # The check's line of `note` is written once its check is over.
+    import glob, time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            "opdump_probe::note" in open(f).read() for f in glob.glob(os.environ["OPDUMP_DIR"] + "/checks/*/*.jsonl")):
+        time.sleep(0.05)
+    print(json.dumps({"calls": len(calls)}))
+    """
+    dump = tmp_path / "dump"
+    out = last_json(run_script(tmp_path, code, OPDUMP="1", OPDUMP_CHECK="1", OPDUMP_DIR=dump))
+    assert out == {"calls": 3}, "the check ran the job's side effect again"
+    rows = {r["op"]: r for r in check_rows(dump) if r["kind"] == "check"}
+    for op in ("opdump_probe::note", "profiler::_record_function_enter_new", "profiler::_record_function_exit"):
+        assert rows[op]["verdict"] == "no_reference", rows.get(op)
+        assert rows[op]["reason"] == "no floating-point output to compare", rows[op]
+    assert rows["aten::mul"]["verdict"] == "pass", rows.get("aten::mul")
+
+
 # ---------------------------------------------------------------------------
 # 2. A check never uses an op after it is gone
 # ---------------------------------------------------------------------------

@@ -153,6 +153,7 @@ void run(Job job) {
   r.device_err = r.cpu_err = r.device_vs_cpu = r.device_ulp = r.cpu_ulp = -1.0;
   std::optional<RerunScope> op;
   try {
+    if (job.op.no_tensor_result) throw NoRerun("no floating-point output to compare");
     op.emplace(job.op);
     measure(job, *op, r);
   } catch (const NoRerun& e) {

@@ -69,7 +69,31 @@ double max_ulp(const at::Tensor& x, const at::Tensor& ref64) {
   return d.max().item<double>();
 }
 
-RerunOp rerun_op(const c10::OperatorHandle& op) { return RerunOp{op.operator_name(), op.schema().returns().size()}; }
+namespace {
+
+bool holds_tensor(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  for (const c10::TypePtr& c : t->containedTypes())
+    if (holds_tensor(c)) return true;
+  return false;
+}
+
+// Whether a call of `schema` leaves a tensor to compare: one it returns, or
+// an argument it writes.
+bool tensor_result(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns())
+    if (holds_tensor(r.type())) return true;
+  for (const auto& a : schema.arguments())
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite() && holds_tensor(a.type())) return true;
+  return false;
+}
+
+}  // namespace
+
+RerunOp rerun_op(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  return RerunOp{op.operator_name(), schema.returns().size(), !tensor_result(schema)};
+}
 
 namespace {
 

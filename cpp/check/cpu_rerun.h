@@ -38,6 +38,10 @@ double max_ulp(const at::Tensor& x, const at::Tensor& ref64);
 struct RerunOp {
   c10::OperatorName name;
   size_t returns = 0;
+  // It returns no tensor and writes none (profiler ranges, asserts, a
+  // custom op's side effect): a rerun could only repeat its side effect,
+  // on objects of the job's, and has nothing to compare.
+  bool no_tensor_result = false;
 };
 RerunOp rerun_op(const c10::OperatorHandle& op);
 
