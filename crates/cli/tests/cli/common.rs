@@ -357,3 +357,35 @@ pub fn gelu_dump(dir: &Path, out: &[f32], captured: bool) {
     }
     w.close().expect("close");
 }
+
+/// The value of attribute `name` in an HTML start tag.
+pub fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    Some(&tag[start..start + tag[start..].find('"')?])
+}
+
+/// Every `<details …>` start tag of a page's module tree, in page order,
+/// with the `data-path` of the nearest `<details>` it is nested in.
+pub fn details_tags(page: &str) -> Vec<(&str, Option<String>)> {
+    let mut out = Vec::new();
+    let mut stack: Vec<Option<String>> = Vec::new();
+    let mut rest = page;
+    while let Some(i) = rest
+        .find("<details")
+        .into_iter()
+        .chain(rest.find("</details>"))
+        .min()
+    {
+        rest = &rest[i..];
+        if rest.starts_with("</details>") {
+            stack.pop();
+            rest = &rest[10..];
+            continue;
+        }
+        let tag = &rest[..rest.find('>').unwrap()];
+        out.push((tag, stack.iter().rev().flatten().next().cloned()));
+        stack.push(attr(tag, "data-path").map(str::to_string));
+        rest = &rest[tag.len()..];
+    }
+    out
+}

@@ -64,41 +64,20 @@ struct Node {
     open: bool,
 }
 
-fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
-    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
-    Some(&tag[start..start + tag[start..].find('"')?])
-}
-
 /// The `<details class="mod…">` elements by path, with the path of the
 /// element they are nested in.
 fn tree_nodes(page: &str) -> BTreeMap<String, Node> {
     let mut nodes = BTreeMap::new();
-    let mut stack: Vec<Option<String>> = Vec::new();
-    let mut rest = page;
-    while let Some(i) = rest
-        .find("<details")
-        .into_iter()
-        .chain(rest.find("</details>"))
-        .min()
-    {
-        rest = &rest[i..];
-        if rest.starts_with("</details>") {
-            stack.pop();
-            rest = &rest[10..];
+    for (tag, parent) in details_tags(page) {
+        let Some(p) = attr(tag, "data-path") else {
             continue;
-        }
-        let tag = &rest[..rest.find('>').unwrap()];
-        let path = attr(tag, "data-path").map(str::to_string);
-        if let Some(p) = &path {
-            let node = Node {
-                parent: stack.iter().rev().flatten().next().cloned(),
-                worst: attr(tag, "data-worst").unwrap().parse().unwrap(),
-                open: tag.contains(" open"),
-            };
-            assert!(nodes.insert(p.clone(), node).is_none(), "{p} twice");
-        }
-        stack.push(path);
-        rest = &rest[tag.len()..];
+        };
+        let node = Node {
+            parent,
+            worst: attr(tag, "data-worst").unwrap().parse().unwrap(),
+            open: tag.contains(" open"),
+        };
+        assert!(nodes.insert(p.to_string(), node).is_none(), "{p} twice");
     }
     nodes
 }

@@ -67,39 +67,18 @@ fn expected() -> BTreeMap<String, (u64, u64, u64)> {
     m
 }
 
-fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
-    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
-    Some(&tag[start..start + tag[start..].find('"')?])
-}
-
 /// Per `<details>` of the tree: its path, (calls, NaN out, Inf out), the
 /// path of the node it is nested in, and whether it is open.
 type Node = ((u64, u64, u64), Option<String>, bool);
 
 fn tree_nodes(page: &str) -> BTreeMap<String, Node> {
     let mut nodes = BTreeMap::new();
-    let mut stack: Vec<String> = Vec::new();
-    let mut rest = page;
-    while let Some(i) = rest
-        .find("<details")
-        .into_iter()
-        .chain(rest.find("</details>"))
-        .min()
-    {
-        rest = &rest[i..];
-        if rest.starts_with("</details>") {
-            stack.pop();
-            rest = &rest[10..];
-            continue;
-        }
-        let tag = &rest[..rest.find('>').unwrap()];
+    for (tag, parent) in details_tags(page) {
         let n = |a: &str| attr(tag, a).unwrap().parse::<u64>().unwrap();
         let path = attr(tag, "data-path").unwrap().to_string();
         let counts = (n("data-calls"), n("data-nan"), n("data-inf"));
-        let node = (counts, stack.last().cloned(), tag.contains(" open"));
+        let node = (counts, parent, tag.contains(" open"));
         assert!(nodes.insert(path.clone(), node).is_none(), "{path} twice");
-        stack.push(path);
-        rest = &rest[tag.len()..];
     }
     nodes
 }
