@@ -11,7 +11,8 @@ use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure, Row};
 use crate::opclass::{
-    args_make_discontinuous, classify, has_gradient_terms, is_factor, is_gradient_arg, is_product,
+    args_make_discontinuous, base_name, classify, has_gradient_terms, is_factor, is_gradient_arg,
+    is_product,
     OpClass,
 };
 use crate::tensor_row::TensorRow;
@@ -771,8 +772,9 @@ fn finite_norms(r: &TensorRow) -> (f64, f64) {
 /// how far two correct summation orders may drift apart.
 /// - in general, the largest float input's numel over the output's
 ///   (a `sum` over a dimension, a `mean`);
-/// - contractions: the inner dimension, taken as the largest last dimension
-///   of an input (or a convolution weight's numel per output channel);
+/// - matrix products: the contracted dimension ([`contracted_dim`]);
+/// - other contractions: the largest last dimension of an input (or a
+///   convolution weight's numel per output channel);
 /// - normalizations (softmax, layer_norm, ...): the last dimension.
 pub fn reduction_length(d: &Dump, i: u32, class: OpClass) -> f64 {
     let mut rows = Vec::new();
@@ -826,11 +828,47 @@ pub fn reduction_length_of_shapes(
         1.0
     };
     let by_class = match class {
-        OpClass::Contraction => last_dim.max(conv_k) as f64,
+        OpClass::Contraction => match contracted_dim(op, float_inputs) {
+            Some(k) => k as f64,
+            None => last_dim.max(conv_k) as f64,
+        },
         OpClass::Normalization => first_last_dim.unwrap_or(1) as f64,
         _ => 1.0,
     };
     ratio.max(by_class).max(1.0)
+}
+
+/// How many products a matrix product or a convolution sums per output
+/// element.
+/// - Matrix products: the last dimension of the first factor, which is the
+///   first float input (`mm`, `bmm`, `matmul`, `linear`, `dot`, `mv`) or the
+///   second, after the term added (`addmm`, `baddbmm`, `addbmm`, `addmv`).
+///   The largest last dimension would be the output's width for
+///   `[n,k] @ [k,m]` with m > k.
+/// - Convolutions (forward): the weight's elements per output channel,
+///   `in/groups × kernel`, for a weight `[out, in/groups, k…]`. Transposed,
+///   the weight is `[in, out/groups, k…]` (which `convolution`'s name does
+///   not say, its input's channels do): then the weight's elements per
+///   input channel, a bound on what each output element sums.
+///
+/// `None` for other ops (backward kernels among them), or when the operand
+/// is not there.
+fn contracted_dim(op: &str, float_inputs: &[&[i64]]) -> Option<i64> {
+    let base = base_name(op);
+    let factor = match base {
+        "mm" | "bmm" | "matmul" | "linear" | "dot" | "vdot" | "mv" | "mkldnn_linear" => 0,
+        "addmm" | "baddbmm" | "addbmm" | "addmv" | "_addmm_activation" => 1,
+        "convolution" | "_convolution" | "conv1d" | "conv2d" | "conv3d"
+        | "convolution_overrideable" | "cudnn_convolution" | "mkldnn_convolution" => {
+            let x = float_inputs.first().filter(|x| x.len() >= 3)?;
+            let w = float_inputs.get(1).filter(|w| w.len() >= 3)?;
+            let transposed = x[1] == w[0] && x[1] != w[1];
+            let per = if transposed { w[1] } else { w[0] };
+            return (per > 0).then(|| w.iter().product::<i64>() / per);
+        }
+        _ => return None,
+    };
+    float_inputs.get(factor)?.last().copied().filter(|&k| k > 0)
 }
 
 /// The rows of one call's tensors, read once, by tensor index.
