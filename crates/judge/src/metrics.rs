@@ -11,8 +11,8 @@ use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure, Row};
 use crate::opclass::{
-    args_make_discontinuous, classify, has_gradient_terms, is_factor, is_gradient_arg, is_product,
-    OpClass,
+    args_make_discontinuous, classify, has_gradient_terms, is_factor, is_gradient_arg, is_lerp,
+    is_product, OpClass,
 };
 use crate::tensor_row::TensorRow;
 use crate::tolerance::Tolerances;
@@ -81,6 +81,41 @@ pub fn term_scale(class: OpClass, op: &str, inputs: (f64, f64), grad: (f64, f64)
     } else {
         inputs
     }
+}
+
+/// The (rms, max) floor of output `t` of an element-wise `self + T`
+/// (`addcmul`, `addcdiv`, `lerp`, and their `_foreach_` list ops, element
+/// by element): a tenth of the scale of the two terms it adds, which is
+/// where its rounding and its cancellation are relative to. `T`'s scale is
+/// bounded by the output's and `self`'s, `‖T‖ ≤ ‖out‖ + ‖self‖`, whatever
+/// the scalar (`value`, `weight`) and the factors of `T`: the factors are
+/// not the terms (Adam's `exp_avg_sq + 0.001·g·g` adds 5e-12 where `g` is
+/// 7e-5; a tenth of `g`'s scale judged a 1e-3 fault as 3e-10). `lerp`'s
+/// term `w·(end − self)` first rounds `end − self`, relative to `end` and
+/// `self`: for |w| ≤ 1, `|w·end| ≤ |T| + |self|`, so `self` counts twice.
+/// Derivation: `docs/reference/tolerance.md`, "Tolerance model".
+fn elementwise_sum_floor(a: &Dump, op: &str, call: CallRows<'_>, t: u32) -> (f64, f64) {
+    let out = call.row(t);
+    let numel = a.tensors.shapes.numel(out.shape);
+    // `self` of the same list element (a `_foreach_` op's element i is
+    // made from element i of its lists).
+    let this = call.rows.iter().find(|r| {
+        r.role == Role::Input && a.names.get(r.arg) == "self" && r.list_index == out.list_index
+    });
+    let rms_of = |r: &TensorRow| {
+        let n = a.tensors.shapes.numel(r.shape).max(1) as f64;
+        let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+        (finite(r.l2) / n.sqrt(), finite(r.absmax))
+    };
+    if numel <= 0 || !out.has_values() {
+        return (0.0, 0.0);
+    }
+    let (out_rms, out_abs) = rms_of(out);
+    let (self_rms, self_abs) = this.filter(|r| r.has_values()).map_or((0.0, 0.0), rms_of);
+    let times = if is_lerp(op) { 2.0 } else { 1.0 };
+    let rms = CANCELLATION_FLOOR * (times * self_rms + out_rms);
+    let abs = CANCELLATION_FLOOR * (times * self_abs + out_abs);
+    (rms, abs.max(rms))
 }
 
 /// How much an op that only moves elements can raise the relative error of
@@ -382,6 +417,9 @@ impl<'a> Ctx<'a> {
                 (None, None) => continue,
             };
             let floor = match (role, ta) {
+                (Role::Output, Some(t)) if class == OpClass::ElementwiseSum => {
+                    elementwise_sum_floor(a, op, call_a, t)
+                }
                 (Role::Output, Some(t)) => {
                     let numel = a.tensors.shapes.numel(call_a.row(t).shape);
                     inputs.output_floor(op, class, (term_rms, term_absmax), products, numel)

@@ -623,3 +623,80 @@ fn a_smooth_element_wise_op_may_amplify_its_input_drift_by_its_condition_number(
     let c = silu(0.05, false);
     assert_eq!(c.outcome(), Outcome::Agree);
 }
+
+/// Adam's second moment, `exp_avg_sq.addcmul_(g, g, value=1-β2)`: `self`
+/// (β2 times the last step's, 5e-12) plus 0.001·g·g of gradients near 7e-5
+/// makes values near 1e-11; B's output is off by `fault`. With `foreach`,
+/// both sides update two parameters in one `_foreach_addcmul_`, the
+/// second's element off.
+fn second_moment(w: &mut DumpWriter, side_b: bool, fault: f64, foreach: bool) {
+    use opdump_format::Phase;
+    w.phase = Phase::Optimizer;
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let shape = [64, 64];
+    let listed = |mut t: TensorRecord, i: i32| {
+        if foreach {
+            t.list_index = Some(i);
+        }
+        t
+    };
+    let (mut ins, mut outs) = (Vec::new(), Vec::new());
+    for i in 0..if foreach { 2 } else { 1 } {
+        let fault = if foreach && i == 0 { 0.0 } else { fault };
+        ins.push(listed(input("self", "float32", &shape, 5e-12), i));
+        ins.push(listed(input("tensor1", "float32", &shape, 7e-5), i));
+        ins.push(listed(input("tensor2", "float32", &shape, 7e-5), i));
+        let mut o = listed(output(0, "float32", &shape, 1e-11 * f(fault)), i);
+        o.arg = "self".into();
+        outs.push(o);
+    }
+    let (op, overload) = if foreach {
+        ("aten::_foreach_addcmul_", "Scalar")
+    } else {
+        ("aten::addcmul_", "default")
+    };
+    w.leaf(op, overload, "value=0.0010000000000000009", ins, outs)
+        .unwrap();
+}
+
+#[test]
+fn an_element_wise_sum_is_judged_by_its_terms_not_its_factors() {
+    for foreach in [false, true] {
+        // 1e-3 of the output: against a tenth of the gradients' scale (the
+        // largest input) it read as 1.4e-10, under the tolerance.
+        let c = compare_sides(|w, side_b| second_moment(w, side_b, 1e-3, foreach));
+        assert_eq!(c.outcome(), Outcome::Introduced, "foreach {foreach}");
+        let detail = c.detail(c.headline.unwrap());
+        assert_eq!(detail.class.map(|k| k.as_str()), Some("elementwise_sum"));
+        assert!((detail.out_err - 1e-3).abs() < 1e-4, "{}", detail.out_err);
+        // One rounding of float32 is no divergence.
+        let c = compare_sides(|w, side_b| second_moment(w, side_b, 6e-8, foreach));
+        assert_eq!(c.outcome(), Outcome::Agree, "foreach {foreach}");
+    }
+}
+
+#[test]
+fn a_cancelled_element_wise_sum_is_rounding_not_a_divergence() {
+    // `self` of 1 plus a term of about -1: the output cancels to 1e-7, and
+    // the sides differ by 6e-8, rounding of the terms (60% of the output).
+    let c = compare_sides(|w, side_b| {
+        let shape = [64, 64];
+        w.leaf(
+            "aten::lerp_",
+            "Scalar",
+            "weight=0.1",
+            vec![
+                input("self", "float32", &shape, 1.0),
+                input("end", "float32", &shape, 1.0),
+            ],
+            vec![output(
+                0,
+                "float32",
+                &shape,
+                if side_b { 1.6e-7 } else { 1e-7 },
+            )],
+        )
+        .unwrap();
+    });
+    assert_eq!(c.outcome(), Outcome::Agree);
+}
