@@ -557,9 +557,12 @@ impl<'a> Ctx<'a> {
                 drift_measured_well &= tc.rel_err == 0.0 || tc.evidence != "stats";
             }
         }
-        let drift = self
-            .tol
-            .drift_amplification(cmp.class.unwrap_or(OpClass::Plain), drift_measured_well);
+        let class = cmp.class.unwrap_or(OpClass::Plain);
+        let drift = self.tol.drift_amplification(class, drift_measured_well);
+        // What the inputs' drift explains: `drift` times it, or for a
+        // reduction what it sums to over K terms (see
+        // `Tolerances::summed_drift`), the larger.
+        let drift_err = (drift * e_in).max(self.tol.summed_drift(class, cmp.k, e_in));
         cmp.excess = 0.0;
         let mut errors = OpErrors {
             out_err: 0.0,
@@ -574,7 +577,7 @@ impl<'a> Ctx<'a> {
             // An op that only moves elements may concentrate the drift of
             // its inputs (a row of a matrix can hold more of it than the
             // whole), by at most `concentration`.
-            tc.allowed = tc.tolerance + drift * e_in * cmp.concentration;
+            tc.allowed = tc.tolerance + drift_err * cmp.concentration;
             if matches!(tc.verdict, TensorVerdict::Close | TensorVerdict::Diverged) {
                 tc.verdict = if tc.rel_err <= tc.allowed {
                     TensorVerdict::Close

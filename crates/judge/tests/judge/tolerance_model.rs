@@ -700,3 +700,72 @@ fn a_cancelled_element_wise_sum_is_rounding_not_a_divergence() {
     });
     assert_eq!(c.outcome(), Outcome::Agree);
 }
+
+/// A job's last look at its weights: `p.double().cpu().sum()`, a float64
+/// `sum` over a [512, 128] float32 weight cast to float64, whose mean
+/// differs between the sides by `mean_drift` (the run's float32 drift);
+/// B's sum is off by `fault` more than that drift makes of it.
+fn float64_checksum(w: &mut DumpWriter, side_b: bool, mean_drift: f64, fault: f64) {
+    let n = 512.0 * 128.0;
+    let (mean, std) = (-3.727161e-3, 0.9987124);
+    let dm = if side_b { mean_drift } else { 0.0 };
+    let weight = |role_input: bool, dtype: &str| {
+        let t = if role_input {
+            input("self", dtype, &[512, 128], 1.0)
+        } else {
+            output(0, dtype, &[512, 128], 1.0)
+        };
+        with_stats(t, -4.343789, 4.559786, mean + dm, std)
+    };
+    // `p.double()`: float32 rounding is what judges the cast, and the
+    // drift is far within it.
+    w.leaf(
+        "aten::_to_copy",
+        "default",
+        "dtype=torch.float64",
+        vec![weight(true, "float32")],
+        vec![weight(false, "float64")],
+    )
+    .unwrap();
+    let x = weight(true, "float64");
+    // The sum moves by n times the mean, 0.9 of the most the mean's move
+    // can make of it (√K times, measured 38 to 229 times at this K).
+    let sum = n * mean + 0.9 * n * dm;
+    let sum = sum * if side_b { 1.0 + fault } else { 1.0 };
+    w.leaf(
+        "aten::sum",
+        "dim_IntList",
+        "dim=[], keepdim=False, dtype=None",
+        vec![x],
+        vec![with_stats(
+            output(0, "float64", &[], 1.0),
+            sum,
+            sum,
+            sum,
+            0.0,
+        )],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_float64_sum_of_drifted_float32_values_is_allowed_their_drift() {
+    // The inputs' mean moved by 7e-11 (rounding drift of float32 weights
+    // over a few steps); the sum 230 times that relative: within √K = 256
+    // times, which the float64 tolerance (5e-13) and 32 times did not allow.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 7.4e-11, 0.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        c.first_divergence.map(|k| c.detail(k))
+    );
+    // Drift of 1e-7 (6e-6 in the sum) and a fault of 1e-3: still named.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 1e-7, 1e-3));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::sum"));
+    // However large the drift, a sum is never allowed more than the cap
+    // on top of 32 times it: a fault of 1e-2 on drift of 1e-5 is named.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 1e-5, 1e-2));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+}
