@@ -151,3 +151,44 @@ fn a_fault_after_the_changed_parameter_is_still_named() {
     assert_eq!(c.outcome(), Outcome::Introduced);
     assert_eq!(op_of(&c, c.headline), Some("aten::sum"));
 }
+
+#[test]
+fn a_parameter_drifted_within_rounding_of_any_op_agrees() {
+    // A few optimizer steps moved a bias by 2.3e-6 of itself (float32
+    // drift the optimizers' inputs do not explain), and a cast reads it,
+    // whose own tolerance is 9.5e-7: within what an unknown producer's
+    // rounding may make (float32's cap, 2e-4), so no divergence; 1e-3 is.
+    for (drift, outcome) in [(2.3e-6, Outcome::Agree), (1e-3, Outcome::DriftOnly)] {
+        let c = compare_sides(|w, side_b| {
+            let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+            w.phase = Phase::Optimizer;
+            let op = if side_b {
+                "aten::_foreach_lerp_"
+            } else {
+                "aten::lerp_"
+            };
+            w.leaf(
+                op,
+                "Scalar",
+                "weight=0.1",
+                vec![named(input("self", "float32", &[384], 0.05), "qkv.bias")],
+                vec![output(0, "float32", &[384], 0.05 * f(drift))],
+            )
+            .unwrap();
+            w.step = 1;
+            w.phase = Phase::Forward;
+            w.leaf(
+                "aten::_to_copy",
+                "default",
+                "dtype=torch.float64",
+                vec![named(
+                    input("self", "float32", &[384], 0.05 * f(drift)),
+                    "qkv.bias",
+                )],
+                vec![output(0, "float64", &[384], 0.05 * f(drift))],
+            )
+            .unwrap();
+        });
+        assert_eq!(c.outcome(), outcome, "drift {drift}");
+    }
+}
