@@ -29,7 +29,7 @@ pub struct DriftSource {
     /// The step whose optimizer changed it (the step before the read).
     pub step: i64,
     /// That step's optimizer calls only in A, by op: (op, overload,
-    /// calls), most frequent first.
+    /// calls), in the order A first made them.
     pub only_a: Vec<(String, String, u64)>,
     /// The same only in B.
     pub only_b: Vec<(String, String, u64)>,
@@ -108,7 +108,8 @@ fn read_before_in_step(a: &Dump, al: &Alignment, first: usize, name: &str, step:
 }
 
 /// The unmatched subtrees (`roots`) of `d` that are optimizer calls of
-/// `step`, counted by op, most frequent first.
+/// `step`, counted by op, in the order the optimizer first made them (a
+/// `_foreach_lerp_` made once is as telling as an `item` made 30 times).
 fn optimizer_calls(d: &Dump, roots: &[u32], step: i64) -> Vec<(String, String, u64)> {
     let mut counts: Vec<((u32, u32), u64)> = Vec::new();
     for &r in roots {
@@ -121,7 +122,6 @@ fn optimizer_calls(d: &Dump, roots: &[u32], step: i64) -> Vec<(String, String, u
             None => counts.push((key, 1)),
         }
     }
-    counts.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
     counts
         .into_iter()
         .map(|((o, v), n)| (d.names.get(o).to_string(), d.names.get(v).to_string(), n))

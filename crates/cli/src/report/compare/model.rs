@@ -624,14 +624,14 @@ impl DriftSourceReport {
     }
 
     /// The optimizer calls one side only makes, as a sentence's tail:
-    /// `only in B: aten::_foreach_lerp_.Scalar x1, ...` (at most 6 ops a
-    /// side), or `no optimizer calls only on one side`.
+    /// `only in B: aten::_foreach_lerp_.Scalar x1, ...` (at most 12 ops a
+    /// side, in call order), or `no optimizer calls only on one side`.
     pub fn unmatched_calls(&self) -> String {
         let side = |name: &str, v: &[OpCount]| {
             (!v.is_empty()).then(|| {
                 let mut ops: Vec<String> = v
                     .iter()
-                    .take(6)
+                    .take(12)
                     .map(|c| {
                         format!(
                             "{} x{}",
@@ -640,7 +640,7 @@ impl DriftSourceReport {
                         )
                     })
                     .collect();
-                if v.len() > 6 {
+                if v.len() > 12 {
                     ops.push("...".into());
                 }
                 format!("only in {name}: {}", ops.join(", "))
