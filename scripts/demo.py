@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 
 
-def worker(device, steps):
-    """One run, in its own process, with opdump preloaded by the parent."""
+def worker(device, steps, checksum=False):
+    """One run, in its own process, with opdump preloaded by the parent.
+    checksum: end with a float64 sum of the weights, on the CPU, as jobs
+    often do (a float64 op on float32 values that carry the run's drift)."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -40,11 +42,16 @@ def worker(device, steps):
         testdev.load()
     import tinylm
 
-    losses = tinylm.train(device, steps=steps)
+    sums = []
+
+    def weights_checksum(model):
+        sums.append(float(sum(p.double().cpu().sum() for p in model.parameters())))
+
+    losses = tinylm.train(device, steps=steps, after=weights_checksum if checksum else None)
     counts = {}
     if device.startswith("testdev"):
         counts = testdev.fault_counts()
-    print(json.dumps({"losses": losses, "fault_counts": counts}))
+    print(json.dumps({"losses": losses, "fault_counts": counts, "checksum": sums}))
 
 
 def run_device(device, out, steps, fault, capture=None, env_extra=None):
@@ -98,9 +105,10 @@ def main():
                          "reference: each distinct op call is run again on the CPU, and opdump check names the "
                          "faulted op")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--checksum", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.steps)
+        return worker(args.worker, args.steps, args.checksum)
 
     devices = [d.strip() for d in args.devices.split(",")]
     if len(devices) != 2:

@@ -70,9 +70,10 @@ def batches(steps, batch=16, seq=32, vocab=512, seed=1):
     return out
 
 
-def train(device, steps=2, seed=0, dtype=None, autocast=None, compile=None, **kw):
+def train(device, steps=2, seed=0, dtype=None, autocast=None, compile=None, after=None, **kw):
     """Trains for `steps` AdamW steps on `device`; returns the losses.
-    compile: a torch.compile backend ("inductor", "aot_eager") for the model."""
+    compile: a torch.compile backend ("inductor", "aot_eager") for the model.
+    after: called with the trained model (a job's last look at its weights)."""
     model = make(seed, **kw)
     data = batches(steps, vocab=kw.get("vocab", 512), seq=kw.get("seq", 32))
     model = model.to(device=device, dtype=dtype)
@@ -92,4 +93,6 @@ def train(device, steps=2, seed=0, dtype=None, autocast=None, compile=None, **kw
         loss.backward()
         opt.step()
         losses.append(float(loss))
+    if after:
+        after(model)
     return losses

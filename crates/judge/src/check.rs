@@ -127,7 +127,7 @@ pub fn no_reference_for(op: &str, class: OpClass) -> Option<&'static str> {
 pub fn reports_ulp(class: OpClass) -> bool {
     matches!(
         class,
-        OpClass::Elementwise | OpClass::Movement | OpClass::Plain
+        OpClass::Elementwise | OpClass::ElementwiseSum | OpClass::Movement | OpClass::Plain
     )
 }
 

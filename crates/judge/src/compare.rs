@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use opdump_format::Role;
 
 use crate::align::{align, Alignment, Filter, Pair};
+use crate::drift::{drift_source, DriftSource};
 use crate::dump::{Dump, NONE};
 use crate::metrics::{Ctx, OpCmp, Taint, TensorCmp};
 use crate::observer::Observer;
@@ -57,11 +58,19 @@ pub struct Compared {
     pub tensor_pairs: u64,
     /// Tensor pairs whose dtypes differ.
     pub dtype_differs: u64,
-    /// The first pair whose outputs diverged, in call order.
+    /// The first pair, in call order, whose outputs diverged or that read
+    /// an input over its tolerance that no aligned op made (a parameter,
+    /// data: where a difference enters the comparison).
     pub first_divergence: Option<usize>,
     /// The first introduced op in call order (the deepest introduced op
     /// inside the first introduced subtree).
     pub first_introduced: Option<usize>,
+    /// When the first divergence is a parameter's first read in a step:
+    /// the previous step's optimizer changed it (see [`crate::drift`]).
+    pub drift_source: Option<DriftSource>,
+    /// Unmatched subtrees before the first divergence, in A and in B: the
+    /// calls one side makes upstream of it (0 and 0 without a divergence).
+    pub unmatched_upstream: [u64; 2],
     /// The op the verdict names: the first introduced, unless a later one
     /// exceeds its allowance [`HEADLINE_DOMINANCE`] times more (see
     /// [`headline`]).
@@ -255,6 +264,8 @@ pub fn compare_dumps(
         dtype_differs: j.dtype_differs,
         first_divergence: j.first_divergence,
         first_introduced: j.first_introduced,
+        drift_source: j.drift_source,
+        unmatched_upstream: j.unmatched_upstream,
         headline: j.headline,
         top_introduced: j.top_introduced,
         first_unmatched_change: j.first_unmatched_change,
@@ -339,6 +350,9 @@ struct Judged {
     input_taint_own: Vec<bool>,
     /// Outputs compared and found to agree, nothing upstream diverged.
     verified: Vec<bool>,
+    /// The first pair that read an input over its tolerance that no
+    /// aligned op made, and those inputs (A's tensors).
+    first_diverged_input: Option<(usize, Vec<u32>)>,
     tensor_counts: [u64; TensorVerdict::ALL.len()],
     dtype_differs: u64,
     /// The first input that calls only in B changed (its maker not yet
@@ -368,10 +382,16 @@ pub struct Judgement {
     pub op_counts: [u64; OpVerdict::ALL.len()],
     /// Tensor pairs whose dtypes differ.
     pub dtype_differs: u64,
-    /// The first pair whose outputs diverged.
+    /// The first pair whose outputs diverged, or that read an input over
+    /// its tolerance that no aligned op made.
     pub first_divergence: Option<usize>,
     /// The first introduced pair in call order, the deepest inside it.
     pub first_introduced: Option<usize>,
+    /// Where the first divergence came from, when a parameter the previous
+    /// step's optimizer changed is what differs.
+    pub drift_source: Option<DriftSource>,
+    /// Unmatched subtrees before the first divergence, in A and in B.
+    pub unmatched_upstream: [u64; 2],
     /// The pair the verdict names (see [`headline`]).
     pub headline: Option<usize>,
     /// Introduced pairs without an introduced descendant, by amplification.
@@ -450,6 +470,7 @@ impl<'d> Judge<'d> {
                 input_taint: vec![0f32; a.tensors.len()],
                 input_taint_own: vec![false; a.tensors.len()],
                 verified: vec![false; n],
+                first_diverged_input: None,
                 tensor_counts: [0u64; TensorVerdict::ALL.len()],
                 dtype_differs: 0,
                 unmatched_change: None,
@@ -572,6 +593,7 @@ impl<'d> Judge<'d> {
             input_taint,
             input_taint_own,
             verified,
+            first_diverged_input,
             tensor_counts,
             dtype_differs,
             unmatched_change,
@@ -588,8 +610,28 @@ impl<'d> Judge<'d> {
         for &v in &verdict {
             op_counts[v as usize] += 1;
         }
-        // Pairs are sorted by A's index, which is seq order.
-        let first_divergence = verdict.iter().position(|v| v.diverged());
+        // Pairs are sorted by A's index, which is seq order. An input that
+        // differs beyond its tolerance with no aligned op to have made it
+        // is a divergence too, even where the op's outputs stay close (a
+        // parameter's bias moved by 1e-3 of itself, next to activations a
+        // thousand times larger): the runs differ there.
+        let first_output_divergence = verdict.iter().position(|v| v.diverged());
+        let first_divergence = match (first_output_divergence, &first_diverged_input) {
+            (Some(o), Some((i, _))) => Some(o.min(*i)),
+            (o, i) => o.or(i.as_ref().map(|x| x.0)),
+        };
+        let drift_source = first_diverged_input
+            .as_ref()
+            .filter(|(i, _)| Some(*i) == first_divergence)
+            .and_then(|(i, ts)| drift_source(a, b, alignment, *i, ts));
+        let unmatched_upstream = first_divergence.map_or([0, 0], |k| {
+            let p = alignment.pairs[k];
+            // Roots are sorted by index, which is each side's call order.
+            [
+                alignment.only_a.partition_point(|&r| r < p.a) as u64,
+                alignment.only_b.partition_point(|&r| r < p.b) as u64,
+            ]
+        });
         let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
         let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
         let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
@@ -615,6 +657,8 @@ impl<'d> Judge<'d> {
             dtype_differs,
             first_divergence,
             first_introduced,
+            drift_source,
+            unmatched_upstream,
             headline,
             top_introduced,
             first_unmatched_change,
@@ -724,6 +768,23 @@ impl Judged {
     /// Keeps what reports need of judged pair `k`, and registers the taint
     /// of its outputs for their consumers.
     fn record(&mut self, k: usize, cmp: &OpCmp, prov: &mut Provenance) {
+        if self.first_diverged_input.is_none() {
+            let own: Vec<u32> = cmp
+                .tensors
+                .iter()
+                .filter(|t| t.role != Role::Output && t.taint_own)
+                .filter(|t| {
+                    matches!(
+                        t.verdict,
+                        TensorVerdict::Diverged | TensorVerdict::NanMismatch
+                    )
+                })
+                .filter_map(|t| t.ta)
+                .collect();
+            if !own.is_empty() {
+                self.first_diverged_input = Some((k, own));
+            }
+        }
         for tc in &cmp.tensors {
             self.tensor_counts[tc.verdict as usize] += 1;
             self.dtype_differs += tc.dtype_differs as u64;

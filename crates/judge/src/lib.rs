@@ -20,6 +20,7 @@ pub mod captured;
 pub mod check;
 pub mod compare;
 pub mod diff;
+pub mod drift;
 pub mod dtype;
 pub mod dump;
 pub mod evidence;

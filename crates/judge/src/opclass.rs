@@ -25,6 +25,14 @@
 //!   output itself, and a relative input error grows through them by about
 //!   the function's condition number, a small constant. Sums and
 //!   differences (`add`, `sub`) are not among them: they can cancel.
+//! - `ElementwiseSum`: element-wise ops that add a term to their `self`
+//!   (`addcmul`, `addcdiv`, `lerp`: `self + T`). They can cancel, but only
+//!   against `self`: their rounding is relative to `self` and `T`, whose
+//!   scale the output and `self` bound (`‖T‖ ≤ ‖out‖ + ‖self‖`), not to
+//!   the factors of `T` (Adam's `exp_avg_sq + (1−β2)·g·g` is 1e-11 where
+//!   `g` is 7e-5).
+//!
+//! `_foreach_X` list ops are classed as `X`, per element.
 //!
 //! Names are matched without namespace and without a trailing `_` (in-place)
 //! so `aten::normal_` and `aten::normal` are both random.
@@ -50,6 +58,8 @@ pub enum OpClass {
     Movement,
     /// Smooth element-wise functions (see the module's notes).
     Elementwise,
+    /// Element-wise `self + T` (see the module's notes).
+    ElementwiseSum,
 }
 
 impl OpClass {
@@ -65,6 +75,7 @@ impl OpClass {
             OpClass::Mean => "mean",
             OpClass::Movement => "movement",
             OpClass::Elementwise => "elementwise",
+            OpClass::ElementwiseSum => "elementwise_sum",
         }
     }
 }
@@ -354,6 +365,22 @@ const ELEMENTWISE: &[&str] = &[
     "nll_loss_backward",
 ];
 
+/// Element-wise ops that add one term to their `self`: `self + T`.
+const ELEMENTWISE_SUM: &[&str] = &["addcmul", "addcdiv", "lerp"];
+
+/// Whether `op` is `lerp`, whose term `w·(end − self)` rounds relative to
+/// `end` and `self` before it is scaled by `w` (see `metrics`).
+pub fn is_lerp(op: &str) -> bool {
+    per_element(base_name(op)) == "lerp"
+}
+
+/// A `_foreach_X` list op's per-element op `X`; any other name as it is.
+fn per_element(base: &str) -> &str {
+    base.strip_prefix("_foreach_")
+        .filter(|x| !x.is_empty())
+        .unwrap_or(base)
+}
+
 /// Backward kernels of normalizations whose outputs are combinations of
 /// terms of the gradient's size (`y·(g − Σ g·y)`, `g − exp(y)·Σ g`, a
 /// norm's `(g·w − mean(g·w) − x̂·mean(g·w·x̂))/σ`, and its weight and bias
@@ -438,7 +465,7 @@ pub fn base_name(op: &str) -> &str {
 
 /// The class of op `op` (`aten::gelu`, with or without namespace or trailing `_`).
 pub fn classify(op: &str) -> OpClass {
-    let base = base_name(op);
+    let base = per_element(base_name(op));
     let bare = base.trim_matches('_');
     let is = |list: &[&str]| list.contains(&base) || list.contains(&bare);
     if is(RNG) {
@@ -457,6 +484,8 @@ pub fn classify(op: &str) -> OpClass {
         OpClass::Movement
     } else if is(ELEMENTWISE) {
         OpClass::Elementwise
+    } else if is(ELEMENTWISE_SUM) {
+        OpClass::ElementwiseSum
     } else {
         OpClass::Plain
     }
@@ -491,6 +520,15 @@ mod tests {
         assert!(has_gradient_terms("aten::_softmax_backward_data"));
         assert!(has_gradient_terms("aten::native_layer_norm_backward"));
         assert!(!has_gradient_terms("aten::gelu_backward"));
+        assert_eq!(classify("aten::addcmul_"), OpClass::ElementwiseSum);
+        assert_eq!(classify("aten::lerp"), OpClass::ElementwiseSum);
+        assert_eq!(classify("aten::_foreach_addcmul_"), OpClass::ElementwiseSum);
+        assert_eq!(classify("aten::_foreach_sqrt"), OpClass::Elementwise);
+        assert_eq!(classify("aten::_foreach_mul_"), OpClass::Elementwise);
+        assert_eq!(classify("aten::_foreach_add_"), OpClass::Plain);
+        assert_eq!(classify("aten::_foreach_norm"), OpClass::Normalization);
+        assert_eq!(classify("aten::_fused_adamw_"), OpClass::Plain);
+        assert!(is_lerp("aten::_foreach_lerp_") && !is_lerp("aten::addcmul"));
         assert_eq!(classify("aten::sum"), OpClass::Sum);
         assert_eq!(classify("aten::mean"), OpClass::Mean);
         assert_eq!(classify("aten::as_strided"), OpClass::Movement);

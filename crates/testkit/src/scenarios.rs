@@ -2,6 +2,8 @@
 //! CLI's tests write to disk to check the words of the report: each fills
 //! a [`DumpWriter`] (in memory, or into files) with side A or side B.
 
+use opdump_format::{Phase, TensorRecord};
+
 use crate::synth::{input, output, DumpWriter};
 
 /// Two independent ops on data identical on both sides: `aten::tanh` makes
@@ -95,5 +97,87 @@ pub fn extra_op_in_b(w: &mut DumpWriter, side_b: bool, extra: &str, factor: f64)
         )
         .unwrap();
         x = 0.4 * h;
+    }
+}
+
+/// `t` as the parameter `name`.
+pub fn named(mut t: TensorRecord, name: &str) -> TensorRecord {
+    t.name = Some(name.to_string());
+    t
+}
+
+/// Step 0 and the forward and backward of step 1 of a model with one
+/// LayerNorm, whose bias starts at 1e-3 (a first Adam step moved it by
+/// the learning rate). Step 0's optimizer is a per-parameter `lerp_` on A
+/// and a `_foreach_lerp_` on B (with `extra_b`, B's is A's call plus a
+/// `mul_` A does not make); B's update leaves the bias `fault` off (1e-3:
+/// a planted `_foreach_lerp_=scale:1.001`). Step 1's LayerNorm output
+/// hardly moves (the bias is 1e-3 of it), and a `sum` over its rows in
+/// backward shows the difference that the statistics did not: 4e-5,
+/// beyond its tolerance (2.2e-5), from an input that shows 6e-8.
+pub fn ln_bias_run(w: &mut DumpWriter, side_b: bool, fault: f64, extra_b: bool) {
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let act = [512, 64];
+    for step in 0..2 {
+        w.step = step;
+        w.phase = Phase::Forward;
+        let bias = if step == 0 { 1e-3 } else { 1.1e-3 * f(fault) };
+        let drift = if step == 0 { 0.0 } else { 6e-8 };
+        w.leaf(
+            "aten::native_layer_norm",
+            "default",
+            "normalized_shape=[64], eps=1e-05",
+            vec![
+                input("input", "float32", &act, 1.0),
+                named(input("weight", "float32", &[64], 1.0), "ln.weight"),
+                named(input("bias", "float32", &[64], bias), "ln.bias"),
+            ],
+            vec![output(0, "float32", &act, 1.0 * f(drift))],
+        )
+        .unwrap();
+        w.phase = Phase::Backward;
+        let diff = if step == 0 { 0.0 } else { 4e-5 * fault / 1e-3 };
+        w.leaf(
+            "aten::sum",
+            "dim_IntList",
+            "dim=[0], keepdim=False, dtype=None",
+            vec![input("self", "float32", &act, 1.0 * f(drift))],
+            vec![output(0, "float32", &[64], 30.0 * f(diff))],
+        )
+        .unwrap();
+        if step == 1 {
+            break;
+        }
+        w.phase = Phase::Optimizer;
+        // With `extra_b`, B's `mul_` makes the fault, not its update.
+        let b_fault = if extra_b { 0.0 } else { fault };
+        let update = |op: &str, overload: &str, args: &str, w: &mut DumpWriter| {
+            w.leaf(
+                op,
+                overload,
+                args,
+                vec![
+                    named(input("self", "float32", &[64], 1e-3), "ln.bias"),
+                    input("end", "float32", &[64], 30.0),
+                ],
+                vec![output(0, "float32", &[64], 1.1e-3 * f(b_fault))],
+            )
+            .unwrap();
+        };
+        if !side_b || extra_b {
+            update("aten::lerp_", "Scalar", "weight=0.1", w);
+        } else {
+            update("aten::_foreach_lerp_", "Scalar", "weight=0.1", w);
+        }
+        if side_b && extra_b {
+            w.leaf(
+                "aten::mul_",
+                "Scalar",
+                "other=1.001",
+                vec![input("self", "float32", &[64], 1.1e-3)],
+                vec![output(0, "float32", &[64], 1.1e-3 * f(fault))],
+            )
+            .unwrap();
+        }
     }
 }

@@ -85,3 +85,65 @@ fn a_fault_in_an_op_only_in_b_is_named_there() {
         r.stdout
     );
 }
+
+#[test]
+fn drift_from_the_optimizer_names_its_step_and_calls() {
+    use opdump_testkit::scenarios::ln_bias_run;
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b| ln_bias_run(w, side_b, 1e-3, false);
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, j, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 3, "{stderr}\n{j}");
+    let d = &j["drift_source"];
+    assert_eq!(d["parameter"], "ln.bias", "{j}");
+    assert_eq!(d["optimizer_step"], 0);
+    assert_eq!(d["read_by"]["op"], "aten::native_layer_norm");
+    assert_eq!(d["read_by"]["arg"], "bias");
+    assert_eq!(d["only_in_b"][0]["op"], "aten::_foreach_lerp_");
+    assert_eq!(d["only_in_a"][0]["op"], "aten::lerp_");
+    assert!(d["unmatched_side"].is_null(), "{j}");
+    assert_eq!(j["unmatched_upstream"]["a"], 1);
+    assert_eq!(j["unmatched_upstream"]["b"], 1);
+
+    let html = t.path().join("r.html");
+    let r = run(&[
+        "compare",
+        path_str(&a),
+        path_str(&b),
+        "--html",
+        path_str(&html),
+    ]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(
+            "Verdict: DRIFT. ln.bias was changed by the optimizer of step 0: compare the optimizers' calls (only in A: aten::lerp_.Scalar x1; only in B: aten::_foreach_lerp_.Scalar x1)."
+        ),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("First divergence: aten::native_layer_norm  [ok, an input diverged]"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("  drift source  ln.bias"), "{}", r.stdout);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<code>ln.bias</code> was changed by the optimizer of step 0"),
+        "{page}"
+    );
+}
+
+#[test]
+fn drift_names_the_side_with_calls_upstream_only_when_there_are_some() {
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b| selected_row(w, side_b, 0.011, 0.5);
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 3);
+    // Both sides made the same calls: no side to blame for them.
+    assert!(!r.stdout.contains("calls only in"), "{}", r.stdout);
+}

@@ -213,12 +213,17 @@ fn noisy_bias(w: &mut DumpWriter, side_b: bool, gelu_err: f64) {
 }
 
 #[test]
-fn an_input_that_differs_without_reaching_the_output_taints_nothing_after() {
+fn an_input_that_differs_without_reaching_the_output_blames_no_op_after() {
     // 1.5e-6: above gelu's own tolerance (9.5e-7), within what its input's
     // rounding explains (9.5e-7 + 32 x 6e-8).
     let c = compare_sides(|w, side_b| noisy_bias(w, side_b, 1.5e-6));
-    assert_eq!(c.outcome(), Outcome::Agree);
-    assert_eq!(c.first_divergence, None);
+    // The bias differs by 47% with no aligned op to have made it: the runs
+    // differ there, a divergence with no op to blame (never "agree" while
+    // a tensor pair is over its tolerance), and nothing after it diverges.
+    assert_eq!(c.outcome(), Outcome::DriftOnly);
+    assert_eq!(op_of(&c, c.first_divergence), Some("aten::addmm"));
+    assert_eq!(ops_judged(&c, OpVerdict::Ok), 2);
+    assert_eq!(c.drift_source, None);
     // A real fault in gelu is still introduced.
     let c = compare_sides(|w, side_b| noisy_bias(w, side_b, 1e-2));
     assert_eq!(c.outcome(), Outcome::Introduced);
@@ -617,4 +622,150 @@ fn a_smooth_element_wise_op_may_amplify_its_input_drift_by_its_condition_number(
     // allowance stays 32 times what they show.
     let c = silu(0.05, false);
     assert_eq!(c.outcome(), Outcome::Agree);
+}
+
+/// Adam's second moment, `exp_avg_sq.addcmul_(g, g, value=1-β2)`: `self`
+/// (β2 times the last step's, 5e-12) plus 0.001·g·g of gradients near 7e-5
+/// makes values near 1e-11; B's output is off by `fault`. With `foreach`,
+/// both sides update two parameters in one `_foreach_addcmul_`, the
+/// second's element off.
+fn second_moment(w: &mut DumpWriter, side_b: bool, fault: f64, foreach: bool) {
+    use opdump_format::Phase;
+    w.phase = Phase::Optimizer;
+    let f = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let shape = [64, 64];
+    let listed = |mut t: TensorRecord, i: i32| {
+        if foreach {
+            t.list_index = Some(i);
+        }
+        t
+    };
+    let (mut ins, mut outs) = (Vec::new(), Vec::new());
+    for i in 0..if foreach { 2 } else { 1 } {
+        let fault = if foreach && i == 0 { 0.0 } else { fault };
+        ins.push(listed(input("self", "float32", &shape, 5e-12), i));
+        ins.push(listed(input("tensor1", "float32", &shape, 7e-5), i));
+        ins.push(listed(input("tensor2", "float32", &shape, 7e-5), i));
+        let mut o = listed(output(0, "float32", &shape, 1e-11 * f(fault)), i);
+        o.arg = "self".into();
+        outs.push(o);
+    }
+    let (op, overload) = if foreach {
+        ("aten::_foreach_addcmul_", "Scalar")
+    } else {
+        ("aten::addcmul_", "default")
+    };
+    w.leaf(op, overload, "value=0.0010000000000000009", ins, outs)
+        .unwrap();
+}
+
+#[test]
+fn an_element_wise_sum_is_judged_by_its_terms_not_its_factors() {
+    for foreach in [false, true] {
+        // 1e-3 of the output: against a tenth of the gradients' scale (the
+        // largest input) it read as 1.4e-10, under the tolerance.
+        let c = compare_sides(|w, side_b| second_moment(w, side_b, 1e-3, foreach));
+        assert_eq!(c.outcome(), Outcome::Introduced, "foreach {foreach}");
+        let detail = c.detail(c.headline.unwrap());
+        assert_eq!(detail.class.map(|k| k.as_str()), Some("elementwise_sum"));
+        assert!((detail.out_err - 1e-3).abs() < 1e-4, "{}", detail.out_err);
+        // One rounding of float32 is no divergence.
+        let c = compare_sides(|w, side_b| second_moment(w, side_b, 6e-8, foreach));
+        assert_eq!(c.outcome(), Outcome::Agree, "foreach {foreach}");
+    }
+}
+
+#[test]
+fn a_cancelled_element_wise_sum_is_rounding_not_a_divergence() {
+    // `self` of 1 plus a term of about -1: the output cancels to 1e-7, and
+    // the sides differ by 6e-8, rounding of the terms (60% of the output).
+    let c = compare_sides(|w, side_b| {
+        let shape = [64, 64];
+        w.leaf(
+            "aten::lerp_",
+            "Scalar",
+            "weight=0.1",
+            vec![
+                input("self", "float32", &shape, 1.0),
+                input("end", "float32", &shape, 1.0),
+            ],
+            vec![output(
+                0,
+                "float32",
+                &shape,
+                if side_b { 1.6e-7 } else { 1e-7 },
+            )],
+        )
+        .unwrap();
+    });
+    assert_eq!(c.outcome(), Outcome::Agree);
+}
+
+/// A job's last look at its weights: `p.double().cpu().sum()`, a float64
+/// `sum` over a [512, 128] float32 weight cast to float64, whose mean
+/// differs between the sides by `mean_drift` (the run's float32 drift);
+/// B's sum is off by `fault` more than that drift makes of it.
+fn float64_checksum(w: &mut DumpWriter, side_b: bool, mean_drift: f64, fault: f64) {
+    let n = 512.0 * 128.0;
+    let (mean, std) = (-3.727161e-3, 0.9987124);
+    let dm = if side_b { mean_drift } else { 0.0 };
+    let weight = |role_input: bool, dtype: &str| {
+        let t = if role_input {
+            input("self", dtype, &[512, 128], 1.0)
+        } else {
+            output(0, dtype, &[512, 128], 1.0)
+        };
+        with_stats(t, -4.343789, 4.559786, mean + dm, std)
+    };
+    // `p.double()`: float32 rounding is what judges the cast, and the
+    // drift is far within it.
+    w.leaf(
+        "aten::_to_copy",
+        "default",
+        "dtype=torch.float64",
+        vec![weight(true, "float32")],
+        vec![weight(false, "float64")],
+    )
+    .unwrap();
+    let x = weight(true, "float64");
+    // The sum moves by n times the mean, 0.9 of the most the mean's move
+    // can make of it (√K times, measured 38 to 229 times at this K).
+    let sum = n * mean + 0.9 * n * dm;
+    let sum = sum * if side_b { 1.0 + fault } else { 1.0 };
+    w.leaf(
+        "aten::sum",
+        "dim_IntList",
+        "dim=[], keepdim=False, dtype=None",
+        vec![x],
+        vec![with_stats(
+            output(0, "float64", &[], 1.0),
+            sum,
+            sum,
+            sum,
+            0.0,
+        )],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_float64_sum_of_drifted_float32_values_is_allowed_their_drift() {
+    // The inputs' mean moved by 7e-11 (rounding drift of float32 weights
+    // over a few steps); the sum 230 times that relative: within √K = 256
+    // times, which the float64 tolerance (5e-13) and 32 times did not allow.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 7.4e-11, 0.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        c.first_divergence.map(|k| c.detail(k))
+    );
+    // Drift of 1e-7 (6e-6 in the sum) and a fault of 1e-3: still named.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 1e-7, 1e-3));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::sum"));
+    // However large the drift, a sum is never allowed more than the cap
+    // on top of 32 times it: a fault of 1e-2 on drift of 1e-5 is named.
+    let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 1e-5, 1e-2));
+    assert_eq!(c.outcome(), Outcome::Introduced);
 }

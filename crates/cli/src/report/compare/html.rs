@@ -886,7 +886,22 @@ fn verdict_text(r: &CompareReport) -> String {
     match (&r.headline, r.divergence) {
         (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&op_label(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
         (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&op_label(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
-        (None, true) => format!("diverged, no op introduced it (exit status {})", r.exit_status),
+        (None, true) => match &r.drift_source {
+            Some(d) => format!(
+                "diverged: <code>{}</code> was changed by the optimizer of step {}; compare the optimizers' calls ({}). No aligned op introduced it (exit status {})",
+                esc(&d.parameter),
+                d.optimizer_step,
+                esc(&d.unmatched_calls()),
+                r.exit_status
+            ),
+            None => format!(
+                "diverged, no op introduced it{} (exit status {})",
+                r.unmatched_upstream
+                    .phrase()
+                    .map_or(String::new(), |p| format!("; upstream of it, {p}")),
+                r.exit_status
+            ),
+        },
         (None, false) => "no divergence".into(),
     }
 }

@@ -573,6 +573,112 @@ impl UnmatchedReport {
     }
 }
 
+/// Where a divergence with no op to blame came from (JSON
+/// `drift_source`): a parameter the previous step's optimizer changed,
+/// first read where the first divergence is.
+#[derive(Serialize, Clone, Debug)]
+pub struct DriftSourceReport {
+    /// The parameter (`blocks.0.ln1.bias`).
+    pub parameter: String,
+    /// The step whose optimizer changed it.
+    pub optimizer_step: i64,
+    /// The aligned op that first read it in the next step, and the
+    /// argument it read it as.
+    pub read_by: ConsumerRef,
+    /// That step's optimizer calls only in A, and only in B, by op.
+    pub only_in_a: Vec<OpCount>,
+    pub only_in_b: Vec<OpCount>,
+    /// `"a"` or `"b"` when only that side's optimizer makes calls the
+    /// other lacks; null when both (or neither) do.
+    pub unmatched_side: Option<&'static str>,
+}
+
+impl DriftSourceReport {
+    fn of(c: &Compared, d: &opdump_judge::drift::DriftSource) -> Self {
+        let (a, b) = (&c.a, &c.b);
+        let p = c.alignment.pairs[d.pair];
+        let counts = |v: &[(String, String, u64)]| {
+            v.iter()
+                .map(|(op, overload, count)| OpCount {
+                    op: op.clone(),
+                    overload: overload.clone(),
+                    count: *count,
+                })
+                .collect()
+        };
+        DriftSourceReport {
+            parameter: d.name.clone(),
+            optimizer_step: d.step,
+            read_by: ConsumerRef {
+                op: a.op_name(p.a).to_string(),
+                overload: a.overload_name(p.a).to_string(),
+                seq_a: a.seq(p.a),
+                seq_b: b.seq(p.b),
+                step_a: a.step(p.a),
+                arg: a.arg_name(d.tensor).to_string(),
+            },
+            only_in_a: counts(&d.only_a),
+            only_in_b: counts(&d.only_b),
+            unmatched_side: d.unmatched_side().map(|s| if s == "A" { "a" } else { "b" }),
+        }
+    }
+
+    /// The optimizer calls one side only makes, as a sentence's tail:
+    /// `only in B: aten::_foreach_lerp_.Scalar x1, ...` (at most 12 ops a
+    /// side, in call order), or `no optimizer calls only on one side`.
+    pub fn unmatched_calls(&self) -> String {
+        let side = |name: &str, v: &[OpCount]| {
+            (!v.is_empty()).then(|| {
+                let mut ops: Vec<String> = v
+                    .iter()
+                    .take(12)
+                    .map(|c| {
+                        format!(
+                            "{} x{}",
+                            crate::app::text::op_label(&c.op, &c.overload),
+                            c.count
+                        )
+                    })
+                    .collect();
+                if v.len() > 12 {
+                    ops.push("...".into());
+                }
+                format!("only in {name}: {}", ops.join(", "))
+            })
+        };
+        let parts: Vec<String> = [side("A", &self.only_in_a), side("B", &self.only_in_b)]
+            .into_iter()
+            .flatten()
+            .collect();
+        if parts.is_empty() {
+            "no optimizer calls only on one side".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// Unmatched subtrees before the first divergence, per side (JSON
+/// `unmatched_upstream`).
+#[derive(Serialize, Clone, Copy, Debug)]
+pub struct UnmatchedUpstream {
+    pub a: u64,
+    pub b: u64,
+}
+
+impl UnmatchedUpstream {
+    /// `calls only in A`, `... only in B`, `... only in A or B`, or `None`
+    /// when both sides made the same calls up to the first divergence.
+    pub fn phrase(&self) -> Option<&'static str> {
+        match (self.a > 0, self.b > 0) {
+            (true, true) => Some("calls only in A or B"),
+            (true, false) => Some("calls only in A"),
+            (false, true) => Some("calls only in B"),
+            (false, false) => None,
+        }
+    }
+}
+
 /// The whole compare report.
 #[derive(Serialize, Clone, Debug)]
 pub struct CompareReport {
@@ -609,6 +715,11 @@ pub struct CompareReport {
     /// Set instead, when calls only in B introduced the divergence before
     /// any aligned op did.
     pub first_introduced_unmatched: Option<UnmatchedReport>,
+    /// When the first divergence is a parameter's first read in a step:
+    /// the previous step's optimizer changed it.
+    pub drift_source: Option<DriftSourceReport>,
+    /// Calls one side only makes before the first divergence.
+    pub unmatched_upstream: UnmatchedUpstream,
     /// Introduced ops without an introduced descendant, by amplification.
     pub top_introduced: Vec<OpReport>,
     /// How to get the first introduced call's tensors and reproduce it.
@@ -725,6 +836,11 @@ impl CompareReport {
                 .first_unmatched_change
                 .as_ref()
                 .map(|ch| UnmatchedReport::of(c, ch)),
+            drift_source: c.drift_source.as_ref().map(|d| DriftSourceReport::of(c, d)),
+            unmatched_upstream: UnmatchedUpstream {
+                a: c.unmatched_upstream[0],
+                b: c.unmatched_upstream[1],
+            },
             top_introduced: c
                 .top_introduced
                 .iter()

@@ -3,7 +3,8 @@
 use std::fmt::Write;
 
 use super::model::{
-    CompareReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport, TensorReport, UnmatchedReport,
+    CompareReport, DriftSourceReport, DumpInfo, NextStep, OnlyIn, OpReport, StatsReport,
+    TensorReport, UnmatchedReport,
 };
 use crate::app::text::{clean, op_label, Clean};
 use crate::report::format::{num, sig, thousands};
@@ -234,11 +235,20 @@ fn in_module(m: &Option<String>) -> String {
 }
 
 fn op_block(out: &mut String, title: &str, r: &OpReport) {
+    // An op whose outputs agree is here for an input that differs.
+    let input_diverged = r.verdict.as_str() == "ok"
+        && r.tensors.iter().any(|t| {
+            t.role == "input" && matches!(t.verdict.as_str(), "diverged" | "nan_mismatch")
+        });
     let _ = writeln!(
         out,
         "{title}: {}  [{}]",
         op_label(&r.op, &r.overload),
-        r.verdict.as_str()
+        if input_diverged {
+            "ok, an input diverged"
+        } else {
+            r.verdict.as_str()
+        }
     );
     for (side, seq, step, phase, parent) in [
         ("A", r.seq_a, r.step_a, r.phase_a, &r.parent_a),
@@ -359,6 +369,21 @@ fn unmatched_block(out: &mut String, u: &UnmatchedReport) {
     stats_row(out, "after ", &Some(u.after.clone()));
 }
 
+/// Where the first divergence came from: the previous step's optimizer.
+fn drift_block(out: &mut String, d: &DriftSourceReport) {
+    let _ = writeln!(
+        out,
+        "  drift source  {} was changed by the optimizer of step {}: it differs where {} first reads it in step {} (as {}), while step {}'s forward and backward agreed; compare the optimizers' calls ({})",
+        Clean(&d.parameter),
+        d.optimizer_step,
+        op_label(&d.read_by.op, &d.read_by.overload),
+        d.read_by.step_a,
+        Clean(&d.read_by.arg),
+        d.optimizer_step,
+        Clean(&d.unmatched_calls())
+    );
+}
+
 /// The text report of a comparison: the dumps, what aligned and how it
 /// compared, the first divergence and the first introduced one, the top
 /// list, the verdict and the next step.
@@ -433,6 +458,9 @@ fn first_blocks(out: &mut String, r: &CompareReport) {
     match &r.first_divergence {
         Some(d) => op_block(out, "First divergence", d),
         None => out.push_str("First divergence: none\n"),
+    }
+    if let Some(d) = &r.drift_source {
+        drift_block(out, d);
     }
     out.push('\n');
     match (&r.first_introduced, &r.first_divergence) {
@@ -535,9 +563,26 @@ fn verdict_line(out: &mut String, r: &CompareReport) {
                 i.step_a
             );
         }
-        (None, true) => {
-            out.push_str("Verdict: DRIFT. Outputs diverged, but no op introduced it: every diverged op inherited the difference (from inputs that differ from the start, random or discontinuous ops, or calls only in A). Exit status 3.\n");
-        }
+        (None, true) => match &r.drift_source {
+            Some(d) => {
+                let _ = writeln!(
+                    out,
+                    "Verdict: DRIFT. {} was changed by the optimizer of step {}: compare the optimizers' calls ({}). No aligned op introduced a divergence. Exit status 3.",
+                    Clean(&d.parameter),
+                    d.optimizer_step,
+                    Clean(&d.unmatched_calls())
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "Verdict: DRIFT. The runs diverged, but no op introduced it: every diverged op inherited the difference (from inputs that differ from the start, random or discontinuous ops{}). Exit status 3.",
+                    r.unmatched_upstream
+                        .phrase()
+                        .map_or(String::new(), |p| format!(", or {p}"))
+                );
+            }
+        },
         (None, false) => {
             out.push_str("Verdict: no divergence: every aligned op agrees within tolerance.\n")
         }
