@@ -7,6 +7,7 @@ mod common;
 mod evidence_prop;
 mod incremental;
 mod only_in_b;
+mod optimizer_lists;
 mod sketch;
 mod tolerance_model;
 mod verdicts;

@@ -1,0 +1,320 @@
+//! An optimizer's per-parameter loop on one side against its `_foreach_`
+//! kernels on the other: each list element pairs with its parameter's
+//! call, a fault in one element is introduced at the list kernel with that
+//! element named, and counts that do not fit leave the calls unmatched.
+
+use crate::common::*;
+use opdump_format::{Phase, TensorRecord};
+use opdump_judge::{Dump, OpVerdict, Part, Side};
+use opdump_testkit::synth::{input, output, DumpWriter};
+
+/// Parameter shapes: all different, so a wrong pairing shows.
+const SHAPES: [&[i64]; 5] = [&[4, 3], &[3], &[5, 2], &[7], &[2, 2, 2]];
+
+/// The per-parameter kernels of a small AdamW step, in loop order, each
+/// as (loop op, overload, list op, list overload): `mul_` twice (weight
+/// decay on the parameter, then the second moment), so that one base op
+/// has two list calls.
+const KERNELS: [(&str, &str, &str); 4] = [
+    ("aten::mul_", "Tensor", "aten::_foreach_mul_"),
+    ("aten::lerp_", "Scalar", "aten::_foreach_lerp_"),
+    ("aten::mul_", "Tensor", "aten::_foreach_mul_"),
+    ("aten::addcdiv_", "default", "aten::_foreach_addcdiv_"),
+];
+
+/// The statistics' scale of parameter `i`'s tensors: (inputs, output) of
+/// kernel `k`, chained so that an output feeds the next kernel that reads
+/// it (the parameter after weight decay feeds `addcdiv_`, the first moment
+/// after `lerp_` too).
+fn values(i: usize, k: usize) -> (Vec<f64>, f64) {
+    let i = i as f64;
+    let p0 = 1.0 + i;
+    let p1 = p0 * 0.999;
+    let (ea0, g, ea1) = (0.5 + 0.1 * i, 0.2 + i, 0.3 + 0.1 * i);
+    let (s0, s1) = (0.05 + 0.01 * i, 0.04 + 0.01 * i);
+    match k {
+        0 => (vec![p0], p1),
+        1 => (vec![ea0, g], ea1),
+        2 => (vec![s0], s1),
+        _ => (vec![p1, ea1, 0.7 + i], p1 + 0.01),
+    }
+}
+
+/// Argument names of kernel `k`'s tensor inputs, per-parameter and list.
+fn args(k: usize, list: bool) -> &'static [&'static str] {
+    match (k, list) {
+        (0 | 2, _) => &["self"],
+        (1, false) => &["self", "end"],
+        (1, true) => &["self", "tensors1"],
+        _ => &["self", "tensor1", "tensor2"],
+    }
+}
+
+/// The parameter's name on kernel `k`'s tensor `j`, where the plugin
+/// names it (parameters and gradients; optimizer states are unnamed).
+fn name(i: usize, k: usize, j: usize) -> Option<String> {
+    match (k, j) {
+        (0, 0) | (3, 0) => Some(format!("w{i}")),
+        (1, 1) => Some(format!("w{i}.grad")),
+        _ => None,
+    }
+}
+
+fn named(mut t: TensorRecord, n: Option<String>) -> TensorRecord {
+    t.name = n;
+    t
+}
+
+fn listed(mut t: TensorRecord, i: usize) -> TensorRecord {
+    t.list_index = Some(i as i32);
+    t
+}
+
+/// How a side differs from the plain one.
+#[derive(Clone, Copy, Default)]
+struct Twist {
+    /// Kernel `k`'s output of parameter `i` is off by this factor.
+    fault: Option<(usize, usize, f64)>,
+    /// Parameter `i`'s call of kernel `k` is left out (loop side only).
+    drop: Option<(usize, usize)>,
+}
+
+/// One side: a forward call both sides make, then step 0's optimizer as a
+/// per-parameter loop or as list calls.
+fn side(list: bool, twist: Twist) -> Dump {
+    let mut w = DumpWriter::in_memory();
+    w.leaf(
+        "aten::mm",
+        "default",
+        "",
+        vec![input("self", "float32", &[4, 4], 1.0)],
+        vec![output(0, "float32", &[4, 4], 2.0)],
+    )
+    .unwrap();
+    w.phase = Phase::Optimizer;
+    // A fault in the first moment's update carries on into the
+    // `addcdiv_` that reads it: its input and, in proportion, its output.
+    let carried = |i: usize, k: usize| match twist.fault {
+        Some((1, fi, f)) if fi == i && (k == 1 || k == 3) => f,
+        _ => 1.0,
+    };
+    let out_scale = |i: usize, k: usize| values(i, k).1 * carried(i, k);
+    let in_scale = |i: usize, k: usize, j: usize| {
+        let x = values(i, k).0[j];
+        if (k, j) == (3, 1) {
+            x * carried(i, k)
+        } else {
+            x
+        }
+    };
+    if list {
+        for (k, &(_, _, op)) in KERNELS.iter().enumerate() {
+            let mut ins = Vec::new();
+            for (j, arg) in args(k, true).iter().enumerate() {
+                for (i, shape) in SHAPES.iter().enumerate() {
+                    let t = input(arg, "float32", shape, in_scale(i, k, j));
+                    ins.push(listed(named(t, name(i, k, j)), i));
+                }
+            }
+            let outs = SHAPES
+                .iter()
+                .enumerate()
+                .map(|(i, shape)| {
+                    let mut t = output(0, "float32", shape, out_scale(i, k));
+                    t.arg = "self".to_string().into();
+                    listed(named(t, name(i, k, 0)), i)
+                })
+                .collect();
+            w.leaf(op, "Scalar", "", ins, outs).unwrap();
+        }
+    } else {
+        for (i, shape) in SHAPES.iter().enumerate() {
+            for (k, &(op, overload, _)) in KERNELS.iter().enumerate() {
+                if twist.drop == Some((k, i)) {
+                    continue;
+                }
+                let mut ins: Vec<TensorRecord> = args(k, false)
+                    .iter()
+                    .enumerate()
+                    .map(|(j, arg)| {
+                        named(
+                            input(arg, "float32", shape, in_scale(i, k, j)),
+                            name(i, k, j),
+                        )
+                    })
+                    .collect();
+                if op == "aten::mul_" {
+                    // The loop's `mul_` takes its factor as a tensor.
+                    ins.push(input("other", "float32", &[], 0.999));
+                }
+                let out = named(output(0, "float32", shape, out_scale(i, k)), name(i, k, 0));
+                w.leaf(op, overload, "", ins, vec![out]).unwrap();
+            }
+        }
+    }
+    dump(if list { "list" } else { "loop" }, &w.records())
+}
+
+/// The element pairs of the alignment: (pair index, A's op, B's op, list
+/// side, element).
+fn element_pairs(
+    a: &Dump,
+    b: &Dump,
+    pairs: &[opdump_judge::Pair],
+) -> Vec<(usize, String, String, Side, u32)> {
+    pairs
+        .iter()
+        .enumerate()
+        .filter_map(|(k, p)| {
+            let (side, e) = p.part.element_of()?;
+            Some((
+                k,
+                a.op_name(p.a).to_string(),
+                b.op_name(p.b).to_string(),
+                side,
+                e,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn each_list_element_pairs_with_its_parameters_call() {
+    let (a, b, al) = align_dumps(side(false, Twist::default()), side(true, Twist::default()));
+    let elems = element_pairs(&a, &b, &al.pairs);
+    assert_eq!(elems.len(), SHAPES.len() * KERNELS.len(), "{elems:?}");
+    for &(k, ref op_a, ref op_b, side, e) in &elems {
+        assert_eq!(side, Side::B);
+        let p = al.pairs[k];
+        // A's calls run parameter-major: call j of the optimizer is
+        // kernel j % 4 of parameter j / 4 (after the forward's `mm`).
+        let j = p.a as usize - 1;
+        assert_eq!(
+            (j / KERNELS.len()) as u32,
+            e,
+            "{op_a} paired with element {e}"
+        );
+        let kernel = j % KERNELS.len();
+        assert_eq!(op_a, KERNELS[kernel].0);
+        assert_eq!(op_b, KERNELS[kernel].2);
+        // The second `mul_` of a parameter pairs with the second
+        // `_foreach_mul_`.
+        assert_eq!(p.b as usize, 1 + kernel, "{op_a} of parameter {e}");
+        assert_eq!(al.element(k).unwrap().param, Some(format!("w{e}")));
+    }
+    assert!(al.only_a.is_empty() && al.only_b.is_empty());
+    let c = compare(a, b);
+    assert_eq!(c.headline, None);
+    assert_eq!(c.first_divergence, None);
+}
+
+#[test]
+fn a_fault_in_element_3_is_introduced_at_the_list_kernel() {
+    let fault = Twist {
+        fault: Some((1, 3, 1.001)),
+        ..Twist::default()
+    };
+    let c = compare(side(false, Twist::default()), side(true, fault));
+    let h = c.headline.expect("a headline");
+    let p = c.alignment.pairs[h];
+    assert_eq!(p.part, Part::element(Side::B, 3));
+    assert_eq!(c.b.op_name(p.b), "aten::_foreach_lerp_");
+    assert_eq!(c.verdict[h], OpVerdict::Introduced);
+    let e = c.alignment.element(h).unwrap();
+    assert_eq!((e.index, e.param.as_deref()), (3, Some("w3")));
+    assert_eq!(e.describe(), "element 3, w3");
+    // The `addcdiv_` of parameter 3 read the diverged first moment: it
+    // inherited the divergence; no other element diverged.
+    let diverged: Vec<(String, u32, OpVerdict)> = (0..c.alignment.pairs.len())
+        .filter(|&k| c.verdict[k].diverged())
+        .map(|k| {
+            let p = c.alignment.pairs[k];
+            (
+                c.b.op_name(p.b).to_string(),
+                p.part.element_of().unwrap().1,
+                c.verdict[k],
+            )
+        })
+        .collect();
+    assert_eq!(
+        diverged,
+        vec![
+            ("aten::_foreach_lerp_".to_string(), 3, OpVerdict::Introduced),
+            (
+                "aten::_foreach_addcdiv_".to_string(),
+                3,
+                OpVerdict::Inherited
+            ),
+        ]
+    );
+}
+
+#[test]
+fn the_loop_on_b_pairs_and_names_the_list_kernel_of_a() {
+    let fault = Twist {
+        fault: Some((1, 3, 1.001)),
+        ..Twist::default()
+    };
+    let c = compare(side(true, Twist::default()), side(false, fault));
+    let h = c.headline.expect("a headline");
+    let p = c.alignment.pairs[h];
+    assert_eq!(p.part, Part::element(Side::A, 3));
+    assert_eq!(c.a.op_name(p.a), "aten::_foreach_lerp_");
+    assert_eq!(c.b.op_name(p.b), "aten::lerp_");
+    assert_eq!(c.alignment.element(h).unwrap().param.as_deref(), Some("w3"));
+    // A's list calls pair once per element, in element order.
+    let elems: Vec<u32> = c
+        .alignment
+        .pairs
+        .iter()
+        .filter(|q| q.a == p.a)
+        .map(|q| q.part.element_of().unwrap().1)
+        .collect();
+    assert_eq!(elems, (0..SHAPES.len() as u32).collect::<Vec<_>>());
+}
+
+#[test]
+fn counts_that_do_not_fit_leave_the_calls_unmatched() {
+    // Parameter 2's `lerp_` is missing: 4 calls for a list of 5.
+    let drop = Twist {
+        drop: Some((1, 2)),
+        ..Twist::default()
+    };
+    let (a, b, al) = align_dumps(side(false, drop), side(true, Twist::default()));
+    let elems = element_pairs(&a, &b, &al.pairs);
+    assert!(elems.iter().all(|e| e.1 != "aten::lerp_"), "{elems:?}");
+    // The other kernels still pair, every element.
+    assert_eq!(elems.len(), SHAPES.len() * (KERNELS.len() - 1));
+    let only_a: Vec<&str> = al.only_a.iter().map(|&i| a.op_name(i)).collect();
+    let only_b: Vec<&str> = al.only_b.iter().map(|&i| b.op_name(i)).collect();
+    assert_eq!(only_a, vec!["aten::lerp_"; SHAPES.len() - 1]);
+    assert_eq!(only_b, vec!["aten::_foreach_lerp_"]);
+}
+
+#[test]
+fn shapes_that_do_not_fit_leave_the_calls_unmatched() {
+    let mut w = DumpWriter::in_memory();
+    w.phase = Phase::Optimizer;
+    // A loop over the parameters in reverse: every kernel's count fits
+    // and no element's shapes do.
+    for (i, shape) in SHAPES.iter().enumerate().rev() {
+        for (k, &(op, overload, _)) in KERNELS.iter().enumerate() {
+            let ins = args(k, false)
+                .iter()
+                .enumerate()
+                .map(|(j, arg)| input(arg, "float32", shape, values(i, k).0[j]))
+                .collect();
+            w.leaf(
+                op,
+                overload,
+                "",
+                ins,
+                vec![output(0, "float32", shape, 1.0)],
+            )
+            .unwrap();
+        }
+    }
+    let reversed = dump("reversed", &w.records());
+    let (_, _, al) = align_dumps(reversed, side(true, Twist::default()));
+    assert!(al.pairs.iter().all(|p| p.part == Part::WHOLE));
+}
