@@ -179,3 +179,53 @@ fn shapes_that_do_not_fit_leave_the_calls_unmatched() {
     let (_, _, al) = align_dumps(reversed, side(true, Twist::default()));
     assert!(al.pairs.iter().all(|p| p.part == Part::WHOLE));
 }
+
+#[test]
+fn two_groups_of_equal_lists_are_not_paired_crosswise() {
+    // Two parameter groups of two parameters of one shape, an unnamed
+    // state each (`sqrt` of the second moment): by count and shape, loop
+    // call j would pair with element j / 2 of list call j % 2, the second
+    // group's list for the first group's second parameter. Their values
+    // tell them apart.
+    let scale = |g: usize, i: usize| 5f64.powi((2 * g + i) as i32);
+    let mut w = DumpWriter::in_memory();
+    w.phase = Phase::Optimizer;
+    for g in 0..2 {
+        for i in 0..2 {
+            w.leaf(
+                "aten::sqrt",
+                "default",
+                "",
+                vec![input("self", "float32", &[3], scale(g, i))],
+                vec![output(0, "float32", &[3], scale(g, i).sqrt())],
+            )
+            .unwrap();
+        }
+    }
+    let per_param = dump("loop", &w.records());
+    let mut w = DumpWriter::in_memory();
+    w.phase = Phase::Optimizer;
+    for g in 0..2 {
+        let mut t = |role_in: bool, i: usize| {
+            let mut t = if role_in {
+                input("self", "float32", &[3], scale(g, i))
+            } else {
+                output(0, "float32", &[3], scale(g, i).sqrt())
+            };
+            t.list_index = Some(i as i32);
+            t
+        };
+        let ins = (0..2).map(|i| t(true, i)).collect();
+        let outs = (0..2).map(|i| t(false, i)).collect();
+        w.leaf("aten::_foreach_sqrt", "default", "", ins, outs)
+            .unwrap();
+    }
+    let lists = dump("list", &w.records());
+    let (_, _, al) = align_dumps(per_param, lists);
+    assert!(
+        al.pairs.iter().all(|p| p.part == Part::WHOLE),
+        "{:?}",
+        al.pairs
+    );
+    assert_eq!((al.only_a.len(), al.only_b.len()), (4, 2));
+}
