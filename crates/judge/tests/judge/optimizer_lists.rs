@@ -206,7 +206,7 @@ fn two_groups_of_equal_lists_are_not_paired_crosswise() {
     let mut w = DumpWriter::in_memory();
     w.phase = Phase::Optimizer;
     for g in 0..2 {
-        let mut t = |role_in: bool, i: usize| {
+        let t = |role_in: bool, i: usize| {
             let mut t = if role_in {
                 input("self", "float32", &[3], scale(g, i))
             } else {
