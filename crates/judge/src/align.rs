@@ -37,6 +37,8 @@ use crate::refusal::Side;
 
 pub mod optimizer;
 
+pub use optimizer::Element;
+
 /// Which op calls take part.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
@@ -502,53 +504,7 @@ fn roots_matched_of_larger(ca: [u64; 3], cb: [u64; 3], exact: [u64; 3]) -> (u64,
     }
 }
 
-/// One element of a list call that a pair judges, as reports name it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Element {
-    /// The side whose call is the list call.
-    pub side: Side,
-    /// The list call.
-    pub call: u32,
-    /// The element (the position in the call's lists).
-    pub index: u32,
-    /// The parameter the element is, where some call of its step names it.
-    pub param: Option<String>,
-}
-
-impl Element {
-    /// `element 3, blocks.0.ln1.bias`, or `element 3` when the parameter
-    /// is not known.
-    pub fn describe(&self) -> String {
-        match &self.param {
-            Some(p) => format!("element {}, {p}", self.index),
-            None => format!("element {}", self.index),
-        }
-    }
-}
-
 impl Alignment {
-    /// The list element pair `pair` judges, when it judges one (see
-    /// [`Part`]).
-    pub fn element(&self, pair: usize) -> Option<Element> {
-        let p = self.pairs.get(pair)?;
-        let (side, index) = p.part.element_of()?;
-        let call = match side {
-            Side::A => p.a,
-            Side::B => p.b,
-        };
-        let param = self
-            .list_params
-            .iter()
-            .find(|l| l.side == side && l.call == call)
-            .and_then(|l| l.names.get(index as usize).cloned().flatten());
-        Some(Element {
-            side,
-            call,
-            index,
-            param,
-        })
-    }
-
     /// The pairs in groups of one (step, phase) of A's calls each, in
     /// order: ranges of [`Alignment::pairs`], for [`crate::Judge::push`]. A
     /// group runs from the first root of its (step, phase) to the next
@@ -790,7 +746,12 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
             (m, counts, nested_sides) = (again, across, &across_sides);
         }
     }
-    let list_params = pair_optimizer_lists(a, b, (&ga, &gb), &mut m);
+    let list_params = optimizer::pair_optimizer_lists(
+        a,
+        b,
+        (&ga, &gb),
+        (&mut m.pairs, &m.dissolved_a, &m.dissolved_b),
+    );
     progress.phase("aligning: nested calls");
     align_nested(nested_sides, &mut m, progress);
 
@@ -831,57 +792,4 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
         group_starts,
         list_params,
     }
-}
-
-/// Pairs, in each (step, optimizer) group where a side makes a list call
-/// (`_foreach_`), the top-level calls nothing paired: list calls element by
-/// element with the other side's per-parameter calls (see [`optimizer`]).
-/// Other groups cost a look at their roots' op names.
-fn pair_optimizer_lists(
-    a: &Dump,
-    b: &Dump,
-    (ga, gb): (&Groups, &Groups),
-    m: &mut Matching,
-) -> Vec<optimizer::ListParams> {
-    let mut params = Vec::new();
-    let groups: Vec<(&Vec<u32>, &Vec<u32>)> = ga
-        .iter()
-        .filter(|(k, _)| k.1 == Phase::Optimizer)
-        .filter_map(|(k, ra)| gb.get(k).map(|rb| (ra, rb)))
-        .filter(|(ra, rb)| optimizer::has_list_call(a, ra) || optimizer::has_list_call(b, rb))
-        .collect();
-    if groups.is_empty() {
-        return params;
-    }
-    let (a_match, b_match) = partners(&m.pairs, a.len(), b.len());
-    let (dissolved_a, dissolved_b) = (
-        sorted_unique(m.dissolved_a.clone()),
-        sorted_unique(m.dissolved_b.clone()),
-    );
-    let unmatched = |roots: &[u32], partner: &[u32], dissolved: &[u32]| -> Vec<u32> {
-        roots
-            .iter()
-            .copied()
-            .filter(|&r| partner[r as usize] == NONE && dissolved.binary_search(&r).is_err())
-            .collect()
-    };
-    for (ra, rb) in groups {
-        let ua = unmatched(ra, &a_match, &dissolved_a);
-        let ub = unmatched(rb, &b_match, &dissolved_b);
-        optimizer::pair_list_calls(
-            optimizer::Calls {
-                d: a,
-                side: Side::A,
-                roots: &ua,
-            },
-            optimizer::Calls {
-                d: b,
-                side: Side::B,
-                roots: &ub,
-            },
-            &mut m.pairs,
-            &mut params,
-        );
-    }
-    params
 }

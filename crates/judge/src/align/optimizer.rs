@@ -19,10 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use opdump_format::Role;
+use opdump_format::{Phase, Role};
 
-use super::{Pair, Part};
-use crate::dump::Dump;
+use super::{partners, sorted_unique, Alignment, Groups, Pair, Part};
+use crate::dump::{Dump, NONE};
 use crate::intern::NO_ID;
 use crate::list_call::{is_list_op, list_base, loop_base, pair_by_position, rows_of, Layout};
 use crate::refusal::Side;
@@ -215,4 +215,113 @@ fn norms_may_agree(x: &TensorRow, y: &TensorRow) -> bool {
 
 fn text(d: &Dump, id: u32) -> Option<&str> {
     (id != NO_ID).then(|| d.texts.get(id))
+}
+
+/// One element of a list call that a pair judges, as reports name it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Element {
+    /// The side whose call is the list call.
+    pub side: Side,
+    /// The list call.
+    pub call: u32,
+    /// The element (the position in the call's lists).
+    pub index: u32,
+    /// The parameter the element is, where some call of its step names it.
+    pub param: Option<String>,
+}
+
+impl Element {
+    /// `element 3, blocks.0.ln1.bias`, or `element 3` when the parameter
+    /// is not known.
+    pub fn describe(&self) -> String {
+        match &self.param {
+            Some(p) => format!("element {}, {p}", self.index),
+            None => format!("element {}", self.index),
+        }
+    }
+}
+
+impl Alignment {
+    /// The list element pair `pair` judges, when it judges one (see
+    /// [`Part`]).
+    pub fn element(&self, pair: usize) -> Option<Element> {
+        let p = self.pairs.get(pair)?;
+        let (side, index) = p.part.element_of()?;
+        let call = match side {
+            Side::A => p.a,
+            Side::B => p.b,
+        };
+        let param = self
+            .list_params
+            .binary_search_by_key(&(side == Side::B, call), |l| (l.side == Side::B, l.call))
+            .ok()
+            .and_then(|k| {
+                self.list_params[k]
+                    .names
+                    .get(index as usize)
+                    .cloned()
+                    .flatten()
+            });
+        Some(Element {
+            side,
+            call,
+            index,
+            param,
+        })
+    }
+}
+
+/// Pairs, in each (step, optimizer) group where a side makes a list call
+/// (`_foreach_`), the top-level calls nothing paired: list calls element by
+/// element with the other side's per-parameter calls (see [`optimizer`]).
+/// Other groups cost a look at their roots' op names.
+pub(super) fn pair_optimizer_lists(
+    a: &Dump,
+    b: &Dump,
+    (ga, gb): (&Groups, &Groups),
+    (pairs, dissolved_a, dissolved_b): (&mut Vec<Pair>, &[u32], &[u32]),
+) -> Vec<ListParams> {
+    let mut params = Vec::new();
+    let groups: Vec<(&Vec<u32>, &Vec<u32>)> = ga
+        .iter()
+        .filter(|(k, _)| k.1 == Phase::Optimizer)
+        .filter_map(|(k, ra)| gb.get(k).map(|rb| (ra, rb)))
+        .filter(|(ra, rb)| has_list_call(a, ra) || has_list_call(b, rb))
+        .collect();
+    if groups.is_empty() {
+        return params;
+    }
+    let (a_match, b_match) = partners(pairs, a.len(), b.len());
+    let (dissolved_a, dissolved_b) = (
+        sorted_unique(dissolved_a.to_vec()),
+        sorted_unique(dissolved_b.to_vec()),
+    );
+    let unmatched = |roots: &[u32], partner: &[u32], dissolved: &[u32]| -> Vec<u32> {
+        roots
+            .iter()
+            .copied()
+            .filter(|&r| partner[r as usize] == NONE && dissolved.binary_search(&r).is_err())
+            .collect()
+    };
+    for (ra, rb) in groups {
+        let ua = unmatched(ra, &a_match, &dissolved_a);
+        let ub = unmatched(rb, &b_match, &dissolved_b);
+        pair_list_calls(
+            Calls {
+                d: a,
+                side: Side::A,
+                roots: &ua,
+            },
+            Calls {
+                d: b,
+                side: Side::B,
+                roots: &ub,
+            },
+            pairs,
+            &mut params,
+        );
+    }
+    // Sorted, for `Alignment::element`'s search.
+    params.sort_by_key(|l| (l.side == Side::B, l.call));
+    params
 }
