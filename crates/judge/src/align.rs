@@ -33,6 +33,11 @@ use crate::diff::{diff, DiffStats};
 use crate::dump::{Dump, NONE};
 use crate::intern::{mix, FxMap, NO_ID};
 use crate::observer::Observer;
+use crate::refusal::Side;
+
+pub mod optimizer;
+
+pub use optimizer::Element;
 
 /// Which op calls take part.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +73,58 @@ pub struct Pair {
     pub b: u32,
     /// Paired by name only: some shapes differ.
     pub loose: bool,
+    /// What of the two calls the pair judges: both whole, or one element
+    /// of a list call (`_foreach_`) against the other side's call for that
+    /// element (see [`optimizer`]).
+    pub part: Part,
+}
+
+impl Pair {
+    /// Two whole calls, paired.
+    pub fn whole(a: u32, b: u32, loose: bool) -> Self {
+        Pair {
+            a,
+            b,
+            loose,
+            part: Part::WHOLE,
+        }
+    }
+}
+
+/// Which part of its two calls a [`Pair`] judges: the whole calls, or
+/// element `i` of one side's list call (`_foreach_lerp_`'s `self[i]`,
+/// `tensors1[i]`) against the other side's whole call (the `lerp_` of
+/// parameter `i`). Packed in 32 bits: pairs are many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Part(u32);
+
+impl Part {
+    /// Both calls whole.
+    pub const WHOLE: Part = Part(u32::MAX);
+    const ON_B: u32 = 1 << 31;
+
+    /// Element `index` of the list call on `side`.
+    pub fn element(side: Side, index: u32) -> Part {
+        let index = index & !Self::ON_B;
+        Part(match side {
+            Side::A => index,
+            Side::B => index | Self::ON_B,
+        })
+    }
+
+    /// The side whose call is a list call, and the element judged; `None`
+    /// for whole calls.
+    pub fn element_of(self) -> Option<(Side, u32)> {
+        if self == Part::WHOLE {
+            return None;
+        }
+        let side = if self.0 & Self::ON_B != 0 {
+            Side::B
+        } else {
+            Side::A
+        };
+        Some((side, self.0 & !Self::ON_B))
+    }
 }
 
 /// The result of aligning two dumps.
@@ -108,6 +165,9 @@ pub struct Alignment {
     /// The first root of A of each (step, phase) group taking part, in
     /// call order: where [`Alignment::groups`] cuts the pairs.
     pub group_starts: Vec<u32>,
+    /// The parameter names of the elements of the list calls paired
+    /// element by element (see [`optimizer`]).
+    pub list_params: Vec<optimizer::ListParams>,
 }
 
 /// Per dump: signature of every op, the looser key of loose pairs, and
@@ -214,11 +274,7 @@ fn align_lists(
                 .all(|k| pa.loose[xa[a0 + k] as usize] == pb.loose[xb[b0 + k] as usize]);
             if same_names {
                 for k in 0..a1 - a0 {
-                    out.push(Pair {
-                        a: xa[a0 + k],
-                        b: xb[b0 + k],
-                        loose: true,
-                    });
+                    out.push(Pair::whole(xa[a0 + k], xb[b0 + k], true));
                 }
             }
         }
@@ -226,11 +282,7 @@ fn align_lists(
     for &(i, j) in &matches {
         let (i, j) = (i as usize, j as usize);
         loose_gap(prev.0, i, prev.1, j, out);
-        out.push(Pair {
-            a: xa[i],
-            b: xb[j],
-            loose: false,
-        });
+        out.push(Pair::whole(xa[i], xb[j], false));
         prev = (i + 1, j + 1);
     }
     loose_gap(prev.0, xa.len(), prev.1, xb.len(), out);
@@ -543,12 +595,31 @@ fn align_nested(s: &Sides<'_>, m: &mut Matching, progress: &dyn Observer) {
     let (mut ca, mut cb) = (Vec::new(), Vec::new());
     let mut scratch: Vec<u32> = Vec::new();
     while next < m.pairs.len() {
-        let Pair { a: ia, b: ib, .. } = m.pairs[next];
+        let Pair {
+            a: ia, b: ib, part, ..
+        } = m.pairs[next];
         next += 1;
         ca.clear();
         cb.clear();
         children(s.a, s.pa, ia, &mut ca, 0);
         children(s.b, s.pb, ib, &mut cb, 0);
+        if let Some((side, elem)) = part.element_of() {
+            // A list call's children and a per-parameter call's do not
+            // correspond: both stay unmatched, the list call's once.
+            let (list, per_param) = match side {
+                Side::A => (&ca, &cb),
+                Side::B => (&cb, &ca),
+            };
+            let (only_list, only_per_param) = match side {
+                Side::A => (&mut m.only_a, &mut m.only_b),
+                Side::B => (&mut m.only_b, &mut m.only_a),
+            };
+            if elem == 0 {
+                only_list.extend_from_slice(list);
+            }
+            only_per_param.extend_from_slice(per_param);
+            continue;
+        }
         let start = m.pairs.len();
         if !ca.is_empty() && !cb.is_empty() {
             align_lists(s, &ca, &cb, &mut m.stats, &mut m.pairs);
@@ -675,6 +746,12 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
             (m, counts, nested_sides) = (again, across, &across_sides);
         }
     }
+    let list_params = optimizer::pair_optimizer_lists(
+        a,
+        b,
+        (&ga, &gb),
+        (&mut m.pairs, &m.dissolved_a, &m.dissolved_b),
+    );
     progress.phase("aligning: nested calls");
     align_nested(nested_sides, &mut m, progress);
 
@@ -685,7 +762,8 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
     let only_a = sorted_unique(m.only_a);
     let only_b = sorted_unique(m.only_b);
     let mut pairs = m.pairs;
-    pairs.sort_unstable_by_key(|p| p.a);
+    // A list call of A pairs once per element: in element order.
+    pairs.sort_unstable_by_key(|p| (p.a, p.part));
 
     let ignored = |d: &Dump, p: &Prepared| {
         if filter.ignore.is_some() {
@@ -712,5 +790,6 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
         diff_stats: m.stats,
         steps_ignored,
         group_starts,
+        list_params,
     }
 }

@@ -125,7 +125,7 @@ impl Compared {
     /// [`Compared::detail`] into `cmp`, with a context made once.
     pub fn detail_into(&self, pair: usize, ctx: &Ctx<'_>, cmp: &mut OpCmp) {
         let p = self.alignment.pairs[pair];
-        ctx.measure(p.a, p.b, cmp);
+        ctx.measure_pair(p, cmp);
         ctx.judge(cmp, |tc| {
             tc.ta.map_or(Taint::default(), |x| Taint {
                 size: self.input_taint[x as usize] as f64,
@@ -503,7 +503,7 @@ impl<'d> Judge<'d> {
                 batch.resize_with(chunk.len(), OpCmp::default);
                 for (p, cmp) in chunk.iter().zip(batch.iter_mut()) {
                     cmp.reset();
-                    ctx.measure(p.a, p.b, cmp);
+                    ctx.measure_pair(*p, cmp);
                 }
                 if tx.send(batch).is_err() {
                     return;
@@ -548,7 +548,7 @@ impl<'d> Judge<'d> {
                 None => {
                     let p = alignment.pairs[k];
                     inline.reset();
-                    ctx.measure(p.a, p.b, inline);
+                    ctx.measure_pair(p, inline);
                     &mut *inline
                 }
             };

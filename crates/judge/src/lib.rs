@@ -27,6 +27,7 @@ pub mod evidence;
 pub mod exact;
 mod from_records;
 pub mod intern;
+pub mod list_call;
 pub mod metrics;
 pub mod observer;
 pub mod one_sided;
@@ -43,7 +44,7 @@ pub mod tree;
 pub mod verdict;
 pub mod vote;
 
-pub use align::{align, Alignment, Filter, Pair};
+pub use align::{align, Alignment, Element, Filter, Pair, Part};
 pub use captured::{CapturedValues, NoCaptures};
 pub use compare::{
     compare_dumps, CompareSettings, Compared, Judge, Judgement, Outcome, UnmatchedChange,

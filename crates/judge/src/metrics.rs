@@ -5,15 +5,21 @@
 //! pair once (keeping only a few numbers per op) and again for the handful
 //! of ops a report shows in full.
 
+use std::sync::{Arc, Mutex};
+
 use opdump_format::Role;
 
+use crate::align::Pair;
 use crate::dtype::DType;
 use crate::dump::Dump;
 use crate::evidence::{Evidence, Measure, Row};
+use crate::intern::FxMap;
+use crate::list_call::{pair_by_position, Layout};
 use crate::opclass::{
     args_make_discontinuous, base_name, classify, has_gradient_terms, is_factor, is_gradient_arg,
     is_lerp, is_product, OpClass,
 };
+use crate::refusal::Side;
 use crate::tensor_row::TensorRow;
 use crate::tolerance::Tolerances;
 use crate::verdict::{amplification, op_verdict, OpErrors, OpVerdict, TensorVerdict};
@@ -247,6 +253,11 @@ pub struct OpCmp {
     /// The first tensor of each call: `rows_a[t - start_a]` is tensor `t`.
     start_a: u32,
     start_b: u32,
+    /// The tensors whose rows `rows_a` holds, when they are one element of
+    /// a list call (then `rows_a[k]` is tensor `ids_a[k]`); empty for a
+    /// whole call.
+    ids_a: Vec<u32>,
+    ids_b: Vec<u32>,
 }
 
 impl OpCmp {
@@ -260,6 +271,8 @@ impl OpCmp {
             scratch: std::mem::take(&mut self.scratch),
             rows_a: std::mem::take(&mut self.rows_a),
             rows_b: std::mem::take(&mut self.rows_b),
+            ids_a: std::mem::take(&mut self.ids_a),
+            ids_b: std::mem::take(&mut self.ids_b),
             ..OpCmp::default()
         };
     }
@@ -268,8 +281,8 @@ impl OpCmp {
     /// once, by the measuring thread); `None` for a tensor not of this
     /// pair.
     pub fn rows(&self, ta: u32, tb: u32) -> Option<(&TensorRow, &TensorRow)> {
-        let ra = self.rows_a.get(ta.checked_sub(self.start_a)? as usize)?;
-        let rb = self.rows_b.get(tb.checked_sub(self.start_b)? as usize)?;
+        let ra = CallRows::new(&self.rows_a, self.start_a, &self.ids_a).get(ta)?;
+        let rb = CallRows::new(&self.rows_b, self.start_b, &self.ids_b).get(tb)?;
         Some((ra, rb))
     }
 }
@@ -303,6 +316,9 @@ pub struct Ctx<'a> {
     pub stats_f32: bool,
     /// The class of each name id of A (names are few, calls are many).
     classes: Vec<OpClass>,
+    /// The layouts of the list calls judged element by element, by side
+    /// (B: true) and call.
+    layouts: Mutex<FxMap<(bool, u32), Arc<Layout>>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -317,6 +333,7 @@ impl<'a> Ctx<'a> {
             classes: (0..a.names.len() as u32)
                 .map(|i| classify(a.names.get(i)))
                 .collect(),
+            layouts: Mutex::default(),
         }
     }
 
@@ -376,23 +393,52 @@ impl<'a> Ctx<'a> {
     /// each pair; verdicts are provisional (each tensor against this op's
     /// own tolerance) until [`Ctx::judge`].
     pub fn measure(&self, ia: u32, ib: u32, cmp: &mut OpCmp) {
+        self.measure_pair(Pair::whole(ia, ib, false), cmp);
+    }
+
+    /// [`Ctx::measure`] of an aligned pair: its whole calls, or one
+    /// element of a list call against the other side's call for it (see
+    /// [`Part`]); then the tensors pair by position, and the op judged is
+    /// the per-element one (`lerp_`, not `_foreach_lerp_`).
+    pub fn measure_pair(&self, p: Pair, cmp: &mut OpCmp) {
         let (a, b) = (self.a, self.b);
+        let (ia, ib) = (p.a, p.b);
         let mut pairs = std::mem::take(&mut cmp.scratch);
         pairs.clear();
         let (mut rows_a, mut rows_b) = (
             std::mem::take(&mut cmp.rows_a),
             std::mem::take(&mut cmp.rows_b),
         );
-        a.tensors.rows_of(a.tensors_of(ia), &mut rows_a);
-        b.tensors.rows_of(b.tensors_of(ib), &mut rows_b);
+        let (mut ids_a, mut ids_b) = (
+            std::mem::take(&mut cmp.ids_a),
+            std::mem::take(&mut cmp.ids_b),
+        );
+        ids_a.clear();
+        ids_b.clear();
+        let element = p.part.element_of();
+        match element {
+            Some((Side::A, k)) => self.element_rows(Side::A, ia, k, &mut ids_a, &mut rows_a),
+            _ => a.tensors.rows_of(a.tensors_of(ia), &mut rows_a),
+        }
+        match element {
+            Some((Side::B, k)) => self.element_rows(Side::B, ib, k, &mut ids_b, &mut rows_b),
+            _ => b.tensors.rows_of(b.tensors_of(ib), &mut rows_b),
+        }
         let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
-        let call_a = CallRows::new(&rows_a, start_a);
-        let call_b = CallRows::new(&rows_b, start_b);
-        self.pair_tensors((ia, &rows_a), (ib, &rows_b), &mut pairs);
+        let call_a = CallRows::new(&rows_a, start_a, &ids_a);
+        let call_b = CallRows::new(&rows_b, start_b, &ids_b);
+        if element.is_some() {
+            pair_by_position(&call_a.indexed(), &call_b.indexed(), &mut pairs);
+        } else {
+            self.pair_tensors((ia, &rows_a), (ib, &rows_b), &mut pairs);
+        }
         cmp.tensors.clear();
 
-        let op = a.op_name(ia);
-        let class = self.class_of(ia);
+        // An element is judged as the per-element op its other side ran.
+        let (op, class) = match element {
+            Some((Side::A, _)) => (b.op_name(ib), class_of_call(b, ib)),
+            _ => (a.op_name(ia), self.class_of(ia)),
+        };
         let inputs = Inputs::scan(self, op, &pairs, call_a, call_b);
         let k = reduction_length_of(a, ia, &rows_a, class);
         let tolerance = self.tol.rtol(inputs.compute, k);
@@ -438,7 +484,7 @@ impl<'a> Ctx<'a> {
             cmp.tensors.push(tc);
         }
         cmp.concentration = if class == OpClass::Movement {
-            self.concentration_of(ia, call_a, &inputs)
+            self.concentration_of(&pairs, call_a, &inputs)
         } else {
             1.0
         };
@@ -450,6 +496,34 @@ impl<'a> Ctx<'a> {
         cmp.scratch = pairs;
         (cmp.rows_a, cmp.rows_b) = (rows_a, rows_b);
         (cmp.start_a, cmp.start_b) = (start_a, start_b);
+        (cmp.ids_a, cmp.ids_b) = (ids_a, ids_b);
+    }
+
+    /// The tensors of element `k` of list call `call` on `side`, and their
+    /// rows. A call's layout is read once (a list call of N elements is N
+    /// pairs).
+    fn element_rows(
+        &self,
+        side: Side,
+        call: u32,
+        k: u32,
+        ids: &mut Vec<u32>,
+        rows: &mut Vec<TensorRow>,
+    ) {
+        let d = match side {
+            Side::A => self.a,
+            Side::B => self.b,
+        };
+        let layout = {
+            let mut cache = self.layouts.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .entry((side == Side::B, call))
+                .or_insert_with(|| Arc::new(Layout::of(d, call)))
+                .clone()
+        };
+        *ids = layout.element(k as usize);
+        rows.clear();
+        rows.extend(ids.iter().map(|&t| d.tensors.row(t)));
     }
 
     /// The class of call `ia` of A: by its op's name, or discontinuous where
@@ -461,19 +535,20 @@ impl<'a> Ctx<'a> {
             .get(a.op[ia as usize] as usize)
             .copied()
             .unwrap_or(OpClass::Plain);
-        if class == OpClass::Plain && args_make_discontinuous(a.op_name(ia), a.args_text(ia)) {
-            OpClass::Discontinuous
-        } else {
-            class
-        }
+        discontinuous_by_args(a, ia, class)
     }
 
     /// How much a movement op may concentrate its input's relative error:
     /// the largest over its outputs (see [`concentration`]).
-    fn concentration_of(&self, ia: u32, call_a: CallRows<'_>, inputs: &Inputs<'_>) -> f64 {
+    fn concentration_of(
+        &self,
+        pairs: &[(Option<u32>, Option<u32>)],
+        call_a: CallRows<'_>,
+        inputs: &Inputs<'_>,
+    ) -> f64 {
         let a = self.a;
         let mut c = 1.0f64;
-        for t in a.tensors_of(ia) {
+        for t in pairs.iter().filter_map(|p| p.0) {
             let r = call_a.row(t);
             if r.role == Role::Output && r.has_values() {
                 c = c.max(concentration(
@@ -956,20 +1031,64 @@ fn contracted_dim(op: &str, float_inputs: &[&[i64]]) -> Option<i64> {
     float_inputs.get(factor)?.last().copied().filter(|&k| k > 0)
 }
 
-/// The rows of one call's tensors, read once, by tensor index.
+/// The class of call `i` of `d` (of B, where a class is rarely asked).
+fn class_of_call(d: &Dump, i: u32) -> OpClass {
+    discontinuous_by_args(d, i, classify(d.op_name(i)))
+}
+
+/// `class`, or discontinuous where the arguments of call `i` make it so.
+fn discontinuous_by_args(d: &Dump, i: u32, class: OpClass) -> OpClass {
+    if class == OpClass::Plain && args_make_discontinuous(d.op_name(i), d.args_text(i)) {
+        OpClass::Discontinuous
+    } else {
+        class
+    }
+}
+
+/// The rows of one call's tensors, read once, by tensor index: the whole
+/// call's from tensor `start` on, or (`ids` not empty) those of tensors
+/// `ids`, one element of a list call.
 #[derive(Clone, Copy)]
 struct CallRows<'r> {
     rows: &'r [TensorRow],
     start: u32,
+    ids: &'r [u32],
 }
 
 impl<'r> CallRows<'r> {
-    fn new(rows: &'r [TensorRow], start: u32) -> Self {
-        CallRows { rows, start }
+    fn new(rows: &'r [TensorRow], start: u32, ids: &'r [u32]) -> Self {
+        CallRows { rows, start, ids }
+    }
+
+    fn get(&self, t: u32) -> Option<&'r TensorRow> {
+        if self.ids.is_empty() {
+            self.rows.get(t.checked_sub(self.start)? as usize)
+        } else {
+            self.rows.get(self.ids.binary_search(&t).ok()?)
+        }
     }
 
     fn row(&self, t: u32) -> &'r TensorRow {
-        &self.rows[(t - self.start) as usize]
+        match self.get(t) {
+            Some(r) => r,
+            None => panic!("tensor {t} is not of this call"),
+        }
+    }
+
+    /// Each row with its tensor's index.
+    fn indexed(&self) -> Vec<(u32, TensorRow)> {
+        self.rows
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                let t = if self.ids.is_empty() {
+                    self.start + k as u32
+                } else {
+                    self.ids[k]
+                };
+                (t, *r)
+            })
+            .collect()
     }
 }
 

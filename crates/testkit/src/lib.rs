@@ -3,6 +3,7 @@
 //! records are built in memory only (`DumpWriter::in_memory`).
 
 pub mod calls;
+pub mod optimizer;
 #[cfg(feature = "parquet")]
 pub mod ranks_job;
 #[cfg(feature = "parquet")]

@@ -250,6 +250,21 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             )
         })?,
     };
+    if let Some(e) = c.alignment.element(k) {
+        // One side ran a list kernel, the other a call per parameter: no
+        // call of one run is the other's to run against.
+        let (d, side) = if e.side == opdump_judge::Side::A {
+            (&c.a, "A")
+        } else {
+            (&c.b, "B")
+        };
+        return Err(CliError::new(format!(
+            "{} (seq {side} {}) is judged {} against the other run's per-parameter call: `opdump repro` runs one call against the same call, and the runs made different ones",
+            d.full_name(e.call),
+            d.seq(e.call),
+            e.describe()
+        )));
+    }
     // A run judged online (OPDUMP_REFERENCE) captured the named call in a
     // later step: reproduce that one.
     let introduced = c.op_verdict(k) == OpVerdict::Introduced;

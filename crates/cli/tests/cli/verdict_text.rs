@@ -147,3 +147,32 @@ fn drift_names_the_side_with_calls_upstream_only_when_there_are_some() {
     // Both sides made the same calls: no side to blame for them.
     assert!(!r.stdout.contains("calls only in"), "{}", r.stdout);
 }
+
+#[test]
+fn a_list_kernels_element_is_named_with_its_parameter() {
+    use opdump_testkit::optimizer::{adamw_step, Twist};
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b: bool| {
+        let fault = Twist {
+            fault: side_b.then_some((1, 3, 1.001)),
+            ..Twist::default()
+        };
+        adamw_step(w, side_b, fault)
+    };
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, j, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{stderr}\n{j}");
+    assert_eq!(j["headline"]["op"], "aten::_foreach_lerp_", "{j}");
+    assert_eq!(j["headline"]["element"]["index"], 3, "{j}");
+    assert_eq!(j["headline"]["element"]["param"], "w3", "{j}");
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(
+            "Verdict: DIVERGED. First introduced at aten::_foreach_lerp_.Scalar (element 3, w3) (seq A"
+        ),
+        "{}",
+        r.stdout
+    );
+}

@@ -25,11 +25,22 @@ fn call_ref(c: &Compared, pair: usize) -> CallRef {
         .fwd_of(p.b)
         .map(|f| (b, f))
         .or_else(|| a.fwd_of(p.a).map(|f| (a, f)));
+    // This run's call (the selector names it); for one element of a list
+    // call, which element, and whose list when it is the reference's.
+    let element = c.alignment.element(pair).map(|e| match e.side {
+        opdump_judge::Side::B => e.describe(),
+        opdump_judge::Side::A => format!(
+            "{} of the reference's {}",
+            e.describe(),
+            a.full_name(e.call)
+        ),
+    });
     CallRef {
         step: b.step(p.b),
         phase: b.phase(p.b).as_str().to_string(),
         op: b.op_name(p.b).to_string(),
         overload: b.overload_name(p.b).to_string(),
+        element,
         seq_a: a.seq(p.a),
         seq_b: b.seq(p.b),
         module: module.map(str::to_string),

@@ -16,6 +16,10 @@ pub struct CallRef {
     pub phase: String,
     pub op: String,
     pub overload: String,
+    /// For one element of a list call (`_foreach_`) judged against the
+    /// other run's per-parameter call: `element 3, blocks.0.ln1.bias`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<String>,
     /// The call's seq in the reference and in this run.
     pub seq_a: i64,
     pub seq_b: i64,
@@ -57,7 +61,10 @@ impl CallRef {
             Some(f) if self.phase == Phase::Backward.as_str() => {
                 format!("{op} (backward of {f}{place})")
             }
-            _ => format!("{op}{place}"),
+            _ => match &self.element {
+                Some(e) => format!("{op} ({e}){place}"),
+                None => format!("{op}{place}"),
+            },
         }
     }
 
@@ -162,6 +169,16 @@ mod tests {
     #[test]
     fn labels_name_the_backward_calls_forward_op() {
         assert_eq!(call(Phase::Forward).label(), "aten::mm in blocks.0.fc1");
+        let element = CallRef {
+            op: "aten::_foreach_lerp_".into(),
+            element: Some("element 3, blocks.0.ln1.bias".into()),
+            module: None,
+            ..call(Phase::Optimizer)
+        };
+        assert_eq!(
+            element.label(),
+            "aten::_foreach_lerp_ (element 3, blocks.0.ln1.bias)"
+        );
         assert_eq!(
             call(Phase::Backward).label(),
             "aten::mm (backward of aten::linear in blocks.0.fc1)"

@@ -8,6 +8,7 @@ mod evidence_prop;
 mod incremental;
 mod only_in_b;
 mod optimizer_drift;
+mod optimizer_lists;
 mod reduction_length;
 mod sketch;
 mod tolerance_model;

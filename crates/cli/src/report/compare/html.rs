@@ -624,16 +624,13 @@ fn call_rows(out: &mut String, r: &OpReport) {
                 a.seq_a
             )
         })
-        .chain(std::iter::once(format!(
-            "<b>{}</b>",
-            esc(&op_label(&r.op, &r.overload))
-        )))
+        .chain(std::iter::once(format!("<b>{}</b>", esc(&r.label()))))
         .collect();
     let _ = write!(
         out,
         "<p class=\"{v}\"><b>{}</b> &mdash; {v}</p><p>{}</p><table class=\"kv\">\
          <tr><th></th><th>seq</th><th>step</th><th>phase</th><th>depth</th><th>parent</th><th>args</th></tr>",
-        esc(&op_label(&r.op, &r.overload)),
+        esc(&r.label()),
         chain.join(" &rsaquo; "),
         v = r.verdict.as_str(),
     );
@@ -713,7 +710,7 @@ impl Shown {
         let Some(op) = r else {
             return op_section(out, title, r);
         };
-        let call = (op.seq_a, op.seq_b, op_label(&op.op, &op.overload));
+        let call = (op.seq_a, op.seq_b, op.label());
         if let Some((_, first_title)) = self.calls.iter().find(|(c, _)| *c == call) {
             let _ = write!(
                 out,
@@ -884,8 +881,8 @@ fn verdict_text(r: &CompareReport) -> String {
         };
     }
     match (&r.headline, r.divergence) {
-        (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&op_label(&i.op, &i.overload)), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
-        (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&op_label(&i.op, &i.overload)), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
+        (Some(i), _) if r.headline_rule == Some("dominant") => format!("introduced at {} (seq A {}, seq B {}), going at least {:.0} times further beyond its allowance than the first introduced op", esc(&i.label()), i.seq_a, i.seq_b, opdump_judge::compare::HEADLINE_DOMINANCE),
+        (Some(i), _) => format!("first introduced at {}{} (seq A {}, seq B {})", esc(&i.label()), i.module.as_ref().map_or(String::new(), |m| format!(" in <code>{}</code>", esc(m))), i.seq_a, i.seq_b),
         (None, true) => match &r.drift_source {
             Some(d) => format!(
                 "diverged: <code>{}</code> was changed by the optimizer of step {}; compare the optimizers' calls ({}). No aligned op introduced it (exit status {})",
@@ -934,7 +931,7 @@ fn top_introduced(o: &mut String, r: &CompareReport) {
             o,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
             k + 1,
-            esc(&op_label(&t.op, &t.overload)),
+            esc(&t.label()),
             t.seq_a,
             t.seq_b,
             t.step_a,

@@ -12,6 +12,7 @@ use opdump_judge::exact::ExactMetrics;
 use opdump_judge::intern::FxMap;
 use opdump_judge::metrics::{Ctx, OpCmp, TensorCmp, CANCELLATION_FLOOR};
 use opdump_judge::verdict::{OpVerdict, TensorVerdict};
+use opdump_judge::Side;
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
 pub const REPORT_VERSION: u32 = 1;
@@ -357,8 +358,14 @@ impl TensorReport {
 /// One aligned op pair in full.
 #[derive(Serialize, Clone, Debug)]
 pub struct OpReport {
+    /// The op, or for one element of a list call, the list call's
+    /// (`aten::_foreach_lerp_`): the kernel judged.
     pub op: String,
     pub overload: String,
+    /// The list element judged, when the pair is one element of a list
+    /// call (`_foreach_`) against the other side's per-parameter call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub element: Option<ElementReport>,
     pub seq_a: i64,
     pub seq_b: i64,
     pub step_a: i64,
@@ -415,7 +422,58 @@ pub struct OpReport {
     pub tensors: Vec<TensorReport>,
 }
 
+/// One element of a list call: its position and the parameter it is.
+#[derive(Serialize, Clone, Debug)]
+pub struct ElementReport {
+    /// Which side's call is the list call: `a` or `b`.
+    pub side: &'static str,
+    pub index: u32,
+    /// The parameter, where some call of the step names it.
+    pub param: Option<String>,
+}
+
+impl ElementReport {
+    fn of(e: &opdump_judge::Element) -> Self {
+        ElementReport {
+            side: if e.side == Side::A { "a" } else { "b" },
+            index: e.index,
+            param: e.param.clone(),
+        }
+    }
+
+    /// `element 3, blocks.0.ln1.bias`.
+    pub fn describe(&self) -> String {
+        match &self.param {
+            Some(p) => format!("element {}, {p}", self.index),
+            None => format!("element {}", self.index),
+        }
+    }
+}
+
+/// The kernel pair `pair` judges, as `(op, overload)`: A's call, or for one
+/// element of a list call, the list call (whichever side made it).
+pub fn kernel_of(c: &Compared, pair: usize) -> (&str, &str, Option<opdump_judge::Element>) {
+    let p = c.alignment.pairs[pair];
+    match c.alignment.element(pair) {
+        Some(e) => {
+            let d = if e.side == Side::A { &c.a } else { &c.b };
+            (d.op_name(e.call), d.overload_name(e.call), Some(e))
+        }
+        None => (c.a.op_name(p.a), c.a.overload_name(p.a), None),
+    }
+}
+
 impl OpReport {
+    /// The op as reports name it: `aten::gelu`, or for a list element
+    /// `aten::_foreach_lerp_ (element 3, blocks.0.ln1.bias)`.
+    pub fn label(&self) -> String {
+        let op = crate::app::text::op_label(&self.op, &self.overload);
+        match &self.element {
+            Some(e) => format!("{op} ({})", crate::app::text::clean(&e.describe())),
+            None => op,
+        }
+    }
+
     pub fn of(c: &Compared, pair: usize) -> Self {
         let p = c.alignment.pairs[pair];
         let cmp: OpCmp = c.detail(pair);
@@ -439,8 +497,9 @@ impl OpReport {
                 .source_of(ia)
                 .or_else(|| b.source_of(ib))
                 .map(str::to_string),
-            op: a.op_name(ia).into(),
-            overload: a.overload_name(ia).into(),
+            op: kernel_of(c, pair).0.into(),
+            overload: kernel_of(c, pair).1.into(),
+            element: kernel_of(c, pair).2.as_ref().map(ElementReport::of),
             seq_a: a.seq(ia),
             seq_b: b.seq(ib),
             step_a: a.step(ia),
@@ -760,8 +819,13 @@ impl NextStep {
                 format!("'{}'", s.replace('\'', "'\\''"))
             }
         };
+        let (op, overload, element) = kernel_of(c, pair);
+        let op = opdump_judge::full_op_name(op, overload);
         NextStep {
-            op: c.a.full_name(p.a),
+            op: match element {
+                Some(e) => format!("{op} ({})", e.describe()),
+                None => op,
+            },
             seq_a: c.a.seq(p.a),
             seq_b: c.b.seq(p.b),
             capture_a: sa.to_string(),
@@ -914,9 +978,14 @@ impl<'a> AlignedPairs<'a> {
 
     pub fn label(&self, k: usize) -> PairLabel<'a> {
         let p = self.c.alignment.pairs[k];
+        let (op, overload, element) = kernel_of(self.c, k);
+        let name = opdump_judge::full_op_name(op, overload);
         PairLabel {
             module: self.c.a.module_of(p.a),
-            name: self.c.a.full_name(p.a),
+            name: match element {
+                Some(e) => format!("{name} ({})", e.describe()),
+                None => name,
+            },
             seq_a: self.c.a.seq(p.a),
             seq_b: self.c.b.seq(p.b),
         }
@@ -1073,8 +1142,8 @@ impl<'a> PairDetails<'a> {
             step_b: b.step(ib as u32),
             phase: a.phase(ia as u32).as_str(),
             depth: a.depth(ia as u32),
-            op: a.op_name(p.a),
-            overload: a.overload_name(p.a),
+            op: kernel_of(c, k).0,
+            overload: kernel_of(c, k).1,
             verdict: c.op_verdict(k),
             rel_err: self.cmp.out_err,
             amplification: self.cmp.amplification,

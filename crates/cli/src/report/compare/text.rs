@@ -243,7 +243,7 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
     let _ = writeln!(
         out,
         "{title}: {}  [{}]",
-        op_label(&r.op, &r.overload),
+        r.label(),
         if input_diverged {
             "ok, an input diverged"
         } else {
@@ -275,7 +275,7 @@ fn op_block(out: &mut String, title: &str, r: &OpReport) {
             })
             .chain(std::iter::once(format!(
                 "{} (seq {}/{})",
-                op_label(&r.op, &r.overload),
+                r.label(),
                 r.seq_a,
                 r.seq_b
             )))
@@ -469,11 +469,11 @@ fn first_blocks(out: &mut String, r: &CompareReport) {
                 unmatched_block(out, u);
             }
         }
-        (Some(i), Some(d)) if i.seq_a == d.seq_a => {
+        (Some(i), Some(d)) if (i.seq_a, i.seq_b) == (d.seq_a, d.seq_b) => {
             let _ = writeln!(
                 out,
                 "First introduced: {} (seq A {}, seq B {}), the first divergence above",
-                op_label(&i.op, &i.overload),
+                i.label(),
                 i.seq_a,
                 i.seq_b
             );
@@ -509,7 +509,7 @@ fn top_list(out: &mut String, r: &CompareReport) {
                 out,
                 "  {:>3}  {:<36} {:>10} {:>10} {:>6} {:>5} {:>10} {:>10} {:>10}  {}",
                 k + 1,
-                op_label(&t.op, &t.overload),
+                t.label(),
                 t.seq_a,
                 t.seq_b,
                 t.step_a,
@@ -556,7 +556,7 @@ fn verdict_line(out: &mut String, r: &CompareReport) {
                 } else {
                     "First introduced"
                 },
-                op_label(&i.op, &i.overload),
+                i.label(),
                 in_module(&i.module),
                 i.seq_a,
                 i.seq_b,
