@@ -78,7 +78,8 @@ def test_tinylm_faults_of_1e_3_forward_and_backward_are_each_named_with_their_mo
     composites = {"aten::log_softmax", "aten::cross_entropy_loss", "aten::softmax", "aten::_softmax"}
     assert set(by_op) - {op for op, _, _ in TINYLM_FAULTED} <= composites, sorted(by_op)
     s = summary(run)
-    assert s["failed"] == len(bad) and s["signatures"] >= s["checked"] > 20, s
+    # A list op (AdamW's `_foreach_` kernels) has a line per list element.
+    assert s["failed"] == len(bad) and s["signatures"] > 20 and s["checked"] > 20, s
     assert any("OPDUMP_CHECK:" in l and f"{s['failed']} failed" in l for l in lines), lines
     # The capture of a failed call holds its inputs and the device's output.
     gelu = by_op["aten::gelu"][0]
