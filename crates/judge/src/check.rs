@@ -116,7 +116,8 @@ pub fn no_reference_for(op: &str, class: OpClass) -> Option<&'static str> {
     // Every `empty*` factory (`empty_permuted`, `new_empty`, the quantized
     // ones), and `resize_as_`, which leaves uninitialised memory where its
     // tensor grows (from an empty tensor, all of it).
-    let empty = base.starts_with("empty") || base.starts_with("new_empty") || base.starts_with("_empty");
+    let empty =
+        base.starts_with("empty") || base.starts_with("new_empty") || base.starts_with("_empty");
     if UNDEFINED.contains(&base) || empty || base == "resize_as" {
         return Some("its outputs hold no defined values");
     }
@@ -199,7 +200,12 @@ mod tests {
         ] {
             assert!(no_reference_for(op, classify(op)).is_some(), "{op}");
         }
-        for op in ["aten::mm", "aten::gelu", "aten::add_", "aten::_foreach_add_"] {
+        for op in [
+            "aten::mm",
+            "aten::gelu",
+            "aten::add_",
+            "aten::_foreach_add_",
+        ] {
             assert!(no_reference_for(op, classify(op)).is_none(), "{op}");
         }
     }

@@ -691,7 +691,7 @@ fn exit_line(s: &CheckSummary, settings: &Settings) -> String {
 /// (AdamW's bias corrections and step sizes, a scheduled learning rate)
 /// would otherwise make a new signature, and a new check, at every step;
 /// integers, flags, strings and dtypes stay: dims, modes and flags change
-/// what the op computes.
+/// what the op computes. A Python object's address goes too.
 pub fn signature_kind<'a>(signature: &'a str, args: &str) -> std::borrow::Cow<'a, str> {
     use std::borrow::Cow;
     let Some(head) = signature
@@ -708,7 +708,7 @@ pub fn signature_kind<'a>(signature: &'a str, args: &str) -> std::borrow::Cow<'a
             out.push_str(", ");
         }
         match part.split_once('=') {
-            Some((name, value)) => match float_kind(value) {
+            Some((name, value)) => match float_kind(value).or_else(|| object_kind(value)) {
                 Some(kind) => {
                     changed = true;
                     out.push_str(name);
@@ -744,6 +744,13 @@ fn top_level_parts(args: &str) -> Vec<&str> {
     }
     parts.push(&args[start.min(args.len())..]);
     parts
+}
+
+/// A Python object's text without its address (`<X object at 0x5649...>`
+/// is `<X object>`): a new object each step is the same kind of call.
+fn object_kind(value: &str) -> Option<String> {
+    let cut = value.find(" at 0x")?;
+    (value.starts_with('<') && value.ends_with('>')).then(|| format!("{}>", &value[..cut]))
 }
 
 /// `float` for a floating-point number, `float[n]` for a list of numbers

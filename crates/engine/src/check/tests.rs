@@ -209,10 +209,7 @@ fn a_list_op_gets_a_line_per_index_named_by_its_parameter() {
         call("aten::_foreach_lerp_", 5),
     );
     let mut m = measured(-1.0, -1.0, 0.1);
-    m.elements = vec![
-        element(0, "emb.weight.grad", 3e-8),
-        element(1, "", 1e-3),
-    ];
+    m.elements = vec![element(0, "emb.weight.grad", 3e-8), element(1, "", 1e-3)];
     assert!(c.measured(id, m), "index 1 failed: its capture is wanted");
     c.captured(id, None);
     c.finish();
@@ -221,14 +218,26 @@ fn a_list_op_gets_a_line_per_index_named_by_its_parameter() {
     assert_eq!(rows.len(), 3, "{rows:?}");
     assert_eq!(
         (&rows[0]["element"], &rows[0]["name"], &rows[0]["verdict"]),
-        (&serde_json::json!(0), &serde_json::json!("emb.weight"), &serde_json::json!("pass"))
+        (
+            &serde_json::json!(0),
+            &serde_json::json!("emb.weight"),
+            &serde_json::json!("pass")
+        )
     );
     assert_eq!(
         (&rows[1]["element"], &rows[1]["name"], &rows[1]["verdict"]),
-        (&serde_json::json!(1), &serde_json::Value::Null, &serde_json::json!("fail"))
+        (
+            &serde_json::json!(1),
+            &serde_json::Value::Null,
+            &serde_json::json!("fail")
+        )
     );
     let s = &rows[2];
-    assert_eq!((s["checked"].as_u64(), s["failed"].as_u64()), (Some(2), Some(1)), "{s}");
+    assert_eq!(
+        (s["checked"].as_u64(), s["failed"].as_u64()),
+        (Some(2), Some(1)),
+        "{s}"
+    );
 }
 
 /// A call of `sig` in `step`: whether it is checked.
@@ -263,10 +272,7 @@ fn checked_signatures_are_checked_again_in_turn_one_per_step() {
             }
         }
     }
-    assert_eq!(
-        again,
-        [(2, "a"), (3, "b"), (4, "c"), (5, "a"), (6, "b")]
-    );
+    assert_eq!(again, [(2, "a"), (3, "b"), (4, "c"), (5, "a"), (6, "b")]);
     // Met again, it is back in turn.
     let mut later = Vec::new();
     for step in 7..=10 {
@@ -332,6 +338,11 @@ fn floats_are_their_type_in_a_signature_and_dims_flags_and_modes_their_value() {
             assert!(kept.ends_with(&format!("{same})")), "{kept}");
         }
     }
+    assert_eq!(
+        sig("record=<__torch__.R object at 0x5649051c3e20>"),
+        sig("record=<__torch__.R object at 0x56490717df50>")
+    );
+    assert!(sig("record=<__torch__.R object at 0x1>").ends_with("record=<__torch__.R object>)"));
     assert_eq!(
         signature_kind("aten::mm.default(float32[4, 4], float32[4, 4])", ""),
         "aten::mm.default(float32[4, 4], float32[4, 4])"

@@ -206,7 +206,13 @@ mod tests {
             .collect();
         assert_eq!(
             extra,
-            ["kind", "rechecks", "seconds", "unfinished", "write_failures"]
+            [
+                "kind",
+                "rechecks",
+                "seconds",
+                "unfinished",
+                "write_failures"
+            ]
         );
     }
 

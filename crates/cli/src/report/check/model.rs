@@ -260,9 +260,10 @@ fn count_row<'a>(
         }
         Verdict::Fail => {
             counts.failed += 1;
-            let e = by_sig
-                .entry(r.call.signature.as_str())
-                .or_insert((r, 0, Vec::new(), Vec::new()));
+            let e =
+                by_sig
+                    .entry(r.call.signature.as_str())
+                    .or_insert((r, 0, Vec::new(), Vec::new()));
             if badness(r) > badness(e.0) {
                 e.0 = r;
             }
