@@ -179,6 +179,7 @@ def test_the_byte_cap_and_the_time_budget_are_honoured_and_reported(tmp_path):
     ("OPDUMP_CHECK_PER_SIGNATURE", "two"),
     ("OPDUMP_CHECK_MAX_BYTES", "-5"),
     ("OPDUMP_CHECK_SECONDS", "soon"),
+    ("OPDUMP_CHECK_RECHECK", "-1"),
 ])
 def test_bad_values_are_one_line_naming_the_variable(tmp_path, name, value):
     p, losses, lines = tinylm("cpu", tmp_path / "d", steps=1, **{"OPDUMP_CHECK": "1", name: value})
