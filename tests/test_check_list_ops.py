@@ -55,7 +55,9 @@ def job(dump, optimizer, steps=2, fault="", late_step=-1, late_fault="", **env):
     p = subprocess.run([sys.executable, "-c", JOB, optimizer, str(steps), str(late_step), late_fault],
                        env=e, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["opdump_lines"] = [l for l in p.stderr.splitlines() if l.startswith("opdump:")]
+    return res
 
 
 def lines(dump):
@@ -155,6 +157,8 @@ def test_a_fault_that_starts_after_the_first_steps_is_found_by_the_recheck(tmp_p
     assert bad and all(r["step"] >= 3 for r in bad), bad
     summary = [r for r in lines(tmp_path / "recheck") if r["kind"] == "summary"][0]
     assert summary["rechecks"] > 0, summary
+    said = f"({summary['rechecks']} of them checks again in later steps, OPDUMP_CHECK_RECHECK=1)"
+    assert any(said in l for l in res["opdump_lines"]), res["opdump_lines"]
     p = report(tmp_path / "recheck")
     assert p.returncode == 1 and "aten::_foreach_lerp_" in p.stdout, p.stdout
     # Without the re-check the same run passes: the fault came too late.
