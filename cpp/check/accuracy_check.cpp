@@ -3,6 +3,9 @@
 // ran, in float64 (the reference) and in its own dtypes, and its outputs on
 // the device are measured against both (check_measured). A call that failed
 // is saved as a capture file from the same host copies (check_captured).
+// An op that returns no tensor (`_foreach_add_`, `_fused_adamw_`) has the
+// arguments it writes as its outputs; tensor-list outputs are measured per
+// list index (CheckElement), for Rust to judge and name each.
 //
 // The job's thread only copies: the inputs before the op runs
 // (cpu_check_inputs) and the outputs after (accuracy_check_enqueue). The
