@@ -113,6 +113,26 @@ pub mod ffi {
         seconds: f64,
         /// Why nothing was measured, else empty.
         why: String,
+        /// For an op whose outputs are tensor lists (`_foreach_*`,
+        /// `_fused_adamw_`): each list index measured on its own, in place
+        /// of the call-wide errors above.
+        elements: Vec<CheckElement>,
+    }
+
+    /// One list index of a list op's check (see `CheckMeasure`).
+    struct CheckElement {
+        index: i64,
+        /// The parameter (or its gradient) at this index, else empty.
+        name: String,
+        device_err: f64,
+        cpu_err: f64,
+        device_vs_cpu: f64,
+        device_ulp: f64,
+        cpu_ulp: f64,
+        /// The element's floating inputs, as in `CheckMeasure`.
+        float_input_shapes: Vec<i64>,
+        out_numel: i64,
+        why: String,
     }
 
     /// Statistics over the finite elements of a tensor, in float64 (`Stats`
@@ -642,14 +662,36 @@ fn check_wanted(op: &str, overload: &str, args: &str, signature: &str, bytes: u6
     entry::check_wanted(op, overload, args, signature, bytes)
 }
 
-fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
+/// Shapes written each as its rank, then its sizes.
+fn shapes_of(flat: &[i64]) -> Vec<Vec<i64>> {
     let mut shapes = Vec::new();
-    let mut rest = m.float_input_shapes.as_slice();
+    let mut rest = flat;
     while let Some((&rank, tail)) = rest.split_first() {
         let n = usize::try_from(rank).unwrap_or(0).min(tail.len());
         shapes.push(tail[..n].to_vec());
         rest = &tail[n..];
     }
+    shapes
+}
+
+fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
+    let shapes = shapes_of(&m.float_input_shapes);
+    let elements = m
+        .elements
+        .iter()
+        .map(|e| opdump_engine::check::ElementMeasure {
+            index: u32::try_from(e.index).unwrap_or(u32::MAX),
+            name: e.name.clone(),
+            device_err: e.device_err,
+            cpu_err: e.cpu_err,
+            device_vs_cpu: e.device_vs_cpu,
+            device_ulp: e.device_ulp,
+            cpu_ulp: e.cpu_ulp,
+            float_input_shapes: shapes_of(&e.float_input_shapes),
+            out_numel: e.out_numel,
+            why: e.why.clone(),
+        })
+        .collect();
     entry::check_measured(
         id,
         opdump_engine::check::Measured {
@@ -664,6 +706,7 @@ fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
             out_numel: m.out_numel,
             seconds: m.seconds,
             why: m.why.clone(),
+            elements,
         },
     )
 }

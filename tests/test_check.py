@@ -78,7 +78,8 @@ def test_tinylm_faults_of_1e_3_forward_and_backward_are_each_named_with_their_mo
     composites = {"aten::log_softmax", "aten::cross_entropy_loss", "aten::softmax", "aten::_softmax"}
     assert set(by_op) - {op for op, _, _ in TINYLM_FAULTED} <= composites, sorted(by_op)
     s = summary(run)
-    assert s["failed"] == len(bad) and s["signatures"] >= s["checked"] > 20, s
+    # A list op (AdamW's `_foreach_` kernels) has a line per list element.
+    assert s["failed"] == len(bad) and s["signatures"] > 20 and s["checked"] > 20, s
     assert any("OPDUMP_CHECK:" in l and f"{s['failed']} failed" in l for l in lines), lines
     # The capture of a failed call holds its inputs and the device's output.
     gelu = by_op["aten::gelu"][0]
@@ -178,6 +179,7 @@ def test_the_byte_cap_and_the_time_budget_are_honoured_and_reported(tmp_path):
     ("OPDUMP_CHECK_PER_SIGNATURE", "two"),
     ("OPDUMP_CHECK_MAX_BYTES", "-5"),
     ("OPDUMP_CHECK_SECONDS", "soon"),
+    ("OPDUMP_CHECK_RECHECK", "-1"),
 ])
 def test_bad_values_are_one_line_naming_the_variable(tmp_path, name, value):
     p, losses, lines = tinylm("cpu", tmp_path / "d", steps=1, **{"OPDUMP_CHECK": "1", name: value})

@@ -252,6 +252,7 @@ ELSEWHERE = {
     "the opdump command is not installed": ("tests/test_package_errors.py", "not installed"),
     "checked against float64 on the CPU": ("tests/test_check.py", "OPDUMP_CHECK:"),
     "OPDUMP_CHECK_SECONDS=<s> spent": ("tests/test_check.py", "OPDUMP_CHECK_SECONDS="),
+    "of them checks again in later steps": ("tests/test_check_list_ops.py", "of them checks again in later steps"),
     "results could not be written": ("tests/test_check.py", "results could not be written"),
     "OPDUMP_CHECK matched no recorded op call": ("tests/test_check.py", "OPDUMP_CHECK matched no recorded op call"),
     "cannot write the accuracy check's results": ("tests/test_check.py", "cannot write the accuracy check's results"),

@@ -3,12 +3,16 @@
 // ran, in float64 (the reference) and in its own dtypes, and its outputs on
 // the device are measured against both (check_measured). A call that failed
 // is saved as a capture file from the same host copies (check_captured).
+// An op that returns no tensor (`_foreach_add_`, `_fused_adamw_`) has the
+// arguments it writes as its outputs; tensor-list outputs are measured per
+// list index (CheckElement), for Rust to judge and name each.
 //
 // The job's thread only copies: the inputs before the op runs
 // (cpu_check_inputs) and the outputs after (accuracy_check_enqueue). The
 // CPU runs happen on one thread of opdump's own, fed by a queue whose bytes
 // Rust bounds; its calls skip opdump's key and autograd.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -35,7 +39,11 @@ struct Job {
   int64_t id;
   RerunOp op;  // found again when it runs: see cpu_rerun.h
   torch::jit::Stack inputs64, inputs;  // the arguments, host copies
-  torch::jit::Stack outputs;           // the returns, host copies
+  std::vector<size_t> written;         // the indices of the arguments it writes
+  // It returns no tensor: the arguments it writes are its outputs.
+  bool outputs_written = false;
+  torch::jit::Stack outputs;       // host copies: the returns, or the written arguments
+  std::vector<std::string> names;  // per list element (AccuracyCheckStart)
   std::string device, dtype;
 };
 
@@ -56,12 +64,6 @@ Queue& queue() {
 // The larger of two errors, NaN (a value the reference has not) winning.
 double worse(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? NAN : std::max(a, b); }
 
-bool writes_arguments(const c10::FunctionSchema& schema) {
-  for (const auto& a : schema.arguments())
-    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
-  return false;
-}
-
 // Host copies whose tensors are cloned, for a run that writes into them.
 torch::jit::Stack cloned(const torch::jit::Stack& stack) {
   torch::jit::Stack out;
@@ -80,18 +82,111 @@ std::string first_line(const std::exception& e) {
   return what.size() > 200 ? what.substr(0, 200) + "..." : what;
 }
 
+bool is_tensor_list(const c10::IValue& v) {
+  return v.isTensorList() || (v.isList() && v.toListRef().size() > 0 && v.toListRef()[0].isTensor());
+}
+
+size_t list_size(const c10::IValue& v) { return v.isTensorList() ? v.toTensorList().size() : v.toListRef().size(); }
+
+// Element i of a tensor list (undefined for a None of a Tensor?[]).
+at::Tensor list_at(const c10::IValue& v, size_t i) {
+  if (v.isTensorList()) return v.toTensorList().get(i);
+  const c10::IValue& e = v.toListRef()[i];
+  return e.isTensor() ? e.toTensor() : at::Tensor();
+}
+
+// The values a run of the op leaves: its last `returns` stack values, or
+// the arguments it wrote (taken from its arguments before it ran).
+std::vector<c10::IValue> last_values(const torch::jit::Stack& stack, size_t returns) {
+  return {stack.end() - static_cast<std::ptrdiff_t>(std::min(returns, stack.size())), stack.end()};
+}
+std::vector<c10::IValue> picked(const torch::jit::Stack& args, const std::vector<size_t>& indices) {
+  std::vector<c10::IValue> out;
+  for (const size_t i : indices)
+    if (i < args.size()) out.push_back(args[i]);
+  return out;
+}
+
+// Errors of one set of outputs, worst over them.
+struct Errors {
+  bool any = false;
+  double device_err = -1, cpu_err = -1, device_vs_cpu = -1, device_ulp = -1, cpu_ulp = -1;
+  int64_t out_numel = 0;
+
+  void add(const at::Tensor& d, const at::Tensor& ref, const at::Tensor& cpu) {
+    if (!is_float(d) || !is_float(ref) || !cpu.defined() || d.sizes() != ref.sizes() || cpu.sizes() != ref.sizes())
+      return;
+    if (!any) {
+      device_err = cpu_err = device_vs_cpu = 0.0;
+      out_numel = d.numel();
+    }
+    any = true;
+    device_err = worse(device_err, rel_l2(d, ref));
+    cpu_err = worse(cpu_err, rel_l2(cpu, ref));
+    device_vs_cpu = worse(device_vs_cpu, rel_l2(d, cpu));
+    const double du = max_ulp(d, ref), cu = max_ulp(cpu, ref);
+    if (du >= 0 && cu >= 0) {
+      device_ulp = std::max(device_ulp, du);
+      cpu_ulp = std::max(cpu_ulp, cu);
+    }
+  }
+};
+
+void push_shape(rust::Vec<int64_t>& out, const at::Tensor& t) {
+  if (!is_float(t)) return;
+  out.push_back(t.dim());
+  for (const int64_t d : t.sizes()) out.push_back(d);
+}
+
+// A list op (`_foreach_*`, `_fused_adamw_`) computes element i of its
+// output lists from element i of its input lists: each element is measured
+// on its own, so that one wrong parameter is not averaged away and the
+// report can name it.
+void measure_elements(const Job& job, const std::vector<c10::IValue>& dev, const std::vector<c10::IValue>& ref,
+                      const std::vector<c10::IValue>& cpu, CheckMeasure& r) {
+  size_t n = 0;
+  for (const auto& v : dev)
+    if (is_tensor_list(v)) n = std::max(n, list_size(v));
+  for (size_t i = 0; i < n; ++i) {
+    Errors e;
+    for (size_t k = 0; k < dev.size() && k < ref.size() && k < cpu.size(); ++k) {
+      if (!is_tensor_list(dev[k]) || !is_tensor_list(ref[k]) || !is_tensor_list(cpu[k])) continue;
+      if (i >= list_size(dev[k]) || i >= list_size(ref[k]) || i >= list_size(cpu[k])) continue;
+      e.add(list_at(dev[k], i), list_at(ref[k], i), list_at(cpu[k], i));
+    }
+    CheckElement el{};
+    el.index = static_cast<int64_t>(i);
+    if (i < job.names.size()) el.name = rust::String(job.names[i]);
+    el.device_err = e.device_err;
+    el.cpu_err = e.cpu_err;
+    el.device_vs_cpu = e.device_vs_cpu;
+    el.device_ulp = e.device_ulp;
+    el.cpu_ulp = e.cpu_ulp;
+    el.out_numel = e.out_numel;
+    for (const auto& v : job.inputs) {
+      if (is_tensor_list(v)) {
+        if (i < list_size(v)) push_shape(el.float_input_shapes, list_at(v, i));
+      } else if (v.isTensor()) {
+        push_shape(el.float_input_shapes, v.toTensor());
+      }
+    }
+    if (!e.any) el.why = rust::String("no floating-point output to compare");
+    r.elements.push_back(std::move(el));
+  }
+}
+
 void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
-  const auto& schema = op.handle().schema();
   const size_t returns = job.op.returns;
   for (const auto& v : job.inputs)
-    for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!is_float(t)) return;
-      r.float_input_shapes.push_back(t.dim());
-      for (const int64_t d : t.sizes()) r.float_input_shapes.push_back(d);
-    });
-  std::vector<at::Tensor> ref, cpu;
+    for_each_tensor(v, [&](const at::Tensor& t) { push_shape(r.float_input_shapes, t); });
+  // The written arguments are taken from the copies before the run: the
+  // run writes the same tensors.
+  std::vector<c10::IValue> ref, cpu;
   try {
-    ref = returned_tensors(run_on_cpu(op, std::move(job.inputs64)), returns);
+    torch::jit::Stack in = std::move(job.inputs64);
+    std::vector<c10::IValue> written = picked(in, job.written);
+    torch::jit::Stack out = run_on_cpu(op, std::move(in));
+    ref = job.outputs_written ? std::move(written) : last_values(out, returns);
   } catch (const NoRerun& e) {
     r.why = rust::String(e.what());
     return;
@@ -102,7 +197,10 @@ void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
   try {
     // An op that writes its arguments runs on clones: the copies as they
     // were before it ran are the capture's.
-    cpu = returned_tensors(run_on_cpu(op, writes_arguments(schema) ? cloned(job.inputs) : job.inputs), returns);
+    torch::jit::Stack in = job.written.empty() ? job.inputs : cloned(job.inputs);
+    std::vector<c10::IValue> written = picked(in, job.written);
+    torch::jit::Stack out = run_on_cpu(op, std::move(in));
+    cpu = job.outputs_written ? std::move(written) : last_values(out, returns);
   } catch (const NoRerun& e) {
     r.why = rust::String(e.what());
     return;
@@ -110,26 +208,26 @@ void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
     r.why = rust::String("no CPU kernel for these inputs in their own dtypes (" + first_line(e) + ")");
     return;
   }
-  const auto dev = returned_tensors(job.outputs, returns);
-  bool any = false;
-  for (size_t i = 0; i < dev.size() && i < ref.size() && i < cpu.size(); ++i) {
-    const at::Tensor& d = dev[i];
-    if (!is_float(d) || !is_float(ref[i]) || d.sizes() != ref[i].sizes() || cpu[i].sizes() != ref[i].sizes()) continue;
-    if (!any) {
-      r.device_err = r.cpu_err = r.device_vs_cpu = 0.0;
-      r.out_numel = d.numel();
-    }
-    any = true;
-    r.device_err = worse(r.device_err, rel_l2(d, ref[i]));
-    r.cpu_err = worse(r.cpu_err, rel_l2(cpu[i], ref[i]));
-    r.device_vs_cpu = worse(r.device_vs_cpu, rel_l2(d, cpu[i]));
-    const double du = max_ulp(d, ref[i]), cu = max_ulp(cpu[i], ref[i]);
-    if (du >= 0 && cu >= 0) {
-      r.device_ulp = std::max(r.device_ulp, du);
-      r.cpu_ulp = std::max(r.cpu_ulp, cu);
-    }
+  const std::vector<c10::IValue>& dev = job.outputs;
+  if (std::any_of(dev.begin(), dev.end(), is_tensor_list)) {
+    measure_elements(job, dev, ref, cpu, r);
+    if (r.elements.empty()) r.why = rust::String("no floating-point output to compare");
+    return;
   }
-  if (!any) r.why = rust::String("no floating-point output to compare");
+  Errors e;
+  for (size_t k = 0; k < dev.size() && k < ref.size() && k < cpu.size(); ++k)
+    if (dev[k].isTensor() && ref[k].isTensor() && cpu[k].isTensor())
+      e.add(dev[k].toTensor(), ref[k].toTensor(), cpu[k].toTensor());
+  if (!e.any) {
+    r.why = rust::String("no floating-point output to compare");
+    return;
+  }
+  r.device_err = e.device_err;
+  r.cpu_err = e.cpu_err;
+  r.device_vs_cpu = e.device_vs_cpu;
+  r.device_ulp = e.device_ulp;
+  r.cpu_ulp = e.cpu_ulp;
+  r.out_numel = e.out_numel;
 }
 
 // A failed call's capture: its inputs before it ran, its device outputs.
@@ -137,7 +235,15 @@ void capture(Job& job, const RerunScope& op) {
   OpCall call{};
   try {
     save_inputs(call, op.handle().schema(), job.inputs, /*budgeted=*/false);
-    save_outputs(call, op.handle().schema(), job.outputs, {}, /*budgeted=*/false);
+    const auto& schema = op.handle().schema();
+    if (job.outputs_written) {
+      std::vector<std::pair<std::string, c10::IValue>> by_name;
+      for (size_t k = 0; k < job.written.size() && k < job.outputs.size(); ++k)
+        by_name.emplace_back(schema.arguments()[job.written[k]].name(), job.outputs[k]);
+      save_outputs(call, schema, {}, by_name, /*budgeted=*/false);
+    } else {
+      save_outputs(call, schema, job.outputs, {}, /*budgeted=*/false);
+    }
   } catch (const std::exception&) {
     call.captured = false;
     call.saved.clear();
@@ -245,20 +351,67 @@ uint64_t input_bytes(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   return bytes;
 }
 
-void accuracy_check_enqueue(int64_t id, CpuCheckInputs&& in, const c10::OperatorHandle& op,
+AccuracyCheckStart accuracy_check_start(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  AccuracyCheckStart start;
+  start.inputs = cpu_check_inputs(op, stack);
+  const auto& args = op.schema().arguments();
+  const size_t n = std::min(args.size(), stack.size());
+  const size_t first = stack.size() - n;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) {
+      start.written.push_back(i);
+      start.written_values.push_back(v);
+    }
+    // Each element's name: the first of its lists' tensors that is a
+    // parameter, a buffer or a parameter's gradient.
+    if (!is_tensor_list(v)) continue;
+    const size_t size = list_size(v);
+    if (start.names.size() < size) start.names.resize(size);
+    for (size_t j = 0; j < size; ++j) {
+      if (!start.names[j].empty()) continue;
+      const at::Tensor t = list_at(v, j);
+      if (t.defined()) start.names[j] = std::string(tensor_name(t));
+    }
+  }
+  return start;
+}
+
+void accuracy_check_enqueue(int64_t id, AccuracyCheckStart&& start, const c10::OperatorHandle& op,
                             const torch::jit::Stack& stack) {
-  Job job{id, rerun_op(op), std::move(in.inputs64), std::move(in.inputs), {}, "", ""};
+  Job job{id,
+          rerun_op(op),
+          std::move(start.inputs.inputs64),
+          std::move(start.inputs.inputs),
+          std::move(start.written),
+          false,
+          {},
+          std::move(start.names),
+          "",
+          ""};
   {
     c10::impl::ExcludeDispatchKeyGuard unseen(stats_excluded_keys());
+    auto note_device = [&](const at::Tensor& t) {
+      if (job.device.empty() && is_float(t)) {
+        job.device = t.device().str();
+        job.dtype = c10::getDtypeNames(t.scalar_type()).first;
+      }
+    };
     const size_t returns = std::min(op.schema().returns().size(), stack.size());
-    for (size_t i = stack.size() - returns; i < stack.size(); ++i) {
-      for_each_tensor(stack[i], [&](const at::Tensor& t) {
-        if (job.device.empty() && is_float(t)) {
-          job.device = t.device().str();
-          job.dtype = c10::getDtypeNames(t.scalar_type()).first;
-        }
-      });
-      job.outputs.push_back(on_host(stack[i], false));
+    bool returns_tensor = false;
+    for (size_t i = stack.size() - returns; i < stack.size(); ++i)
+      for_each_tensor(stack[i], [&](const at::Tensor&) { returns_tensor = true; });
+    job.outputs_written = !returns_tensor && !start.written_values.empty();
+    if (job.outputs_written) {
+      for (const c10::IValue& v : start.written_values) {
+        for_each_tensor(v, note_device);
+        job.outputs.push_back(on_host(v, false));
+      }
+    } else {
+      for (size_t i = stack.size() - returns; i < stack.size(); ++i) {
+        for_each_tensor(stack[i], note_device);
+        job.outputs.push_back(on_host(stack[i], false));
+      }
     }
   }
   Queue& q = queue();

@@ -90,7 +90,7 @@ struct CpuCheckGuard {
 // signature is then checked at its next call.
 struct AccuracyCheckGuard {
   int64_t id = -1;
-  std::optional<CpuCheckInputs> inputs;
+  std::optional<AccuracyCheckStart> start;
   ~AccuracyCheckGuard() {
     if (id < 0) return;
     try {
@@ -123,7 +123,7 @@ void start_accuracy_check(AccuracyCheckGuard& check, const c10::OperatorHandle& 
                                     input_bytes(op, stack));
     if (id < 0) return;
     check.id = id;
-    check.inputs = cpu_check_inputs(op, stack);
+    check.start = accuracy_check_start(op, stack);
   } catch (const std::exception& e) {
     warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +
                    " could not copy its inputs: " + e.what()));
@@ -365,11 +365,11 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
-  if (accuracy.inputs) {
+  if (accuracy.start) {
     const int64_t id = accuracy.id;
     accuracy.id = -1;
     try {
-      accuracy_check_enqueue(id, std::move(*accuracy.inputs), op, *stack);
+      accuracy_check_enqueue(id, std::move(*accuracy.start), op, *stack);
     } catch (const std::exception& e) {
       check_dropped(id, false);
       warn(rust::Str(std::string("the accuracy check of ") + op.operator_name().name +

@@ -39,6 +39,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_ON_DIVERGENCE", "report", "with OPDUMP_REFERENCE, once a divergence is introduced: report (go on dumping and judging) or stop (after its capture is written, the next op call raises an error that names the op, so the job ends with a nonzero status)"),
     ("OPDUMP_CHECK", "0", "1 checks the accuracy of every distinct op call in the job itself, with no reference dump: the first calls of each signature run again on the CPU in float64 and in their own dtype, and each output is judged against float64 relative to the CPU's own error; a regex searched in `op.overload` checks only the matching ops. Results go to <OPDUMP_DIR>/checks/ (`opdump check`)"),
     ("OPDUMP_CHECK_PER_SIGNATURE", "1", "with OPDUMP_CHECK: how many calls of each signature (op, overload, dtypes, shapes and other arguments) are checked"),
+    ("OPDUMP_CHECK_RECHECK", "1", "with OPDUMP_CHECK: how many signatures already checked are checked again in each later step, in turn (each at its first call in the step), so that a kernel that goes wrong later in the run is found; 0 checks each signature in its first calls only"),
     ("OPDUMP_CHECK_MAX_BYTES", "268435456", "with OPDUMP_CHECK: the most bytes of one call's input tensors copied to the host for its check; a call over it is not checked (no_reference); copies waiting for the checking thread stay under 4 times it, and a call that finds the queue full is checked at its next call; both counted"),
     ("OPDUMP_CHECK_SECONDS", "300", "with OPDUMP_CHECK: the most seconds the checking thread spends on checks in a process; signatures met after that are counted, not checked. 0 is no limit"),
     ("OPDUMP_DEVICE_HOLD", "1", "0 reads every device tensor when it is measured, one launch each, instead of holding it until its batch closes or an op is about to write its memory: for jobs whose own kernels write tensors outside the dispatcher (Inductor's fused kernels, Triton, extensions that take raw pointers)"),
@@ -106,6 +107,8 @@ pub struct Config {
     /// (OPDUMP_CHECK); `None`: no check.
     pub check: Option<Regex>,
     pub check_per_signature: u32,
+    /// Signatures checked again per step (OPDUMP_CHECK_RECHECK).
+    pub check_recheck: u32,
     pub check_max_bytes: u64,
     /// Zero: no limit.
     pub check_budget: Duration,
@@ -159,6 +162,7 @@ impl Default for Config {
             on_divergence: OnDivergence::Report,
             check: None,
             check_per_signature: 1,
+            check_recheck: 1,
             check_max_bytes: 256 << 20,
             check_budget: Duration::from_secs(300),
         }
@@ -448,6 +452,11 @@ fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
             |n| c.check_per_signature = n,
             "a count of calls above 0 and at most 1000000 is expected, e.g. 1",
         ),
+        "OPDUMP_CHECK_RECHECK" => take(
+            count_in(v, 0..=MAX_CHECK_PER_SIGNATURE).and_then(|n| u32::try_from(n).ok()),
+            |n| c.check_recheck = n,
+            "a count of signatures per step from 0 (none) to 1000000 is expected, e.g. 1",
+        ),
         "OPDUMP_CHECK_MAX_BYTES" => take(
             count_in(v, 1..=MAX_BYTES),
             |n| c.check_max_bytes = n,
@@ -636,6 +645,12 @@ mod tests {
                 "a number of bytes above 0",
             ),
             ("OPDUMP_CHECK_SECONDS", "soon", "5", "a number of seconds"),
+            (
+                "OPDUMP_CHECK_RECHECK",
+                "-1",
+                "0",
+                "a count of signatures per step",
+            ),
             ("OPDUMP_FILE_MODE", "200", "640", "octal permission bits"),
         ];
         for (name, bad, good, accepted) in cases {
@@ -708,6 +723,11 @@ mod tests {
                 "OPDUMP_CHECK_PER_SIGNATURE",
                 &["0", "1000001", "4294967296"],
                 &["1", "1000000"],
+            ),
+            (
+                "OPDUMP_CHECK_RECHECK",
+                &["1000001", "4294967296", "one"],
+                &["0", "1000000"],
             ),
         ];
         for (name, bad, good) in cases {

@@ -312,7 +312,8 @@ pub(crate) fn check_wanted(
         seq,
         rank: runtime::rank(),
     };
-    checks.wanted(signature, bytes, call)
+    let signature = crate::check::signature_kind(signature, args);
+    checks.wanted(&signature, bytes, call)
 }
 
 /// A stop waits for the capture of the named call and its CPU check. When

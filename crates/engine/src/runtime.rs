@@ -153,6 +153,7 @@ pub fn init(host: Host) {
     if parsed.config.check.is_some() {
         crate::check::install(crate::check::Checks::new(crate::check::Settings {
             per_signature: parsed.config.check_per_signature,
+            recheck_per_step: parsed.config.check_recheck,
             max_bytes: parsed.config.check_max_bytes,
             budget: parsed.config.check_budget,
             dir: dir.clone(),

@@ -113,7 +113,12 @@ pub fn no_reference_for(op: &str, class: OpClass) -> Option<&'static str> {
         "feature_dropout",
         "alpha_dropout",
     ];
-    if UNDEFINED.contains(&base) {
+    // Every `empty*` factory (`empty_permuted`, `new_empty`, the quantized
+    // ones), and `resize_as_`, which leaves uninitialised memory where its
+    // tensor grows (from an empty tensor, all of it).
+    let empty =
+        base.starts_with("empty") || base.starts_with("new_empty") || base.starts_with("_empty");
+    if UNDEFINED.contains(&base) || empty || base == "resize_as" {
         return Some("its outputs hold no defined values");
     }
     if NON_DETERMINISTIC.contains(&base) {
@@ -188,10 +193,19 @@ mod tests {
             "aten::normal_",
             "aten::native_dropout",
             "aten::empty_like",
+            "aten::empty_permuted",
+            "aten::new_empty",
+            "aten::resize_as_",
+            "aten::_empty_affine_quantized",
         ] {
             assert!(no_reference_for(op, classify(op)).is_some(), "{op}");
         }
-        for op in ["aten::mm", "aten::gelu", "aten::add_"] {
+        for op in [
+            "aten::mm",
+            "aten::gelu",
+            "aten::add_",
+            "aten::_foreach_add_",
+        ] {
             assert!(no_reference_for(op, classify(op)).is_none(), "{op}");
         }
     }

@@ -13,6 +13,14 @@
 //!   `<OPDUMP_DIR>/checks/rank=<R>/part-<pid>.jsonl`
 //!   (`opdump_format::tables::check`).
 //!
+//! An op whose outputs are tensor lists (`_foreach_*`, `_fused_adamw_`,
+//! whose written arguments are its outputs) gets a line per list index,
+//! with the parameter's name where the dump knows it.
+//!
+//! A signature's first calls are checked, and then, in turn, up to
+//! `OPDUMP_CHECK_RECHECK` already-checked signatures per step again (see
+//! [`Rotation`]): a kernel that goes wrong later in the run is found.
+//!
 //! Bounded three ways, each counted and reported at exit: one call's
 //! tensors over `OPDUMP_CHECK_MAX_BYTES` are not copied; copies waiting for
 //! the checking thread stay under [`QUEUE_CALLS`] times that (a call that
@@ -21,7 +29,7 @@
 
 mod writer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -48,6 +56,8 @@ const SUMMARY_WAIT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Settings {
     pub per_signature: u32,
+    /// Already-checked signatures checked again per step (0: none).
+    pub recheck_per_step: u32,
     pub max_bytes: u64,
     /// Zero: no limit.
     pub budget: Duration,
@@ -91,20 +101,72 @@ pub struct Measured {
     pub seconds: f64,
     /// Why nothing was measured; empty when it was.
     pub why: String,
+    /// A list op's list indices, each judged on its own (a line each);
+    /// empty for any other op, judged by the fields above.
+    pub elements: Vec<ElementMeasure>,
+}
+
+/// One list index of a list op's measure (see [`Measured::elements`]).
+#[derive(Clone, Debug, Default)]
+pub struct ElementMeasure {
+    pub index: u32,
+    /// The parameter, buffer or gradient at this index; empty: unknown.
+    pub name: String,
+    pub device_err: f64,
+    pub cpu_err: f64,
+    pub device_vs_cpu: f64,
+    pub device_ulp: f64,
+    pub cpu_ulp: f64,
+    pub float_input_shapes: Vec<Vec<i64>>,
+    pub out_numel: i64,
+    pub why: String,
 }
 
 struct Pending {
     call: CallInfo,
     signature: String,
     charge: u64,
-    /// The row, once measured, while its capture is made.
-    row: Option<CheckLine>,
+    /// A check of a signature already checked (OPDUMP_CHECK_RECHECK).
+    recheck: bool,
+    /// The rows, once measured, while the capture of a failed one is made.
+    rows: Vec<CheckLine>,
+}
+
+/// What is known of a signature.
+#[derive(Default)]
+struct Signature {
+    /// Checks started in its first calls.
+    started: u32,
+    /// The last step it was met in.
+    last_step: i64,
+    /// Its place in [`Rotation`]: queued there.
+    in_rotation: bool,
+    /// It has no reference (no CPU kernel, no floating output): checking it
+    /// again gives nothing.
+    no_recheck: bool,
+}
+
+/// The re-check of signatures in later steps: the signatures checked, in
+/// turn. At each step the one at the front is checked again at its first
+/// call, and goes to the back. The front is always one met in the step
+/// before (one left behind by the run, a step-0 setup op, or a call whose
+/// scalar changes every step, leaves the rotation, and comes back when it
+/// is met again): a signature the run keeps making is re-checked every
+/// `rotation length / OPDUMP_CHECK_RECHECK` steps.
+#[derive(Default)]
+struct Rotation {
+    queue: VecDeque<String>,
+    /// The step of the last call seen, and the one before it.
+    step: Option<i64>,
+    previous_step: Option<i64>,
+    in_step: u32,
 }
 
 #[derive(Default)]
 struct State {
-    /// Checks started per signature.
-    started: HashMap<String, u32>,
+    /// Per signature met and checked (or refused a reference).
+    started: HashMap<String, Signature>,
+    rotation: Rotation,
     /// Signatures met and not checked for the budget or a full queue.
     skipped_budget: HashSet<String>,
     skipped_busy: HashSet<String>,
@@ -143,13 +205,22 @@ impl Checks {
         let Ok(mut s) = self.state.lock() else {
             return -1;
         };
-        let started = s.started.get(signature).copied().unwrap_or(0);
-        if started >= self.settings.per_signature {
+        if self.settings.recheck_per_step > 0 && s.rotation.step != Some(call.step) {
+            s.rotation.previous_step = s.rotation.step;
+            s.rotation.step = Some(call.step);
+            s.rotation.in_step = 0;
+            settle_front(&mut s);
+        }
+        let started = s.started.get(signature).map_or(0, |x| x.started);
+        let recheck = started >= self.settings.per_signature;
+        if recheck && !self.recheck_due(&mut s, signature, call.step) {
             return -1;
         }
         let budget = self.settings.budget;
         if !budget.is_zero() && s.spent >= budget.as_secs_f64() {
-            s.skipped_budget.insert(signature.to_string());
+            if !recheck {
+                s.skipped_budget.insert(signature.to_string());
+            }
             return -1;
         }
         let class = classify(&call.op);
@@ -163,8 +234,15 @@ impl Checks {
             None => None,
         };
         if let Some(reason) = refused {
-            s.started
-                .insert(signature.to_string(), self.settings.per_signature);
+            s.started.insert(
+                signature.to_string(),
+                Signature {
+                    started: self.settings.per_signature,
+                    last_step: call.step,
+                    no_recheck: true,
+                    ..Signature::default()
+                },
+            );
             if reason.contains("OPDUMP_CHECK_MAX_BYTES") {
                 s.summary.skipped_bytes += 1;
             }
@@ -179,10 +257,21 @@ impl Checks {
         let charge = bytes.saturating_mul(4);
         let queue_cap = self.settings.max_bytes.saturating_mul(QUEUE_CALLS);
         if s.pending_bytes > 0 && s.pending_bytes.saturating_add(charge) > queue_cap {
-            s.skipped_busy.insert(signature.to_string());
+            if !recheck {
+                s.skipped_busy.insert(signature.to_string());
+            }
             return -1;
         }
-        s.started.insert(signature.to_string(), started + 1);
+        if !recheck {
+            let st = &mut *s;
+            let sig = st.started.entry(signature.to_string()).or_default();
+            sig.started = started + 1;
+            sig.last_step = call.step;
+            if self.settings.recheck_per_step > 0 && !sig.in_rotation && !sig.no_recheck {
+                sig.in_rotation = true;
+                st.rotation.queue.push_back(signature.to_string());
+            }
+        }
         s.pending_bytes += charge;
         s.next_id += 1;
         let id = s.next_id;
@@ -192,10 +281,42 @@ impl Checks {
                 call,
                 signature: signature.to_string(),
                 charge,
-                row: None,
+                recheck,
+                rows: Vec::new(),
             },
         );
         id
+    }
+
+    /// At a call of a signature already checked in its first calls: notes
+    /// the step it was met in, and whether its turn to be checked again has
+    /// come (see [`Rotation`]).
+    fn recheck_due(&self, s: &mut State, signature: &str, step: i64) -> bool {
+        let per_step = self.settings.recheck_per_step;
+        if per_step == 0 {
+            return false;
+        }
+        let Some(sig) = s.started.get_mut(signature) else {
+            return false;
+        };
+        sig.last_step = step;
+        if sig.no_recheck {
+            return false;
+        }
+        if !sig.in_rotation {
+            // Met again after it left the rotation: back in turn.
+            sig.in_rotation = true;
+            s.rotation.queue.push_back(signature.to_string());
+        }
+        if s.rotation.in_step >= per_step
+            || s.rotation.queue.front().map(String::as_str) != Some(signature)
+        {
+            return false;
+        }
+        s.rotation.queue.rotate_left(1);
+        s.rotation.in_step += 1;
+        settle_front(s);
+        true
     }
 
     /// The checking thread measured call `id`. True when the call failed
@@ -208,18 +329,36 @@ impl Checks {
         let Some(p) = s.pending.get_mut(&id) else {
             return false;
         };
-        let row = judge(&p.signature, &p.call, &m);
-        let failed = row.verdict == Verdict::Fail;
-        if failed {
-            p.row = Some(row);
+        let rows = if m.why.is_empty() && !m.elements.is_empty() {
+            m.elements
+                .iter()
+                .map(|e| judge_element(&p.signature, &p.call, &m, e))
+                .collect()
+        } else {
+            vec![judge(&p.signature, &p.call, &m)]
+        };
+        let recheck = p.recheck;
+        let no_reference = rows.iter().all(|r| r.verdict == Verdict::NoReference);
+        if no_reference {
+            let signature = p.signature.clone();
+            if let Some(sig) = s.started.get_mut(&signature) {
+                sig.no_recheck = true;
+            }
+        }
+        if rows.iter().any(|r| r.verdict == Verdict::Fail) {
+            if let Some(p) = s.pending.get_mut(&id) {
+                p.rows = rows;
+            }
             return true;
         }
         if let Some(p) = s.pending.remove(&id) {
             s.pending_bytes -= p.charge;
         }
-        count(&mut s.summary, &row);
+        count_rows(&mut s.summary, &rows, recheck);
         drop(s);
-        self.write(row);
+        for row in rows {
+            self.write(row);
+        }
         false
     }
 
@@ -234,12 +373,18 @@ impl Checks {
             return;
         };
         s.pending_bytes -= p.charge;
-        let Some(row) = p.row else { return };
-        count(&mut s.summary, &row);
+        if p.rows.is_empty() {
+            return;
+        }
+        count_rows(&mut s.summary, &p.rows, p.recheck);
         drop(s);
         match capture {
-            Some(c) => self.send(Line::Failed(Box::new((row, p.call, c)))),
-            None => self.write(row),
+            Some(c) => self.send(Line::Failed(Box::new((p.rows, p.call, c)))),
+            None => {
+                for row in p.rows {
+                    self.write(row);
+                }
+            }
         }
     }
 
@@ -255,8 +400,10 @@ impl Checks {
         s.pending_bytes -= p.charge;
         if exiting {
             s.summary.unfinished += 1;
-        } else if let Some(n) = s.started.get_mut(&p.signature) {
-            *n = n.saturating_sub(1);
+        } else if p.recheck {
+            // Its turn comes again.
+        } else if let Some(sig) = s.started.get_mut(&p.signature) {
+            sig.started = sig.started.saturating_sub(1);
         }
     }
 
@@ -380,6 +527,31 @@ fn base_row(signature: &str, call: &CallInfo) -> CheckLine {
     }
 }
 
+/// Moves the signatures at the front of the rotation that were met neither
+/// in this step nor in the one before out of it (see [`Rotation`]).
+fn settle_front(s: &mut State) {
+    let Some(since) = s.rotation.previous_step.or(s.rotation.step) else {
+        return;
+    };
+    while let Some(front) = s.rotation.queue.front() {
+        match s.started.get_mut(front) {
+            Some(sig) if sig.last_step >= since && !sig.no_recheck => return,
+            Some(sig) => sig.in_rotation = false,
+            None => {}
+        }
+        s.rotation.queue.pop_front();
+    }
+}
+
+fn count_rows(summary: &mut CheckSummary, rows: &[CheckLine], recheck: bool) {
+    for row in rows {
+        count(summary, row);
+        if recheck && row.verdict != Verdict::NoReference {
+            summary.rechecks += 1;
+        }
+    }
+}
+
 fn count(summary: &mut CheckSummary, row: &CheckLine) {
     match row.verdict {
         Verdict::Pass => summary.passed += 1,
@@ -397,6 +569,31 @@ fn verdict_of(v: CheckVerdict) -> Verdict {
         CheckVerdict::Fail => Verdict::Fail,
         CheckVerdict::NoReference => Verdict::NoReference,
     }
+}
+
+/// The verdict of one list index of a measured list op: judged as a call
+/// of its own, named by its index and parameter.
+fn judge_element(signature: &str, call: &CallInfo, m: &Measured, e: &ElementMeasure) -> CheckLine {
+    let one = Measured {
+        device: m.device.clone(),
+        dtype: m.dtype.clone(),
+        device_err: e.device_err,
+        cpu_err: e.cpu_err,
+        device_vs_cpu: e.device_vs_cpu,
+        device_ulp: e.device_ulp,
+        cpu_ulp: e.cpu_ulp,
+        float_input_shapes: e.float_input_shapes.clone(),
+        out_numel: e.out_numel,
+        seconds: 0.0,
+        why: e.why.clone(),
+        elements: Vec::new(),
+    };
+    let mut line = judge(signature, call, &one);
+    line.call.element = Some(e.index);
+    // A gradient's list names its parameter.
+    let name = e.name.strip_suffix(".grad").unwrap_or(&e.name);
+    line.call.name = (!name.is_empty()).then(|| name.to_string());
+    line
 }
 
 /// The verdict of a measured call (`opdump_judge::check`).
@@ -460,6 +657,12 @@ fn exit_line(s: &CheckSummary, settings: &Settings) -> String {
         s.passed,
         s.no_reference
     );
+    if s.rechecks > 0 {
+        line += &format!(
+            " ({} of them checks again in later steps, OPDUMP_CHECK_RECHECK={})",
+            s.rechecks, settings.recheck_per_step
+        );
+    }
     if s.skipped_budget > 0 {
         line += &format!(
             "; {} signatures not checked: OPDUMP_CHECK_SECONDS={} spent, raise it to check them",
@@ -480,6 +683,91 @@ fn exit_line(s: &CheckSummary, settings: &Settings) -> String {
         line += &format!("; {} results could not be written", s.write_failures);
     }
     line + &format!(". See them with: opdump check {}", settings.dir.display())
+}
+
+/// The signature a call is counted under: C++'s `op.overload(tensors;
+/// args)` with each floating-point argument's value replaced by its type
+/// (`lr=float`, `scalars=float[4]`). Python floats that change every step
+/// (AdamW's bias corrections and step sizes, a scheduled learning rate)
+/// would otherwise make a new signature, and a new check, at every step;
+/// integers, flags, strings and dtypes stay: dims, modes and flags change
+/// what the op computes. A Python object's address goes too.
+pub fn signature_kind<'a>(signature: &'a str, args: &str) -> std::borrow::Cow<'a, str> {
+    use std::borrow::Cow;
+    let Some(head) = signature
+        .strip_suffix(')')
+        .and_then(|s| s.strip_suffix(args))
+        .and_then(|s| s.strip_suffix("; "))
+    else {
+        return Cow::Borrowed(signature);
+    };
+    let mut out = String::new();
+    let mut changed = false;
+    for (k, part) in top_level_parts(args).into_iter().enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        match part.split_once('=') {
+            Some((name, value)) => match float_kind(value).or_else(|| object_kind(value)) {
+                Some(kind) => {
+                    changed = true;
+                    out.push_str(name);
+                    out.push('=');
+                    out.push_str(&kind);
+                }
+                None => out.push_str(part),
+            },
+            None => out.push_str(part),
+        }
+    }
+    if !changed {
+        return Cow::Borrowed(signature);
+    }
+    Cow::Owned(format!("{head}; {out})"))
+}
+
+/// `a=1, b=[1, 2], c=(x, y)` split at the commas outside brackets.
+fn top_level_parts(args: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    let bytes = args.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'[' | b'(' | b'{' => depth += 1,
+            b']' | b')' | b'}' => depth -= 1,
+            b',' if depth == 0 && bytes.get(i + 1) == Some(&b' ') => {
+                parts.push(&args[start..i]);
+                start = i + 2;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&args[start.min(args.len())..]);
+    parts
+}
+
+/// A Python object's text without its address (`<X object at 0x5649...>`
+/// is `<X object>`): a new object each step is the same kind of call.
+fn object_kind(value: &str) -> Option<String> {
+    let cut = value.find(" at 0x")?;
+    (value.starts_with('<') && value.ends_with('>')).then(|| format!("{}>", &value[..cut]))
+}
+
+/// `float` for a floating-point number, `float[n]` for a list of numbers
+/// holding one; `None` for anything else.
+fn float_kind(value: &str) -> Option<String> {
+    let is_float = |v: &str| {
+        let v = v.trim();
+        v.parse::<f64>().is_ok() && v.contains(['.', 'e', 'E', 'n', 'N', 'i', 'I'])
+    };
+    let is_number = |v: &str| v.trim().parse::<f64>().is_ok();
+    if is_float(value) {
+        return Some("float".to_string());
+    }
+    let items = value.strip_prefix('[')?.strip_suffix(']')?;
+    let items: Vec<&str> = items.split(',').collect();
+    (items.iter().all(|v| is_number(v)) && items.iter().any(|v| is_float(v)))
+        .then(|| format!("float[{}]", items.len()))
 }
 
 static CHECKS: OnceLock<Checks> = OnceLock::new();

@@ -3,6 +3,7 @@ use super::*;
 fn settings(dir: &std::path::Path) -> Settings {
     Settings {
         per_signature: 1,
+        recheck_per_step: 0,
         max_bytes: 1000,
         budget: Duration::from_secs(10),
         dir: dir.to_path_buf(),
@@ -39,6 +40,7 @@ fn measured(device_err: f64, cpu_err: f64, seconds: f64) -> Measured {
         out_numel: 8,
         seconds,
         why: String::new(),
+        elements: Vec::new(),
     }
 }
 
@@ -179,5 +181,170 @@ fn random_ops_have_no_reference_and_a_raising_op_is_checked_again() {
     assert_eq!(
         lines(d.path())[0]["reason"],
         "random op: another generator gives another right answer"
+    );
+}
+
+fn element(index: u32, name: &str, device_err: f64) -> ElementMeasure {
+    ElementMeasure {
+        index,
+        name: name.into(),
+        device_err,
+        cpu_err: 2e-8,
+        device_vs_cpu: device_err,
+        device_ulp: 1.0,
+        cpu_ulp: 0.5,
+        float_input_shapes: vec![vec![4, 8], vec![4, 8]],
+        out_numel: 32,
+        why: String::new(),
+    }
+}
+
+#[test]
+fn a_list_op_gets_a_line_per_index_named_by_its_parameter() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(settings(d.path()));
+    let id = c.wanted(
+        "aten::_foreach_lerp_.Scalar([float32[4, 8], float32[4, 8]], ...)",
+        512,
+        call("aten::_foreach_lerp_", 5),
+    );
+    let mut m = measured(-1.0, -1.0, 0.1);
+    m.elements = vec![element(0, "emb.weight.grad", 3e-8), element(1, "", 1e-3)];
+    assert!(c.measured(id, m), "index 1 failed: its capture is wanted");
+    c.captured(id, None);
+    c.finish();
+    assert!(c.sync(Duration::from_secs(10)));
+    let rows = lines(d.path());
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(
+        (&rows[0]["element"], &rows[0]["name"], &rows[0]["verdict"]),
+        (
+            &serde_json::json!(0),
+            &serde_json::json!("emb.weight"),
+            &serde_json::json!("pass")
+        )
+    );
+    assert_eq!(
+        (&rows[1]["element"], &rows[1]["name"], &rows[1]["verdict"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::Value::Null,
+            &serde_json::json!("fail")
+        )
+    );
+    let s = &rows[2];
+    assert_eq!(
+        (s["checked"].as_u64(), s["failed"].as_u64()),
+        (Some(2), Some(1)),
+        "{s}"
+    );
+}
+
+/// A call of `sig` in `step`: whether it is checked.
+fn at(c: &Checks, sig: &str, step: i64) -> bool {
+    let mut info = call("aten::mul", step);
+    info.step = step;
+    let id = c.wanted(sig, 8, info);
+    if id >= 0 {
+        assert!(!c.measured(id, measured(1e-8, 1e-8, 0.0)));
+    }
+    id >= 0
+}
+
+#[test]
+fn checked_signatures_are_checked_again_in_turn_one_per_step() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        recheck_per_step: 1,
+        ..settings(d.path())
+    });
+    // Step 0 checks a, b, c (and a setup op met only then).
+    for sig in ["setup", "a", "b", "c"] {
+        assert!(at(&c, sig, 0));
+    }
+    // Each later step checks one of a, b, c again, in turn; the setup op,
+    // gone since step 0, takes step 1 and then leaves the rotation.
+    let mut again = Vec::new();
+    for step in 1..=6 {
+        for sig in ["a", "b", "c"] {
+            if at(&c, sig, step) {
+                again.push((step, sig));
+            }
+        }
+    }
+    assert_eq!(again, [(2, "a"), (3, "b"), (4, "c"), (5, "a"), (6, "b")]);
+    // Met again, it is back in turn.
+    let mut later = Vec::new();
+    for step in 7..=10 {
+        for sig in ["setup", "a", "b", "c"] {
+            if at(&c, sig, step) {
+                later.push(sig);
+            }
+        }
+    }
+    assert_eq!(later, ["c", "a", "b", "setup"]);
+    c.finish();
+    assert!(c.sync(Duration::from_secs(10)));
+    let s = lines(d.path()).pop().unwrap();
+    assert_eq!(s["rechecks"].as_u64(), Some(9), "{s}");
+    assert_eq!(s["signatures"].as_u64(), Some(4), "{s}");
+}
+
+#[test]
+fn no_recheck_with_zero_and_never_of_a_signature_without_a_reference() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(settings(d.path()));
+    assert!(at(&c, "a", 0));
+    assert!((1..5).all(|step| !at(&c, "a", step)));
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        recheck_per_step: 1,
+        ..settings(d.path())
+    });
+    let id = c.wanted("nofloat", 8, call("aten::argmax", 0));
+    let mut m = measured(-1.0, -1.0, 0.0);
+    m.why = "no floating-point output to compare".into();
+    assert!(!c.measured(id, m));
+    assert!((1..5).all(|step| !at(&c, "nofloat", step)));
+    assert!(c.wanted("drop", 8, call("aten::native_dropout", 0)) < 0);
+    assert!((1..5).all(|step| c.wanted("drop", 8, call("aten::native_dropout", step)) < 0));
+}
+
+#[test]
+fn floats_are_their_type_in_a_signature_and_dims_flags_and_modes_their_value() {
+    let sig = |args: &str| {
+        signature_kind(&format!("aten::x.default(float32[4]; {args})"), args).into_owned()
+    };
+    assert_eq!(
+        sig("scalars=[-0.0012, -0.001, 1e-08], alpha=1"),
+        "aten::x.default(float32[4]; scalars=float[3], alpha=1)"
+    );
+    assert_eq!(
+        sig("lr=0.01, beta1=0.9, amsgrad=False, eps=1e-08"),
+        "aten::x.default(float32[4]; lr=float, beta1=float, amsgrad=False, eps=float)"
+    );
+    // Two steps' bias corrections make one signature.
+    assert_eq!(sig("weight=0.09999999999999998"), sig("weight=0.19"));
+    for same in [
+        "dim=[0, 1], keepdim=True",
+        "approximate='tanh'",
+        "dtype=float32",
+        "p=inf",
+    ] {
+        let kept = sig(same);
+        if same == "p=inf" {
+            assert!(kept.ends_with("p=float)"), "{kept}");
+        } else {
+            assert!(kept.ends_with(&format!("{same})")), "{kept}");
+        }
+    }
+    assert_eq!(
+        sig("record=<__torch__.R object at 0x5649051c3e20>"),
+        sig("record=<__torch__.R object at 0x56490717df50>")
+    );
+    assert!(sig("record=<__torch__.R object at 0x1>").ends_with("record=<__torch__.R object>)"));
+    assert_eq!(
+        signature_kind("aten::mm.default(float32[4, 4], float32[4, 4])", ""),
+        "aten::mm.default(float32[4, 4], float32[4, 4])"
     );
 }

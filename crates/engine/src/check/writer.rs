@@ -22,8 +22,9 @@ use crate::jsonl::JsonLines;
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Line {
     Row(CheckLine),
-    /// A failed call: its capture file, then its line naming the file.
-    Failed(Box<(CheckLine, CallInfo, Capture)>),
+    /// A failed call: its capture file, then its lines naming the file
+    /// (a list op has one per list index).
+    Failed(Box<(Vec<CheckLine>, CallInfo, Capture)>),
     /// The last line: the summary, counted with this thread's failed writes
     /// and handed back for the exit line.
     Summary(CheckSummary, Sender<CheckSummary>),
@@ -96,10 +97,13 @@ impl Output {
                 self.append(&row);
             }
             Line::Failed(failed) => {
-                let (mut row, call, capture) = *failed;
+                let (rows, call, capture) = *failed;
                 self.rank.get_or_insert(call.rank);
-                row.call.capture = self.write_capture(&call, capture);
-                self.append(&row);
+                let file = self.write_capture(&call, capture);
+                for mut row in rows {
+                    row.call.capture.clone_from(&file);
+                    self.append(&row);
+                }
             }
             Line::Barrier(back) => {
                 let _ = back.send(());

@@ -68,6 +68,15 @@ pub struct CheckedCall {
     /// The capture file of a failed call, relative to the dump's root
     /// (`checks/rank=<R>/<file>.safetensors`).
     pub capture: Option<String>,
+    /// For an op whose outputs are tensor lists (`_foreach_*`,
+    /// `_fused_adamw_`): the list index this line judges (a line per
+    /// index); null for any other op. Files of older plugins lack it.
+    #[serde(default)]
+    pub element: Option<u32>,
+    /// The parameter at that index, where the dump knows it (a gradient's
+    /// list names its parameter). Files of older plugins lack it.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// One checked call (`"kind": "check"`).
@@ -137,6 +146,11 @@ pub struct CheckSummary {
     /// Seconds the checking thread spent.
     #[serde(default)]
     pub seconds: f64,
+    /// Checks of a signature again in a later step
+    /// (OPDUMP_CHECK_RECHECK), among `checked`; files of older plugins
+    /// lack it.
+    #[serde(default)]
+    pub rechecks: u64,
 }
 
 impl CheckSummary {
@@ -180,7 +194,7 @@ mod tests {
             .map(String::as_str)
             .filter(|k| !CheckLine::REQUIRED.contains(k))
             .collect();
-        assert_eq!(extra, ["device_vs_cpu", "kind"]);
+        assert_eq!(extra, ["device_vs_cpu", "element", "kind", "name"]);
         let summary = keys(&CheckSummary::default());
         for f in CheckSummary::REQUIRED {
             assert!(summary.contains_key(*f), "{f}");
@@ -190,7 +204,16 @@ mod tests {
             .map(String::as_str)
             .filter(|k| !CheckSummary::REQUIRED.contains(k))
             .collect();
-        assert_eq!(extra, ["kind", "seconds", "unfinished", "write_failures"]);
+        assert_eq!(
+            extra,
+            [
+                "kind",
+                "rechecks",
+                "seconds",
+                "unfinished",
+                "write_failures"
+            ]
+        );
     }
 
     #[test]

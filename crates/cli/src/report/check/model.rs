@@ -92,6 +92,16 @@ pub struct Failure {
     pub repro: Option<String>,
     pub calls_failed: u64,
     pub ranks_failed: Vec<u32>,
+    /// For a list op (`_foreach_*`, `_fused_adamw_`): the list indices
+    /// that failed, in order, each with its parameter's name where known.
+    pub elements_failed: Vec<FailedElement>,
+}
+
+/// A failed list index of a list op.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FailedElement {
+    pub element: u32,
+    pub name: Option<String>,
 }
 
 /// A failure reads as its worst call.
@@ -161,12 +171,14 @@ impl Failure {
             repro,
             calls_failed: 0,
             ranks_failed: Vec::new(),
+            elements_failed: Vec::new(),
         }
     }
 }
 
-/// Per failing signature: its worst row, its failed calls, its ranks.
-type BySignature<'a> = BTreeMap<&'a str, (&'a CheckLine, u64, Vec<u32>)>;
+/// Per failing signature: its worst row, its failed calls, its ranks, its
+/// failed list indices.
+type BySignature<'a> = BTreeMap<&'a str, (&'a CheckLine, u64, Vec<u32>, Vec<FailedElement>)>;
 
 impl CheckReport {
     /// The report of the files read from `dump`.
@@ -248,15 +260,25 @@ fn count_row<'a>(
         }
         Verdict::Fail => {
             counts.failed += 1;
-            let e = by_sig
-                .entry(r.call.signature.as_str())
-                .or_insert((r, 0, Vec::new()));
+            let e =
+                by_sig
+                    .entry(r.call.signature.as_str())
+                    .or_insert((r, 0, Vec::new(), Vec::new()));
             if badness(r) > badness(e.0) {
                 e.0 = r;
             }
             e.1 += 1;
             if !e.2.contains(&r.call.rank) {
                 e.2.push(r.call.rank);
+            }
+            if let Some(element) = r.call.element {
+                let failed = FailedElement {
+                    element,
+                    name: r.call.name.clone(),
+                };
+                if !e.3.contains(&failed) {
+                    e.3.push(failed);
+                }
             }
         }
     }
@@ -315,11 +337,13 @@ fn file_notes(f: &CheckFile, file: &str, skipped: &mut Skipped, notes: &mut Vec<
 fn failures_of(dump: &Path, by_sig: BySignature, notes: &mut Vec<String>) -> Vec<Failure> {
     let mut failures: Vec<Failure> = by_sig
         .into_values()
-        .map(|(r, n, mut rk)| {
+        .map(|(r, n, mut rk, mut el)| {
             rk.sort_unstable();
+            el.sort_unstable();
             let mut fl = Failure::of(dump, r, notes);
             fl.calls_failed = n;
             fl.ranks_failed = rk;
+            fl.elements_failed = el;
             fl
         })
         .collect();

@@ -97,6 +97,15 @@ fn failure_block(o: &mut String, k: usize, f: &Failure) {
         Clean(&f.device),
         Clean(&f.dtype)
     );
+    if let Some(i) = f.element {
+        let _ = writeln!(
+            o,
+            "   list element {i}{}",
+            f.name
+                .as_deref()
+                .map_or(String::new(), |n| format!(" ({})", Clean(n)))
+        );
+    }
     if !f.args.is_empty() {
         let _ = writeln!(o, "   args {}", Clean(&f.args));
     }
@@ -129,7 +138,27 @@ fn failure_block(o: &mut String, k: usize, f: &Failure) {
     if !extra.is_empty() {
         let _ = writeln!(o, "   {}", extra.join("; "));
     }
-    if f.calls_failed > 1 || f.ranks_failed.len() > 1 {
+    if f.elements_failed.len() > 1 {
+        const SHOWN: usize = 8;
+        let mut each: Vec<String> = f
+            .elements_failed
+            .iter()
+            .take(SHOWN)
+            .map(|e| match &e.name {
+                Some(n) => format!("{} ({})", e.element, Clean(n)),
+                None => e.element.to_string(),
+            })
+            .collect();
+        if f.elements_failed.len() > SHOWN {
+            each.push("...".into());
+        }
+        let _ = writeln!(
+            o,
+            "   failed at {} list elements: {}; shown: the worst",
+            f.elements_failed.len(),
+            each.join(", ")
+        );
+    } else if f.calls_failed > 1 || f.ranks_failed.len() > 1 {
         let _ = writeln!(
             o,
             "   failed in {} calls ({}); shown: the worst",
