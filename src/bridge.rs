@@ -311,6 +311,9 @@ pub mod ffi {
         /// From the Python module hooks: a module's forward begins, ends.
         fn control_module_enter(path: &str);
         fn control_module_exit();
+        /// `control_module_enter` by the path's `intern_name` id (u32::MAX:
+        /// a module whose calls carry none).
+        fn control_module_enter_id(id: u32);
         /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
         fn modules_enabled() -> bool;
         /// Whether forked children record (OPDUMP_FORK=record).
@@ -721,6 +724,10 @@ fn control_device_stats() -> Vec<i64> {
 
 fn control_module_enter(path: &str) {
     entry::module_enter(path);
+}
+
+fn control_module_enter_id(id: u32) {
+    entry::module_enter_id(id);
 }
 
 fn control_module_exit() {

@@ -43,6 +43,14 @@ pub fn module_enter(path: &str) {
     }
 }
 
+/// `module_enter` of a path the hook interned already (`names::intern`;
+/// `u32::MAX` for "", a module whose calls carry none).
+pub fn module_enter_id(id: u32) {
+    if catch_unwind(AssertUnwindSafe(|| modules::enter_id(id))).is_err() {
+        runtime::fail("internal error entering a module");
+    }
+}
+
 pub fn module_exit() {
     if catch_unwind(AssertUnwindSafe(modules::exit)).is_err() {
         runtime::fail("internal error leaving a module");
