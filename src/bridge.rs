@@ -257,9 +257,16 @@ pub mod ffi {
         /// stack and decides whether it is recorded. `node_thread`,
         /// `node_seq_nr`: the autograd node a backward call runs (its forward
         /// thread and sequence number), or -1.
+        /// Whether the include and exclude regexes select the op: asked
+        /// once per op and thread, which C++ keeps; -1 before the runtime
+        /// exists (ask again), else 0 or 1.
+        fn op_selected(op: &str, overload: &str) -> i32;
+        /// `selected`: what `op_selected` said; when false, `op` and
+        /// `overload` are not looked at (C++ passes them empty).
         fn op_enter(
             op: &str,
             overload: &str,
+            selected: bool,
             phase: Phase,
             node_thread: i64,
             node_seq_nr: i64,
@@ -270,6 +277,9 @@ pub mod ffi {
         /// At an op's exit, always paired with `op_enter`: pops the stack and,
         /// when the call was recorded, takes the record (leaving `call` empty).
         fn op_exit(call: &mut OpCall);
+        /// At an op's exit, instead of `op_exit`, for a call that is not
+        /// recorded (its ticket said so): pops the stack.
+        fn op_leave();
         /// At an op's exit, instead of `op_exit`, for a call whose rows still
         /// wait for device statistics: pops the stack and says where the call
         /// was.
@@ -331,6 +341,9 @@ pub mod ffi {
         /// From the Python module hooks: a module's forward begins, ends.
         fn control_module_enter(path: &str);
         fn control_module_exit();
+        /// `control_module_enter` by the path's `intern_name` id (u32::MAX:
+        /// a module whose calls carry none).
+        fn control_module_enter_id(id: u32);
         /// Whether the Python module hooks go in while dumping (OPDUMP_MODULES).
         fn modules_enabled() -> bool;
         /// Whether forked children record (OPDUMP_FORK=record).
@@ -511,9 +524,14 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
 // panics.
 // ---------------------------------------------------------------------------
 
+fn op_selected(op: &str, overload: &str) -> i32 {
+    entry::op_selected(op, overload)
+}
+
 fn op_enter(
     op: &str,
     overload: &str,
+    selected: bool,
     p: ffi::Phase,
     node_thread: i64,
     node_seq_nr: i64,
@@ -523,11 +541,11 @@ fn op_enter(
         seq_nr: node_seq_nr,
     });
     let t = match phase(p) {
-        Ok(p) => entry::op_enter(op, overload, p, node),
+        Ok(p) => entry::op_enter(op, overload, selected, p, node),
         Err(why) => {
             runtime::fail(&format!("internal error at an op's entry ({why})"));
             // Entry and exit stay paired: push a frame that records nothing.
-            entry::op_enter(op, overload, format::Phase::Forward, None)
+            entry::op_enter(op, overload, false, format::Phase::Forward, None)
         }
     };
     let Ticket {
@@ -552,6 +570,11 @@ fn op_enter(
         check_on_cpu,
         check,
     }
+}
+
+fn op_leave() {
+    // Not recorded: nothing departs (op_depart returns None for it).
+    let _ = entry::op_depart();
 }
 
 fn op_made_nodes(thread: i64, first: i64, end: i64) {
@@ -764,6 +787,10 @@ fn control_device_stats() -> Vec<i64> {
 
 fn control_module_enter(path: &str) {
     entry::module_enter(path);
+}
+
+fn control_module_enter_id(id: u32) {
+    entry::module_enter_id(id);
 }
 
 fn control_module_exit() {

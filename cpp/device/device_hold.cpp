@@ -309,6 +309,13 @@ void read_before_write(const std::vector<Span>& all, size_t from) {
 
 }  // namespace
 
+bool opens_write_scope(const c10::FunctionSchema& schema) {
+  if (schema.name().rfind("c10d::", 0) == 0) return true;
+  for (const auto& a : schema.arguments())
+    if (is_written(a) || written_unannotated(a)) return true;
+  return false;
+}
+
 WriteScope::WriteScope(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   const auto& args = schema.arguments();
   const size_t first = stack.size() - args.size();

@@ -139,6 +139,10 @@ class WriteScope {
  private:
   size_t pushed_ = 0;
 };
+// Whether a WriteScope of the op's calls would note any memory: the op
+// writes an argument, or is a collective. Asked once per op (fallback.cpp),
+// so that the calls of other ops open none.
+bool opens_write_scope(const c10::FunctionSchema& schema);
 // Whether an op running on this thread writes `s` (a WriteScope is open).
 bool being_written(const c10::StorageImpl* s);
 // Closes the open batches (opdump is switched off: writes are no longer seen).

@@ -71,6 +71,8 @@ void note_destinations(const c10::IValue& dst, c10::SmallVector<Carries::Before,
 
 }  // namespace
 
+bool may_carry(std::string_view op) { return carry_spec(op).kind != CarryKind::None; }
+
 Carries Carries::judge(std::string_view op, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   Carries c;
   const CarrySpec spec = carry_spec(op);

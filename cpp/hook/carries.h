@@ -29,6 +29,10 @@ enum class CarryKind : uint8_t {
   Set,       // `self` onto the memory of the source
 };
 
+// Whether the op (its name without the namespace) is one of those above;
+// asked once per op (fallback.cpp keeps it), so that the others skip judge.
+bool may_carry(std::string_view op);
+
 // What one output of such an op is.
 enum class Carry : uint8_t {
   Values,    // what the op computed: measured as usual

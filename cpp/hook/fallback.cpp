@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -151,13 +152,57 @@ void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torc
   if (top_level) provenance_arguments_noted();
 }
 
+// What the hook needs to know of an op apart from any one call: judged from
+// its name and schema at its first call on a thread, so that its other
+// calls pay no string work, and a call the regexes do not select asks Rust
+// nothing but its place on the stack.
+struct OpFacts {
+  std::string name, overload;  // to tell a reused entry from the one cached
+  std::string shown_overload;  // "default" for ""
+  size_t num_args = 0;
+  bool control = false;      // opdump::, our own control ops
+  bool may_carry = false;    // Carries may follow memory without values
+  bool empty = false;        // its outputs hold no values (empty*)
+  bool collective = false;   // its outputs are written after it returns
+  bool write_scope = false;  // it writes memory a WriteScope must note
+  int8_t selected = -1;      // the regexes' verdict; -1: not had yet
+};
+
+const OpFacts& op_facts(const c10::OperatorHandle& op) {
+  // Keyed by the operator's entry, as op_names (interned.cpp): an op
+  // deregistered and another registered at the same address is told apart
+  // by its name, overload and argument count.
+  thread_local std::unordered_map<const void*, OpFacts> cache;
+  const auto& name = op.operator_name();
+  const auto& schema = op.schema();
+  OpFacts& f = cache[&name];
+  if (f.num_args != schema.arguments().size() || f.name != name.name || f.overload != name.overload_name) {
+    f = OpFacts{};
+    f.name = name.name;
+    f.overload = name.overload_name;
+    f.shown_overload = f.overload.empty() ? "default" : f.overload;
+    f.num_args = schema.arguments().size();
+    const std::string_view base = base_name(name.name);
+    f.control = name.name.starts_with("opdump::");
+    f.may_carry = may_carry(base);
+    f.empty = output_uninitialized(base);
+    f.collective = outputs_asynchronous(name.name);
+    f.write_scope = opens_write_scope(schema);
+  }
+  if (f.selected < 0 && !f.control) {
+    const int32_t v = op_selected(rust::Str(f.name), rust::Str(f.shown_overload));
+    if (v >= 0) f.selected = static_cast<int8_t>(v);
+  }
+  return f;
+}
+
 // The tensors a collective (c10d) takes are what it fills, though its
 // schema marks no write: from its return on they hold values, whole, even
 // where only a part of them held values before (FSDP's all-gather buffer).
 struct CollectiveFills {
   c10::SmallVector<c10::IValue, 4> arguments;
-  CollectiveFills(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-    if (!uninitialized_tracking() || !outputs_asynchronous(op.operator_name().name)) return;
+  CollectiveFills(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& stack) {
+    if (!facts.collective || !uninitialized_tracking()) return;
     const size_t n = std::min(op.schema().arguments().size(), stack.size());
     arguments.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
   }
@@ -172,14 +217,13 @@ using Written = c10::SmallVector<std::pair<size_t, c10::IValue>, 2>;
 
 // A call that is not recorded still produces memory with values, or copies
 // memory without.
-void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
-                    bool versioned) {
+void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::DispatchKeySet next,
+                    torch::jit::Stack* stack, bool versioned) {
   const auto& schema = op.schema();
-  const std::string_view base = base_name(op.operator_name().name);
   Carries carries;
   Written written;
   try {
-    carries = Carries::judge(base, schema, *stack);
+    if (facts.may_carry) carries = Carries::judge(base_name(op.operator_name().name), schema, *stack);
     if (schema.returns().empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
       const auto& args = schema.arguments();
       const size_t first = stack->size() - args.size();
@@ -189,12 +233,13 @@ void run_unrecorded(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
-  CollectiveFills filled(op, *stack);
-  WriteScope writing(schema, *stack);
+  CollectiveFills filled(op, facts, *stack);
+  std::optional<WriteScope> writing;
+  if (facts.write_scope) writing.emplace(schema, *stack);
   op.redispatchBoxed(next, stack);
   try {
     const auto& returns = schema.returns();
-    const bool empty = output_uninitialized(base);
+    const bool empty = facts.empty;
     for (size_t r = 0; r < returns.size(); ++r) {
       const c10::IValue& v = (*stack)[stack->size() - returns.size() + r];
       const auto* alias = returns[r].alias_info();
@@ -317,19 +362,36 @@ void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch:
   }
 }
 
-void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack,
-                    const OpTicket& ticket) {
-  // Every op_enter is paired with op_exit, for unrecorded calls too: the
-  // guard comes first.
-  RowBuilder rec;
-  ExitGuard exit_guard{&rec};
-  // OPDUMP_ON_DIVERGENCE=stop: the job's own error, raised where its op
-  // would run (the exit guard pairs the entry as for any error).
-  if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
+// Pairs op_leave with op_enter for a call that is not recorded, on every
+// path out, the user's exceptions included.
+struct LeaveGuard {
+  ~LeaveGuard() {
+    try {
+      op_leave();
+    } catch (...) {
+    }
+  }
+};
+
+void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::DispatchKeySet next,
+                    torch::jit::Stack* stack, const OpTicket& ticket) {
+  // OPDUMP_ON_DIVERGENCE=stop raises the job's own error where its op would
+  // run; the guards pair the entry as for any error.
   const bool versioned = from_above_autograd();
   const bool above_autograd = ticket.depth == 0 || versioned;
+  if (!ticket.record) {
+    // No RowBuilder: its OpCall's strings and vectors are Rust's, each made
+    // and dropped across the bridge.
+    LeaveGuard leave;
+    if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
+    if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+    return run_unrecorded(op, facts, next, stack, versioned);
+  }
+  // Every op_enter is paired with op_exit: the guard comes first.
+  RowBuilder rec;
+  ExitGuard exit_guard{&rec};
+  if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
   if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
-  if (!ticket.record) return run_unrecorded(op, next, stack, versioned);
 
   rec.nested = ticket.depth > 0;
   rec.above_autograd = above_autograd;
@@ -358,7 +420,7 @@ void record_and_run(const c10::OperatorHandle& op, c10::DispatchKeySet next, tor
   AccuracyCheckGuard accuracy;
   if (ticket.check && !returns_views_only(op.schema())) start_accuracy_check(accuracy, op, *stack, rec.call);
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
-  CollectiveFills filled(op, *stack);
+  CollectiveFills filled(op, facts, *stack);
   run_timed(rec, op, next, stack);
   try {
     filled.done();
@@ -402,22 +464,25 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     op.redispatchBoxed(next, stack);
     return;
   }
-  const auto& name = op.operator_name().name;
-  if (name.starts_with("opdump::")) {  // our own control ops
-    op.redispatchBoxed(next, stack);
-    return;
-  }
-  if (tracing_call(*stack, op.schema().arguments().size())) {
+  const OpFacts& facts = op_facts(op);
+  if (facts.control || tracing_call(*stack, facts.num_args)) {
     op.redispatchBoxed(next, stack);
     return;
   }
   python_hooks_tick();
-  const auto& overload = op.operator_name().overload_name;
-  int64_t node_thread = -1, node_seq_nr = -1;
-  current_backward_node(node_thread, node_seq_nr);
-  OpTicket ticket = op_enter(rust::Str(name), rust::Str(overload.empty() ? "default" : overload),
-                             current_phase(), node_thread, node_seq_nr);
-  record_and_run(op, next, stack, ticket);
+  // A call of an op the regexes leave out is never recorded: its phase,
+  // node and names are of no use to Rust (`selected` -1, not had yet,
+  // counts as selected: Rust decides).
+  OpTicket ticket;
+  if (facts.selected != 0) {
+    int64_t node_thread = -1, node_seq_nr = -1;
+    current_backward_node(node_thread, node_seq_nr);
+    ticket = op_enter(rust::Str(facts.name), rust::Str(facts.shown_overload), true, current_phase(), node_thread,
+                      node_seq_nr);
+  } else {
+    ticket = op_enter(rust::Str(), rust::Str(), false, Phase::Forward, -1, -1);
+  }
+  record_and_run(op, facts, next, stack, ticket);
 }
 
 }  // namespace opdump

@@ -18,7 +18,11 @@
 // What they cost. Loaded but never switched on: nothing (no hook, no
 // pending call; the hook fallback's one atomic check below). On: Python
 // calls torch.ops.opdump.module_enter/module_exit around every module's
-// forward (about 5 µs a module call), and name_tensors once per root model.
+// forward, and name_tensors once per root model. module_enter and
+// module_exit are builtin functions of ours (module_enter_fn below), made
+// with the C API, not torch.ops calls through the dispatcher: a few tens of
+// nanoseconds a module call, not several microseconds, and a path is
+// interned once, not at every call.
 //
 // With OPDUMP_SOURCE=1 the same module's `source()` names the innermost line
 // of user code for each top-level call: the GIL is taken on the job's thread
@@ -26,8 +30,13 @@
 
 #include <dlfcn.h>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include "opdump/cpp/hook/hook.h"
 #include "opdump/cpp/hook/parts.h"
@@ -49,6 +58,9 @@ import warnings
 import weakref
 
 _handles = []
+# module_enter(path) and module_exit(): builtin functions the plugin sets
+# here (python_hooks.cpp) before apply() runs; torch.ops.opdump's otherwise.
+_c_enter = _c_exit = None
 _local = threading.local()
 _paths = weakref.WeakKeyDictionary()  # module -> its qualified path
 _torch_dir = None
@@ -258,6 +270,8 @@ def apply(want):
     _torch_dir = os.path.dirname(torch.__file__) + os.sep
     ops = torch.ops.opdump
     enter, leave, name_tensors = ops.module_enter, ops.module_exit, ops.name_tensors
+    if _c_enter is not None and _c_exit is not None:
+        enter, leave = _c_enter, _c_exit
     # While Dynamo traces a module call it inlines these hooks: returning at
     # once leaves nothing in the graph and mutates nothing it tracks. The
     # compiled code then runs without them, so the calls it makes cannot be
@@ -339,11 +353,19 @@ struct PyApi {
   void* (*long_from_long)(long) = nullptr;
   void (*dec_ref)(void*) = nullptr;
   void (*err_clear)() = nullptr;
+  // For the builtin functions module_enter and module_exit; without them
+  // the hooks call torch.ops.opdump's.
+  void* (*new_function)(void*, void*, void*) = nullptr;  // PyCFunction_NewEx
+  int (*set_attr)(void*, const char*, void*) = nullptr;
+  const char* (*as_utf8_and_size)(void*, ssize_t*) = nullptr;
+  void (*inc_ref)(void*) = nullptr;
+  void* none = nullptr;  // Py_None
 
   bool complete() const {
     return is_initialized && gil_ensure && gil_release && this_thread_state && add_pending_call && compile_string &&
            exec_code_module && get_attr && call_one_arg && call_no_args && is_true && as_utf8 && long_from_long && dec_ref && err_clear;
   }
+  bool functions() const { return new_function && set_attr && as_utf8_and_size && inc_ref && none; }
 };
 
 template <typename F>
@@ -369,6 +391,11 @@ const PyApi* python() {
     find(a.long_from_long, "PyLong_FromLong");
     find(a.dec_ref, "Py_DecRef");
     find(a.err_clear, "PyErr_Clear");
+    find(a.new_function, "PyCFunction_NewEx");
+    find(a.set_attr, "PyObject_SetAttrString");
+    find(a.as_utf8_and_size, "PyUnicode_AsUTF8AndSize");
+    find(a.inc_ref, "Py_IncRef");
+    a.none = dlsym(RTLD_DEFAULT, "_Py_NoneStruct");
     return a.complete() ? &a : nullptr;  // not a Python process (or < 3.9)
   }();
   return api;
@@ -390,6 +417,75 @@ std::atomic<bool> g_broken{false};  // apply failed: no more tries
 // _opdump_module_hooks, a reference kept for good. Set under the GIL.
 std::atomic<void*> g_module{nullptr};
 
+// The id of a module's path (intern_name; u32::MAX for "", a module whose
+// calls carry none), kept per path object: the hooks pass the same str
+// object at each call of a module. A str freed and another made at its
+// address is told apart by its text. GIL held.
+uint32_t module_path_id(void* str, std::string_view path) {
+  struct Seen {
+    std::string path;
+    uint32_t id;
+  };
+  static std::unordered_map<const void*, Seen> seen;
+  auto it = seen.find(str);
+  if (it != seen.end() && it->second.path == path) return it->second.id;
+  const uint32_t id = path.empty() ? UINT32_MAX : intern_name(rust::Str(path.data(), path.size()));
+  if (seen.size() > 65536) seen.clear();  // many models made and freed
+  seen.insert_or_assign(str, Seen{std::string(path), id});
+  return id;
+}
+
+// module_enter(path): METH_O. Never raises into the job: a path that is no
+// str (never from the hooks) enters a module whose calls carry none.
+void* module_enter_fn(void*, void* arg) {
+  const PyApi* py = python();
+  ssize_t n = 0;
+  const char* s = py->as_utf8_and_size(arg, &n);
+  uint32_t id = UINT32_MAX;
+  if (s == nullptr) {
+    py->err_clear();
+  } else {
+    try {
+      id = module_path_id(arg, std::string_view(s, static_cast<size_t>(n)));
+    } catch (...) {  // out of memory for the cache: the calls carry no module
+    }
+  }
+  control_module_enter_id(id);
+  py->inc_ref(py->none);
+  return py->none;
+}
+
+// module_exit(): METH_NOARGS.
+void* module_exit_fn(void*, void*) {
+  const PyApi* py = python();
+  control_module_exit();
+  py->inc_ref(py->none);
+  return py->none;
+}
+
+// PyMethodDef, as the C API lays it out.
+struct MethodDef {
+  const char* name;
+  void* (*meth)(void*, void*);
+  int flags;
+  const char* doc;
+};
+constexpr int kMethNoArgs = 0x0004;  // METH_NOARGS
+constexpr int kMethO = 0x0008;       // METH_O
+MethodDef g_enter_def{"module_enter", &module_enter_fn, kMethO, nullptr};
+MethodDef g_exit_def{"module_exit", &module_exit_fn, kMethNoArgs, nullptr};
+
+// Sets `_c_enter` and `_c_exit` of the module; where that fails, the hooks
+// call torch.ops.opdump's (slower, the same columns).
+void add_functions(const PyApi& py, void* m) {
+  if (!py.functions()) return;
+  for (auto [def, attr] : {std::pair{&g_enter_def, "_c_enter"}, std::pair{&g_exit_def, "_c_exit"}}) {
+    void* fn = py.new_function(def, nullptr, nullptr);
+    if (fn == nullptr || py.set_attr(m, attr, fn) != 0) py.err_clear();
+    if (fn != nullptr) py.dec_ref(fn);
+  }
+}
+
 // The module, compiled and imported the first time (GIL held).
 void* hooks_module(const PyApi& py) {
   if (void* m = g_module.load()) return m;
@@ -397,6 +493,7 @@ void* hooks_module(const PyApi& py) {
   if (code == nullptr) return nullptr;
   void* m = py.exec_code_module("_opdump_module_hooks", code);
   py.dec_ref(code);
+  if (m != nullptr) add_functions(py, m);
   g_module.store(m);
   return m;
 }

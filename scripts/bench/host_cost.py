@@ -22,7 +22,12 @@ Configurations:
 - `off`: loaded (`torch.ops.load_library`), `OPDUMP` unset;
 - `hook-only`: `OPDUMP=1 OPDUMP_HOOK_ONLY=1`, the fallback only redispatches;
 - `none-selected`: `OPDUMP=1` with an `OPDUMP_INCLUDE` that matches no op;
-- `on`: `OPDUMP=1`, every other variable at its default."""
+- `on`: `OPDUMP=1`, every other variable at its default.
+
+`--before DIR` (a folder holding another build's `libopdump.so` and
+`libopdump_core.so`) adds `NAME-before` for each configuration named in
+`--before-configs` (default `none-selected,on`): that build, interleaved with
+this one in the same repeats."""
 
 import argparse
 import json
@@ -63,12 +68,14 @@ def child(tokens, runs, load):
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         model.generate(prompt, **kw)
-        times, out = [], None
+        times, cpu, out = [], [], None
         for _ in range(runs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = model.generate(prompt, **kw)
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"median_s": statistics.median(times), "tokens": out[0].tolist()}))
+            cpu.append(time.thread_time() - c0)
+    print(json.dumps({"median_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+                      "tokens": out[0].tolist()}))
 
 
 def run(name, env_extra, args, tmp):
@@ -79,7 +86,7 @@ def run(name, env_extra, args, tmp):
     load = ""
     if env_extra is not None:
         env.update(env_extra, OPDUMP_DIR=str(dump))
-        load = str(tmp / "libopdump.so")
+        load = str(tmp / ("before" if name.endswith("-before") else "") / "libopdump.so")
     argv = [sys.executable, __file__, "--child", str(args.tokens), str(args.runs), load]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -108,6 +115,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="timed generations per process")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: the job's thread's CPU time, which other processes on a loaded machine move less")
+    ap.add_argument("--before", type=Path, help="folder of another build's libraries, run beside this one")
+    ap.add_argument("--before-configs", default="none-selected,on")
     args = ap.parse_args()
     names = args.configs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="host-cost-"))
@@ -116,19 +127,27 @@ def main():
     core = LIB.with_name("libopdump_core.so")
     if core.exists():
         shutil.copy(core, tmp / core.name)
+    if args.before:
+        (tmp / "before").mkdir()
+        for lib in ("libopdump.so", "libopdump_core.so"):
+            shutil.copy(args.before / lib, tmp / "before" / lib)
+        for n in args.before_configs.split(","):
+            CONFIGS[f"{n}-before"] = CONFIGS[n]
+            names.append(f"{n}-before")
     results = {n: [] for n in names}
     calls, tokens = None, None
     for r in range(args.repeats):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             res = run(n, CONFIGS[n], args, tmp)
-            results[n].append(res["median_s"])
+            results[n].append(res["median_s"] if args.clock == "wall" else res["cpu_s"])
             calls = res["calls"] or calls
             if tokens is None:
                 tokens = res["tokens"]
             elif res["tokens"] != tokens:
                 sys.exit(f"host_cost: {n} generated other tokens than the first run")
-            print(f"repeat {r} {n:14} {res['median_s'] * 1e3:8.1f} ms", file=sys.stderr)
+            print(f"repeat {r} {n:20} {res['median_s'] * 1e3:8.1f} ms wall {res['cpu_s'] * 1e3:8.1f} ms thread",
+                  file=sys.stderr)
     shutil.rmtree(tmp, ignore_errors=True)
     # The dump holds the warm-up and the timed generations: calls per one.
     per_gen = calls / (args.runs + 1) if calls else None
@@ -136,7 +155,8 @@ def main():
     base = med.get("baseline")
     hook = med.get("hook-only")
     print(f"GPT-2 (2 layers, d=128) greedy generate of {args.tokens} tokens, 1 thread, "
-          f"medians of {args.repeats} repeats; {per_gen:,.0f} op calls a generation\n" if per_gen else "")
+          f"medians of {args.repeats} repeats ({args.clock} clock); {per_gen:,.0f} op calls a generation\n"
+          if per_gen else "")
     print("| configuration | time | ratio | µs a call over baseline | µs a call over the empty hook | spread |")
     print("|---|---:|---:|---:|---:|---|")
     def over(t, ref):

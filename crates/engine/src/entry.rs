@@ -14,14 +14,32 @@ use crate::runtime;
 
 /// At an op's entry: assigns its seq, pushes the thread's nesting stack and
 /// decides whether it is recorded.
-pub fn op_enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
+/// `selected`: what [`op_selected`] said of the op.
+pub fn op_enter(
+    op: &str,
+    overload: &str,
+    selected: bool,
+    phase: Phase,
+    node: Option<Node>,
+) -> Ticket {
     catch_unwind(AssertUnwindSafe(|| {
-        recorder::enter(op, overload, phase, node)
+        recorder::enter(op, overload, selected, phase, node)
     }))
     .unwrap_or_else(|_| {
         runtime::fail("internal error at an op's entry");
         Ticket::SKIP
     })
+}
+
+/// Whether the include and exclude regexes select `op.overload`, asked once
+/// per op and thread: -1 while there is no runtime (ask again), else 0 or 1.
+pub fn op_selected(op: &str, overload: &str) -> i32 {
+    catch_unwind(AssertUnwindSafe(|| recorder::op_selected(op, overload)))
+        .unwrap_or_else(|_| {
+            runtime::fail("internal error selecting an op");
+            Some(false)
+        })
+        .map_or(-1, i32::from)
 }
 
 /// After the op ran, before its exit: it made the autograd nodes
@@ -39,6 +57,14 @@ pub fn op_made_nodes(thread: i64, first: i64, end: i64) {
 /// A module's forward begins (`module_enter`) or ends on this thread.
 pub fn module_enter(path: &str) {
     if catch_unwind(AssertUnwindSafe(|| modules::enter(path))).is_err() {
+        runtime::fail("internal error entering a module");
+    }
+}
+
+/// `module_enter` of a path the hook interned already (`names::intern`;
+/// `u32::MAX` for "", a module whose calls carry none).
+pub fn module_enter_id(id: u32) {
+    if catch_unwind(AssertUnwindSafe(|| modules::enter_id(id))).is_err() {
         runtime::fail("internal error entering a module");
     }
 }
@@ -136,7 +162,7 @@ mod tests {
     fn exit_without_runtime_never_takes_the_record() {
         // Recording is off and no runtime exists: the record is never built,
         // and entry and exit stay paired.
-        let t = op_enter("aten::mm", "default", Phase::Forward, None);
+        let t = op_enter("aten::mm", "default", true, Phase::Forward, None);
         assert!(!t.record);
         let mut taken = false;
         op_exit(|| {

@@ -2,7 +2,8 @@
 //! forward call behind each backward call.
 //!
 //! - **Module paths.** The plugin's Python hooks (cpp/hook/python_hooks.cpp) call
-//!   `torch.ops.opdump.module_enter(path)` before each `nn.Module.forward`
+//!   `module_enter(path)` (a builtin function of the plugin's, which
+//!   interns each path once: [`enter_id`]) before each `nn.Module.forward`
 //!   and `module_exit()` after it. Each thread keeps the stack of modules it
 //!   is inside; a call takes the innermost one. Paths are interned: a call
 //!   carries a `u32`.
@@ -53,6 +54,21 @@ pub fn enter(path: &str) {
     } else {
         intern(path)
     };
+    push(id, path);
+}
+
+/// [`enter`] by the path's id (`UNKNOWN` for ""): the hooks intern each
+/// path once, so a module call takes no lock and hashes no text.
+pub fn enter_id(id: ModuleId) {
+    let path = if id == UNKNOWN {
+        ""
+    } else {
+        names::get(id).unwrap_or("")
+    };
+    push(id, path);
+}
+
+fn push(id: ModuleId, path: &str) {
     let depth = STACK.with(|s| {
         let mut s = s.borrow_mut();
         s.push(id);

@@ -189,7 +189,18 @@ pub(crate) fn stack_depth() -> i32 {
     STACK.with(|s| s.borrow().depth())
 }
 
-/// Whether a call at this point is recorded, given that recording is on.
+/// Whether the include and exclude regexes select `op.overload`: asked by
+/// the hook once per op and thread, which keeps the answer; `None` before
+/// the runtime exists (not to be kept).
+pub fn op_selected(op: &str, overload: &str) -> Option<bool> {
+    let rt = runtime::get()?;
+    Some(
+        OPS.with(|cache| selection::op_selected(&rt.config, &mut cache.borrow_mut(), op, overload)),
+    )
+}
+
+/// Whether a call at this point is recorded, given that recording is on
+/// and the regexes select its op.
 fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64) -> bool {
     let c = &rt.config;
     let site = CallSite {
@@ -199,7 +210,7 @@ fn decide(rt: &runtime::Runtime, op: &str, overload: &str, depth: i32, step: i64
         step,
         rank: runtime::rank(),
     };
-    if !OPS.with(|cache| selection::selects(c, &mut cache.borrow_mut(), site)) {
+    if !selection::selects_site(c, site) {
         return false;
     }
     match CAP.take(c.max_records) {
@@ -224,13 +235,26 @@ pub struct Node {
     pub seq_nr: i64,
 }
 
-pub(crate) fn enter(op: &str, overload: &str, phase: Phase, node: Option<Node>) -> Ticket {
+/// `selected`: the regexes select the op ([`op_selected`]); when false, the
+/// call is not recorded and `op` and `overload` are not looked at (the hook
+/// passes them empty).
+pub(crate) fn enter(
+    op: &str,
+    overload: &str,
+    selected: bool,
+    phase: Phase,
+    node: Option<Node>,
+) -> Ticket {
     let rt = runtime::get();
     STACK.with(|cell| {
         let mut stack = cell.borrow_mut();
-        let (depth, parent, step) = (stack.depth(), stack.parent(), current_step());
-        let record = runtime::RECORDING.load(Ordering::Relaxed)
+        let (depth, step) = (stack.depth(), current_step());
+        let record = selected
+            && runtime::RECORDING.load(Ordering::Relaxed)
             && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
+        // Only a recorded call keeps its parent; the search up the stack is
+        // not made for the others.
+        let parent = if record { stack.parent() } else { None };
         let seq = record.then(|| SEQUENCER.take_seq());
         // A backward call belongs to the module of its node's forward call
         // (or of the parameter it accumulates into); work outside a node

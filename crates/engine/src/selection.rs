@@ -49,13 +49,19 @@ pub fn op_selected(config: &Config, cache: &mut OpVerdicts, op: &str, overload: 
 
 /// Every selection variable but the record cap.
 pub fn selects(config: &Config, cache: &mut OpVerdicts, call: CallSite) -> bool {
+    selects_site(config, call) && op_selected(config, cache, call.op, call.overload)
+}
+
+/// The selection variables of the call's place (depth, step, rank), for an
+/// op the regexes select: the hook asks [`op_selected`] once per op and
+/// keeps the verdict, so a call pays no string work here.
+pub fn selects_site(config: &Config, call: CallSite) -> bool {
     config.max_depth.is_none_or(|d| call.depth <= d)
         && config.steps.as_ref().is_none_or(|s| s.contains(call.step))
         && config
             .ranks
             .as_ref()
             .is_none_or(|r| r.contains(i64::from(call.rank)))
-        && op_selected(config, cache, call.op, call.overload)
 }
 
 /// What the record cap (`OPDUMP_MAX_RECORDS`) says to one more call.
