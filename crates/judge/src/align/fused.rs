@@ -200,6 +200,10 @@ impl Loop<'_> {
     }
 }
 
+/// A written list, the loop call that wrote it, and the tensors that pair
+/// (kernel's, loop's).
+type Judged = (Written, usize, Vec<(T, T)>);
+
 fn pair_one(
     fused: Calls<'_>,
     call: u32,
@@ -234,14 +238,14 @@ fn pair_one(
     };
     let mut names = vec![None; n];
     let mut any = false;
-    for i in 0..n {
+    for (i, slot) in names.iter_mut().enumerate() {
         let Some(param) = find(i, "self", true) else {
             continue;
         };
         let Some(p) = name_of(fd, &param).map(str::to_string) else {
             continue;
         };
-        names[i] = Some(p.clone());
+        *slot = Some(p.clone());
         let grad = format!("{p}.grad");
         let g_in = find(i, "grads", true);
         // The loop's calls on this parameter: whose `self` is `p`.
@@ -250,7 +254,7 @@ fn pair_one(
             .collect();
         let lerp = lp.reading("lerp", &grad);
         let mut state_in: Vec<(T, T)> = Vec::new();
-        let mut written: Vec<(Written, usize, Vec<(T, T)>)> = Vec::new();
+        let mut written: Vec<Judged> = Vec::new();
         if let (Some((k, lg)), Some(gi)) = (lerp, g_in) {
             let mut ts = vec![(gi, lg)];
             if let (Some(ea), Some(s)) = (find(i, "exp_avgs", true), lp.self_input(k)) {
