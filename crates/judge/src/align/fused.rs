@@ -22,6 +22,8 @@
 //! while those inputs agree is introduced at the kernel; a gradient that
 //! diverged upstream taints the pair, which then inherits.
 
+use std::collections::HashMap;
+
 use opdump_format::Role;
 
 use super::optimizer::{Calls, ListParams};
@@ -147,9 +149,33 @@ pub(super) fn pair_fused(
 struct Loop<'a> {
     d: &'a Dump,
     calls: Vec<(u32, Vec<T>)>,
+    /// Per parameter or gradient name: the calls with an input of that
+    /// name, in order.
+    by_name: HashMap<&'a str, Vec<usize>>,
 }
 
-impl Loop<'_> {
+impl<'a> Loop<'a> {
+    fn new(d: &'a Dump, roots: &[u32]) -> Self {
+        let calls: Vec<(u32, Vec<T>)> = roots.iter().map(|&c| (c, tensors(d, c))).collect();
+        let mut by_name: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        for (k, (_, ts)) in calls.iter().enumerate() {
+            for x in ts.iter().filter(|x| x.input) {
+                if let Some(n) = name_of(d, x) {
+                    let v = by_name.entry(n).or_default();
+                    if v.last() != Some(&k) {
+                        v.push(k);
+                    }
+                }
+            }
+        }
+        Loop { d, calls, by_name }
+    }
+
+    /// The calls with an input named `n`, in order.
+    fn with_name(&self, n: &str) -> &[usize] {
+        self.by_name.get(n).map_or(&[], Vec::as_slice)
+    }
+
     fn named(&self, x: &T, n: &str) -> bool {
         name_of(self.d, x) == Some(n)
     }
@@ -174,7 +200,7 @@ impl Loop<'_> {
     /// The first call of base `base` with an input named `grad`, and that
     /// input.
     fn reading(&self, base: &str, grad: &str) -> Option<(usize, T)> {
-        (0..self.calls.len()).find_map(|k| {
+        self.with_name(grad).iter().find_map(|&k| {
             if self.base(k) != base {
                 return None;
             }
@@ -223,14 +249,7 @@ fn pair_one(
     if n == 0 {
         return;
     }
-    let lp = Loop {
-        d: per_param.d,
-        calls: per_param
-            .roots
-            .iter()
-            .map(|&c| (c, tensors(per_param.d, c)))
-            .collect(),
-    };
+    let lp = Loop::new(per_param.d, per_param.roots);
     let find = |i: usize, arg: &str, input: bool| {
         ft.iter()
             .find(|x| x.list_index == i as i32 && x.input == input && fd.names.get(x.arg) == arg)
@@ -249,7 +268,10 @@ fn pair_one(
         let grad = format!("{p}.grad");
         let g_in = find(i, "grads", true);
         // The loop's calls on this parameter: whose `self` is `p`.
-        let touching: Vec<usize> = (0..lp.calls.len())
+        let touching: Vec<usize> = lp
+            .with_name(&p)
+            .iter()
+            .copied()
             .filter(|&k| lp.self_input(k).is_some_and(|s| lp.named(&s, &p)))
             .collect();
         let lerp = lp.reading("lerp", &grad);
@@ -277,7 +299,7 @@ fn pair_one(
         if find(i, "momentum_buffer_list", false).is_some() {
             // SGD's `buf.mul_(momentum).add_(grad)`: the `add_` on an
             // unnamed buffer that reads the gradient.
-            let k = (0..lp.calls.len()).find(|&k| {
+            let k = lp.with_name(&grad).iter().copied().find(|&k| {
                 lp.base(k) == "add"
                     && lp.self_input(k).is_some_and(|s| s.name == NO_ID)
                     && lp.calls[k].1.iter().any(|x| x.input && lp.named(x, &grad))
@@ -303,7 +325,7 @@ fn pair_one(
             if let Some(s) = lp.self_input(first) {
                 ts.push((param, s));
             }
-            let read_grad = (0..lp.calls.len()).find_map(|k| {
+            let read_grad = lp.with_name(&grad).iter().find_map(|&k| {
                 lp.calls[k]
                     .1
                     .iter()
