@@ -35,6 +35,7 @@ use crate::intern::{mix, FxMap, NO_ID};
 use crate::observer::Observer;
 use crate::refusal::Side;
 
+pub mod fused;
 pub mod optimizer;
 
 pub use optimizer::Element;
@@ -103,12 +104,25 @@ impl Part {
     pub const WHOLE: Part = Part(u32::MAX);
     const ON_B: u32 = 1 << 31;
 
+    const FUSED: u32 = 1 << 30;
+
     /// Element `index` of the list call on `side`.
     pub fn element(side: Side, index: u32) -> Part {
-        let index = index & !Self::ON_B;
+        let index = index & !(Self::ON_B | Self::FUSED);
         Part(match side {
             Side::A => index,
             Side::B => index | Self::ON_B,
+        })
+    }
+
+    /// One written list (`kind`, see [`fused::Written`]) of element
+    /// `index` of the fused optimizer call (`_fused_adamw_`) on `side`,
+    /// against the other side's per-parameter call that wrote that value.
+    pub fn fused(side: Side, index: u32, kind: fused::Written) -> Part {
+        let packed = ((index & ((1 << 28) - 1)) << 2) | kind as u32 | Self::FUSED;
+        Part(match side {
+            Side::A => packed,
+            Side::B => packed | Self::ON_B,
         })
     }
 
@@ -123,7 +137,20 @@ impl Part {
         } else {
             Side::A
         };
-        Some((side, self.0 & !Self::ON_B))
+        let rest = self.0 & !Self::ON_B;
+        if rest & Self::FUSED != 0 {
+            return Some((side, (rest & !Self::FUSED) >> 2));
+        }
+        Some((side, rest))
+    }
+
+    /// The written list a fused call's part judges; `None` for whole calls
+    /// and list elements.
+    pub fn fused_kind(self) -> Option<fused::Written> {
+        if self == Part::WHOLE || self.0 & Self::FUSED == 0 {
+            return None;
+        }
+        Some(fused::Written::from_bits(self.0 & 3))
     }
 }
 
@@ -168,6 +195,9 @@ pub struct Alignment {
     /// The parameter names of the elements of the list calls paired
     /// element by element (see [`optimizer`]).
     pub list_params: Vec<optimizer::ListParams>,
+    /// The tensors each pair of a fused optimizer kernel judges (see
+    /// [`fused`]), sorted by (a, b, part).
+    pub fused: Vec<fused::FusedTensors>,
 }
 
 /// Per dump: signature of every op, the looser key of loose pairs, and
@@ -746,7 +776,7 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
             (m, counts, nested_sides) = (again, across, &across_sides);
         }
     }
-    let list_params = optimizer::pair_optimizer_lists(
+    let (list_params, fused) = optimizer::pair_optimizer_lists(
         a,
         b,
         (&ga, &gb),
@@ -791,5 +821,6 @@ pub fn align(a: &Dump, b: &Dump, filter: &Filter, progress: &dyn Observer) -> Al
         steps_ignored,
         group_starts,
         list_params,
+        fused,
     }
 }

@@ -106,7 +106,7 @@ pub struct UnmatchedChange {
 impl Compared {
     /// The measuring context of the two dumps.
     pub fn ctx(&self) -> Ctx<'_> {
-        Ctx::new(&self.a, &self.b, &self.tol)
+        Ctx::new(&self.a, &self.b, &self.tol).with_fused(&self.alignment.fused)
     }
 
     /// The verdict of pair `pair`.
@@ -459,7 +459,7 @@ impl<'d> Judge<'d> {
     ) -> Self {
         let n = alignment.pairs.len();
         Judge {
-            ctx: Ctx::new(a, b, tol),
+            ctx: Ctx::new(a, b, tol).with_fused(&alignment.fused),
             alignment,
             top,
             judged: Judged {
@@ -494,10 +494,11 @@ impl<'d> Judge<'d> {
     {
         let pairs = &self.alignment.pairs[self.next..];
         let (a, b, tol) = (self.ctx.a, self.ctx.b, self.ctx.tol);
+        let fused = &self.alignment.fused[..];
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
         let (back, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
         scope.spawn(move || {
-            let ctx = Ctx::new(a, b, tol);
+            let ctx = Ctx::new(a, b, tol).with_fused(fused);
             for chunk in pairs.chunks(MEASURE_BATCH) {
                 let mut batch = back_rx.try_recv().unwrap_or_default();
                 batch.resize_with(chunk.len(), OpCmp::default);

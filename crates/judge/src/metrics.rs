@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use opdump_format::Role;
 
+use crate::align::fused::FusedTensors;
 use crate::align::Pair;
 use crate::dtype::DType;
 use crate::dump::Dump;
@@ -319,6 +320,9 @@ pub struct Ctx<'a> {
     /// The layouts of the list calls judged element by element, by side
     /// (B: true) and call.
     layouts: Mutex<FxMap<(bool, u32), Arc<Layout>>>,
+    /// The tensors of the pairs of fused optimizer kernels (see
+    /// [`crate::align::fused`]), sorted by (a, b, part).
+    fused: &'a [FusedTensors],
 }
 
 impl<'a> Ctx<'a> {
@@ -334,7 +338,15 @@ impl<'a> Ctx<'a> {
                 .map(|i| classify(a.names.get(i)))
                 .collect(),
             layouts: Mutex::default(),
+            fused: &[],
         }
+    }
+
+    /// This context, judging the pairs of fused optimizer kernels by the
+    /// tensors `fused` names (an alignment's [`crate::Alignment::fused`]).
+    pub fn with_fused(mut self, fused: &'a [FusedTensors]) -> Self {
+        self.fused = fused;
+        self
     }
 
     /// Pairs the tensors of op `ia` (in a) and `ib` (in b) by role, argument
@@ -416,18 +428,43 @@ impl<'a> Ctx<'a> {
         ids_a.clear();
         ids_b.clear();
         let element = p.part.element_of();
-        match element {
-            Some((Side::A, k)) => self.element_rows(Side::A, ia, k, &mut ids_a, &mut rows_a),
-            _ => a.tensors.rows_of(a.tensors_of(ia), &mut rows_a),
-        }
-        match element {
-            Some((Side::B, k)) => self.element_rows(Side::B, ib, k, &mut ids_b, &mut rows_b),
-            _ => b.tensors.rows_of(b.tensors_of(ib), &mut rows_b),
+        let fused = p
+            .part
+            .fused_kind()
+            .and_then(|_| {
+                self.fused
+                    .binary_search_by_key(&(p.a, p.b, p.part), |f| (f.a, f.b, f.part))
+                    .ok()
+            })
+            .map(|k| &self.fused[k].tensors);
+        if let Some(ts) = fused {
+            // Tensors of several calls of the loop: named one by one.
+            ids_a.extend(ts.iter().map(|t| t.0));
+            ids_b.extend(ts.iter().map(|t| t.1));
+            for ids in [&mut ids_a, &mut ids_b] {
+                ids.sort_unstable();
+                ids.dedup();
+            }
+            rows_a.clear();
+            rows_a.extend(ids_a.iter().map(|&t| a.tensors.row(t)));
+            rows_b.clear();
+            rows_b.extend(ids_b.iter().map(|&t| b.tensors.row(t)));
+        } else {
+            match element {
+                Some((Side::A, k)) => self.element_rows(Side::A, ia, k, &mut ids_a, &mut rows_a),
+                _ => a.tensors.rows_of(a.tensors_of(ia), &mut rows_a),
+            }
+            match element {
+                Some((Side::B, k)) => self.element_rows(Side::B, ib, k, &mut ids_b, &mut rows_b),
+                _ => b.tensors.rows_of(b.tensors_of(ib), &mut rows_b),
+            }
         }
         let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
         let call_a = CallRows::new(&rows_a, start_a, &ids_a);
         let call_b = CallRows::new(&rows_b, start_b, &ids_b);
-        if element.is_some() {
+        if let Some(ts) = fused {
+            pairs.extend(ts.iter().map(|&(x, y)| (Some(x), Some(y))));
+        } else if element.is_some() {
             pair_by_position(&call_a.indexed(), &call_b.indexed(), &mut pairs);
         } else {
             self.pair_tensors((ia, &rows_a), (ib, &rows_b), &mut pairs);

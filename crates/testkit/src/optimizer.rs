@@ -75,6 +75,103 @@ pub struct Twist {
     pub fault: Option<(usize, usize, f64)>,
     /// Parameter `i`'s call of kernel `k` is left out (loop side only).
     pub drop: Option<(usize, usize)>,
+    /// A backward call makes parameter 3's gradient, off by this factor
+    /// (1.0: exact); the optimizer reads it as made.
+    pub grad3: Option<f64>,
+}
+
+/// The backward call that makes parameter 3's gradient (see
+/// [`Twist::grad3`]), then the optimizer phase.
+fn grad3_producer(w: &mut DumpWriter, twist: Twist) {
+    if let Some(f) = twist.grad3 {
+        w.phase = Phase::Backward;
+        w.leaf(
+            "aten::mul",
+            "Tensor",
+            "",
+            vec![input("self", "float32", SHAPES[3], 0.3)],
+            vec![output(0, "float32", SHAPES[3], values(3, 1).0[1] * f)],
+        )
+        .unwrap();
+    }
+    w.phase = Phase::Optimizer;
+}
+
+/// Parameter 3's gradient as the optimizer reads it: off by
+/// [`Twist::grad3`]'s factor.
+fn grad_factor(i: usize, twist: Twist) -> f64 {
+    match twist.grad3 {
+        Some(f) if i == 3 => f,
+        _ => 1.0,
+    }
+}
+
+/// One side's step 0 optimizer as one fused kernel (`_fused_adamw_`, as
+/// with `fused=True` on an accelerator), after the forward call both
+/// sides make: per element `i`, inputs `self` (named `w{i}`), `grads`
+/// (`w{i}.grad`), `exp_avgs`, `exp_avg_sqs`, and the written outputs
+/// `self`, `exp_avgs`, `exp_avg_sqs`, with the values [`adamw_step`]'s
+/// loop reads and writes. `twist.fault` (kernel `k`, element `i`,
+/// factor): `k` 3 puts the fault on the written parameter, 1 on the
+/// first moment (and, through it, the parameter).
+pub fn fused_adamw_step(w: &mut DumpWriter, twist: Twist) {
+    w.leaf(
+        "aten::mm",
+        "default",
+        "",
+        vec![input("self", "float32", &[4, 4], 1.0)],
+        vec![output(0, "float32", &[4, 4], 2.0)],
+    )
+    .unwrap();
+    grad3_producer(w, twist);
+    let fault = |i: usize, k: usize| match twist.fault {
+        Some((fk, fi, f)) if fi == i && (fk == k || (fk == 1 && k == 3)) => f,
+        _ => 1.0,
+    };
+    let mut ins = Vec::new();
+    let mut outs = Vec::new();
+    for (i, shape) in SHAPES.iter().enumerate() {
+        let g = values(i, 1).0[1] * grad_factor(i, twist);
+        let gf = grad_factor(i, twist);
+        let with_arg = |mut t: TensorRecord, arg: &str| {
+            t.arg = arg.to_string().into();
+            t
+        };
+        ins.push(listed(
+            named(
+                input("self", "float32", shape, values(i, 0).0[0]),
+                Some(format!("w{i}")),
+            ),
+            i,
+        ));
+        ins.push(listed(
+            named(
+                input("grads", "float32", shape, g),
+                Some(format!("w{i}.grad")),
+            ),
+            i,
+        ));
+        ins.push(listed(
+            input("exp_avgs", "float32", shape, values(i, 1).0[0]),
+            i,
+        ));
+        ins.push(listed(
+            input("exp_avg_sqs", "float32", shape, values(i, 2).0[0]),
+            i,
+        ));
+        let o = |x: f64, arg: &str| with_arg(output(0, "float32", shape, x), arg);
+        outs.push(listed(
+            named(
+                o(values(i, 3).1 * gf * fault(i, 3), "self"),
+                Some(format!("w{i}")),
+            ),
+            i,
+        ));
+        outs.push(listed(o(values(i, 1).1 * gf * fault(i, 1), "exp_avgs"), i));
+        outs.push(listed(o(values(i, 2).1, "exp_avg_sqs"), i));
+    }
+    w.leaf("aten::_fused_adamw_", "default", "", ins, outs)
+        .unwrap();
 }
 
 /// One side: a forward call both sides make, then step 0's optimizer as a
@@ -88,7 +185,7 @@ pub fn adamw_step(w: &mut DumpWriter, list: bool, twist: Twist) {
         vec![output(0, "float32", &[4, 4], 2.0)],
     )
     .unwrap();
-    w.phase = Phase::Optimizer;
+    grad3_producer(w, twist);
     // A fault in the first moment's update carries on into the
     // `addcdiv_` that reads it: its input and, in proportion, its output.
     let carried = |i: usize, k: usize| match twist.fault {

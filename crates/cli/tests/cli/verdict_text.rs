@@ -176,3 +176,37 @@ fn a_list_kernels_element_is_named_with_its_parameter() {
         r.stdout
     );
 }
+
+#[test]
+fn a_fused_kernels_element_is_named_with_its_parameter() {
+    use opdump_testkit::optimizer::{adamw_step, fused_adamw_step, Twist};
+    let t = tmp();
+    let fill = |w: &mut DumpWriter, side_b: bool| {
+        if side_b {
+            let fault = Twist {
+                fault: Some((3, 3, 1.001)),
+                ..Twist::default()
+            };
+            fused_adamw_step(w, fault)
+        } else {
+            adamw_step(w, false, Twist::default())
+        }
+    };
+    let a = write_side(t.path(), false, fill);
+    let b = write_side(t.path(), true, fill);
+    let (code, j, stderr) = compare_json(&a, &b, &[]);
+    assert_eq!(code, 1, "{stderr}\n{j}");
+    assert_eq!(j["headline"]["op"], "aten::_fused_adamw_", "{j}");
+    assert_eq!(j["headline"]["element"]["side"], "b", "{j}");
+    assert_eq!(j["headline"]["element"]["index"], 3, "{j}");
+    assert_eq!(j["headline"]["element"]["param"], "w3", "{j}");
+    let r = run(&["compare", path_str(&a), path_str(&b)]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(
+            "Verdict: DIVERGED. First introduced at aten::_fused_adamw_ (element 3, w3) (seq A"
+        ),
+        "{}",
+        r.stdout
+    );
+}

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use opdump_format::{Phase, Role};
 
+use super::fused::FusedTensors;
 use super::{partners, sorted_unique, Alignment, Groups, Pair, Part};
 use crate::dump::{Dump, NONE};
 use crate::intern::NO_ID;
@@ -51,7 +52,10 @@ pub(super) struct Calls<'a> {
 /// Whether some call of `roots` is a list call: only then is the pass
 /// worth making.
 pub(super) fn has_list_call(d: &Dump, roots: &[u32]) -> bool {
-    roots.iter().any(|&r| is_list_op(d.op_name(r)))
+    roots.iter().any(|&r| {
+        let op = d.op_name(r);
+        is_list_op(op) || super::fused::is_fused_op(op)
+    })
 }
 
 /// Pairs the list calls of each side with the other side's per-parameter
@@ -280,8 +284,9 @@ pub(super) fn pair_optimizer_lists(
     b: &Dump,
     (ga, gb): (&Groups, &Groups),
     (pairs, dissolved_a, dissolved_b): (&mut Vec<Pair>, &[u32], &[u32]),
-) -> Vec<ListParams> {
+) -> (Vec<ListParams>, Vec<FusedTensors>) {
     let mut params = Vec::new();
+    let mut fused = Vec::new();
     let groups: Vec<(&Vec<u32>, &Vec<u32>)> = ga
         .iter()
         .filter(|(k, _)| k.1 == Phase::Optimizer)
@@ -289,7 +294,7 @@ pub(super) fn pair_optimizer_lists(
         .filter(|(ra, rb)| has_list_call(a, ra) || has_list_call(b, rb))
         .collect();
     if groups.is_empty() {
-        return params;
+        return (params, fused);
     }
     let (a_match, b_match) = partners(pairs, a.len(), b.len());
     let (dissolved_a, dissolved_b) = (
@@ -306,6 +311,7 @@ pub(super) fn pair_optimizer_lists(
     for (ra, rb) in groups {
         let ua = unmatched(ra, &a_match, &dissolved_a);
         let ub = unmatched(rb, &b_match, &dissolved_b);
+        let before = pairs.len();
         pair_list_calls(
             Calls {
                 d: a,
@@ -320,8 +326,38 @@ pub(super) fn pair_optimizer_lists(
             pairs,
             &mut params,
         );
+        // Then the fused kernels, among the calls still unmatched.
+        let paired_now = &pairs[before..];
+        let (pa, pb): (Vec<u32>, Vec<u32>) = (
+            sorted_unique(paired_now.iter().map(|p| p.a).collect()),
+            sorted_unique(paired_now.iter().map(|p| p.b).collect()),
+        );
+        let ua: Vec<u32> = ua
+            .into_iter()
+            .filter(|r| pa.binary_search(r).is_err())
+            .collect();
+        let ub: Vec<u32> = ub
+            .into_iter()
+            .filter(|r| pb.binary_search(r).is_err())
+            .collect();
+        super::fused::pair_fused(
+            Calls {
+                d: a,
+                side: Side::A,
+                roots: &ua,
+            },
+            Calls {
+                d: b,
+                side: Side::B,
+                roots: &ub,
+            },
+            pairs,
+            &mut fused,
+            &mut params,
+        );
     }
     // Sorted, for `Alignment::element`'s search.
     params.sort_by_key(|l| (l.side == Side::B, l.call));
-    params
+    fused.sort_by_key(|f| (f.a, f.b, f.part));
+    (params, fused)
 }

@@ -5,6 +5,7 @@ mod align;
 mod align_prop;
 mod common;
 mod evidence_prop;
+mod fused_optimizer;
 mod incremental;
 mod only_in_b;
 mod optimizer_drift;
