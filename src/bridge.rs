@@ -111,6 +111,10 @@ pub mod ffi {
         float_input_shapes: Vec<i64>,
         out_numel: i64,
         seconds: f64,
+        /// Some float64 reference output held a nonzero value: a check of
+        /// outputs that are all zero (a state scaled before it holds
+        /// anything) tells nothing of the kernel.
+        informative: bool,
         /// Why nothing was measured, else empty.
         why: String,
         /// For an op whose outputs are tensor lists (`_foreach_*`,
@@ -132,6 +136,7 @@ pub mod ffi {
         /// The element's floating inputs, as in `CheckMeasure`.
         float_input_shapes: Vec<i64>,
         out_numel: i64,
+        informative: bool,
         why: String,
     }
 
@@ -712,6 +717,7 @@ fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
             cpu_ulp: e.cpu_ulp,
             float_input_shapes: shapes_of(&e.float_input_shapes),
             out_numel: e.out_numel,
+            informative: e.informative,
             why: e.why.clone(),
         })
         .collect();
@@ -728,6 +734,7 @@ fn check_measured(id: i64, m: &ffi::CheckMeasure) -> bool {
             float_input_shapes: shapes,
             out_numel: m.out_numel,
             seconds: m.seconds,
+            informative: m.informative,
             why: m.why.clone(),
             elements,
         },

@@ -110,6 +110,7 @@ std::vector<c10::IValue> picked(const torch::jit::Stack& args, const std::vector
 // Errors of one set of outputs, worst over them.
 struct Errors {
   bool any = false;
+  bool informative = false;  // some reference value is not zero
   double device_err = -1, cpu_err = -1, device_vs_cpu = -1, device_ulp = -1, cpu_ulp = -1;
   int64_t out_numel = 0;
 
@@ -121,6 +122,7 @@ struct Errors {
       out_numel = d.numel();
     }
     any = true;
+    if (!informative) informative = ref.ne(0).any().item<bool>();
     device_err = worse(device_err, rel_l2(d, ref));
     cpu_err = worse(cpu_err, rel_l2(cpu, ref));
     device_vs_cpu = worse(device_vs_cpu, rel_l2(d, cpu));
@@ -163,6 +165,7 @@ void measure_elements(const Job& job, const std::vector<c10::IValue>& dev, const
     el.device_ulp = e.device_ulp;
     el.cpu_ulp = e.cpu_ulp;
     el.out_numel = e.out_numel;
+    el.informative = e.informative;
     for (const auto& v : job.inputs) {
       if (is_tensor_list(v)) {
         if (i < list_size(v)) push_shape(el.float_input_shapes, list_at(v, i));
@@ -228,6 +231,7 @@ void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
   r.device_ulp = e.device_ulp;
   r.cpu_ulp = e.cpu_ulp;
   r.out_numel = e.out_numel;
+  r.informative = e.informative;
 }
 
 // A failed call's capture: its inputs before it ran, its device outputs.

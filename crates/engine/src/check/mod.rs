@@ -99,6 +99,9 @@ pub struct Measured {
     pub out_numel: i64,
     /// Seconds the checking thread spent on the call.
     pub seconds: f64,
+    /// Some float64 reference output held a nonzero value (see
+    /// [`Checks::measured`]).
+    pub informative: bool,
     /// Why nothing was measured; empty when it was.
     pub why: String,
     /// A list op's list indices, each judged on its own (a line each);
@@ -119,6 +122,7 @@ pub struct ElementMeasure {
     pub cpu_ulp: f64,
     pub float_input_shapes: Vec<Vec<i64>>,
     pub out_numel: i64,
+    pub informative: bool,
     pub why: String,
 }
 
@@ -144,7 +148,17 @@ struct Signature {
     /// It has no reference (no CPU kernel, no floating output): checking it
     /// again gives nothing.
     no_recheck: bool,
+    /// Checks of its first calls that passed on outputs all zero, given
+    /// back (at most [`UNINFORMATIVE_RETRIES`]).
+    retried: u32,
 }
+
+/// How many times a signature whose check saw only zero outputs is checked
+/// again at a later call. An optimizer's first step scales states that
+/// hold nothing yet (`exp_avg_sq.mul_(β2)` on zeros): any kernel passes
+/// that, and the signature's next call, with values, is the real check. An
+/// op whose outputs are always zero stops after these.
+pub const UNINFORMATIVE_RETRIES: u32 = 2;
 
 /// The re-check of signatures in later steps: the signatures checked, in
 /// turn. At each step the one at the front is checked again at its first
@@ -338,6 +352,19 @@ impl Checks {
             vec![judge(&p.signature, &p.call, &m)]
         };
         let recheck = p.recheck;
+        let informative = m.informative || m.elements.iter().any(|e| e.informative);
+        if !recheck && !informative && rows.iter().all(|r| r.verdict == Verdict::Pass) {
+            let signature = p.signature.clone();
+            if let Some(sig) = s.started.get_mut(&signature) {
+                if sig.retried < UNINFORMATIVE_RETRIES {
+                    sig.retried += 1;
+                    sig.started = sig.started.saturating_sub(1);
+                }
+            }
+        }
+        let Some(p) = s.pending.get_mut(&id) else {
+            return false;
+        };
         let no_reference = rows.iter().all(|r| r.verdict == Verdict::NoReference);
         if no_reference {
             let signature = p.signature.clone();
@@ -585,6 +612,7 @@ fn judge_element(signature: &str, call: &CallInfo, m: &Measured, e: &ElementMeas
         float_input_shapes: e.float_input_shapes.clone(),
         out_numel: e.out_numel,
         seconds: 0.0,
+        informative: e.informative,
         why: e.why.clone(),
         elements: Vec::new(),
     };

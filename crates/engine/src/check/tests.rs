@@ -39,6 +39,7 @@ fn measured(device_err: f64, cpu_err: f64, seconds: f64) -> Measured {
         float_input_shapes: vec![vec![4, 8], vec![8, 2]],
         out_numel: 8,
         seconds,
+        informative: true,
         why: String::new(),
         elements: Vec::new(),
     }
@@ -195,6 +196,7 @@ fn element(index: u32, name: &str, device_err: f64) -> ElementMeasure {
         cpu_ulp: 0.5,
         float_input_shapes: vec![vec![4, 8], vec![4, 8]],
         out_numel: 32,
+        informative: true,
         why: String::new(),
     }
 }
@@ -347,4 +349,36 @@ fn floats_are_their_type_in_a_signature_and_dims_flags_and_modes_their_value() {
         signature_kind("aten::mm.default(float32[4, 4], float32[4, 4])", ""),
         "aten::mm.default(float32[4, 4], float32[4, 4])"
     );
+}
+
+#[test]
+fn a_check_that_saw_only_zeros_is_made_again_at_a_later_call() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(settings(d.path()));
+    let sig = "aten::_foreach_mul_.Scalar(float32[][2], float)";
+    let zeros = Measured {
+        informative: false,
+        ..measured(0.0, 0.0, 0.01)
+    };
+    // Adam's first step scales second moments that are still zero.
+    let id = c.wanted(sig, 10, call("aten::_foreach_mul_", 1));
+    assert!(id >= 0);
+    assert!(!c.measured(id, zeros.clone()));
+    // Its next call, with values, is checked, and one with values ends it.
+    let id = c.wanted(sig, 10, call("aten::_foreach_mul_", 2));
+    assert!(id >= 0, "a check on zeros counts for nothing");
+    assert!(!c.measured(id, measured(3e-8, 2e-8, 0.01)));
+    assert_eq!(c.wanted(sig, 10, call("aten::_foreach_mul_", 3)), -1);
+
+    // An op whose outputs are always zero is given up after the retries.
+    let sig = "aten::zero_.default(float32[4, 8])";
+    let mut checked = 0;
+    for seq in 10..20 {
+        let id = c.wanted(sig, 10, call("aten::zero_", seq));
+        if id >= 0 {
+            checked += 1;
+            assert!(!c.measured(id, zeros.clone()));
+        }
+    }
+    assert_eq!(checked, 1 + UNINFORMATIVE_RETRIES);
 }
