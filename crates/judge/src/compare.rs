@@ -769,7 +769,19 @@ impl Judged {
     /// Keeps what reports need of judged pair `k`, and registers the taint
     /// of its outputs for their consumers.
     fn record(&mut self, k: usize, cmp: &OpCmp, prov: &mut Provenance) {
-        if self.first_diverged_input.is_none() {
+        // Only where some output was compared and differs: an op whose
+        // outputs are unmeasured or equal on both sides computed nothing
+        // from the input's difference. The input may be memory that holds
+        // no values yet, read by a collective's wrapper or its wait before
+        // the collective filled it (FSDP's all-gather buffer).
+        let output_compared = cmp.tensors.iter().any(|t| {
+            t.role == Role::Output
+                && matches!(
+                    t.verdict,
+                    TensorVerdict::Close | TensorVerdict::Diverged | TensorVerdict::NanMismatch
+                )
+        });
+        if self.first_diverged_input.is_none() && output_compared {
             let own: Vec<u32> = cmp
                 .tensors
                 .iter()
