@@ -35,6 +35,7 @@ use crate::intern::{mix, FxMap, NO_ID};
 use crate::observer::Observer;
 use crate::refusal::Side;
 
+mod calls;
 pub mod fused;
 pub mod optimizer;
 

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 
 use opdump_format::Role;
 
-use super::optimizer::{Calls, ListParams};
+use super::calls::{Calls, ListParams};
 use super::{Pair, Part};
 use crate::dump::Dump;
 use crate::intern::NO_ID;

@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 
 use opdump_format::{Phase, Role};
 
+use super::calls::Calls;
+pub use super::calls::ListParams;
 use super::fused::FusedTensors;
 use super::{partners, sorted_unique, Alignment, Groups, Pair, Part};
 use crate::dump::{Dump, NONE};
@@ -28,26 +30,6 @@ use crate::intern::NO_ID;
 use crate::list_call::{is_list_op, list_base, loop_base, pair_by_position, rows_of, Layout};
 use crate::refusal::Side;
 use crate::tensor_row::TensorRow;
-
-/// The parameter names of a list call's elements, where some call of its
-/// step names them (see [`pair_list_calls`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ListParams {
-    /// The side whose call is the list call.
-    pub side: Side,
-    /// The list call.
-    pub call: u32,
-    /// Per element: the parameter's name, when known.
-    pub names: Vec<Option<String>>,
-}
-
-/// One side of a group: its dump and its unmatched top-level calls.
-#[derive(Clone, Copy)]
-pub(super) struct Calls<'a> {
-    pub d: &'a Dump,
-    pub side: Side,
-    pub roots: &'a [u32],
-}
 
 /// Whether some call of `roots` is a list call: only then is the pass
 /// worth making.
