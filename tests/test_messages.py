@@ -213,6 +213,8 @@ def test_the_scan_finds_the_messages_it_should():
 
 # Caused by another test: catalogue key -> (the test file, the text it asserts).
 ELSEWHERE = {
+    "runs one call against the same call": ("crates/cli/tests/cli/verdict_text.rs",
+                                            "runs one call against the same call"),
     "give the directory of a dump you made": ("tests/test_online.py", "is writable by other users"),
     "this run is dumped without comparing": ("tests/test_online.py", "this run is dumped without comparing"),
     "This run is dumped without comparing": ("tests/test_online.py", "this run is dumped without comparing"),

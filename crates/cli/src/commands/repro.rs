@@ -259,7 +259,7 @@ pub fn run(opts: ReproOptions, progress: &Progress) -> Result<(PathBuf, String)>
             (&c.b, "B")
         };
         return Err(CliError::new(format!(
-            "{} (seq {side} {}) is judged {} against the other run's per-parameter call: `opdump repro` runs one call against the same call, and the runs made different ones",
+            "{} (seq {side} {}), {}, is judged against the other run's per-parameter call: `opdump repro` runs one call against the same call, and the runs made different ones",
             d.full_name(e.call),
             d.seq(e.call),
             e.describe()

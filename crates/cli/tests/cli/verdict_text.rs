@@ -175,6 +175,15 @@ fn a_list_kernels_element_is_named_with_its_parameter() {
         "{}",
         r.stdout
     );
+    // No call of A is the list call's counterpart: repro refuses, and says why.
+    let out = t.path().join("repro");
+    let r = run(&["repro", path_str(&a), path_str(&b), "--out", path_str(&out)]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("(seq B 2), element 3, w3, is judged against the other run's per-parameter call: `opdump repro` runs one call against the same call"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
