@@ -20,6 +20,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from test_fault_sweep import compare
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 FAULT = "scale:1.001"
@@ -107,14 +109,6 @@ def job(out, device, optimizer, mode, fault=None, checksum=False, check=False):
     if p.returncode != 0:
         raise RuntimeError(f"optimizer sweep: {optimizer}/{mode} on {device} ({fault}) failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def compare(a, b):
-    p = subprocess.run([str(TARGET / "opdump"), "compare", str(a), str(b), "--json"],
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode not in (0, 1, 3):
-        raise RuntimeError(f"opdump compare failed ({p.returncode}): {p.stderr}")
-    return p.returncode, json.loads(p.stdout)
 
 
 def check(dump):
