@@ -299,17 +299,19 @@ fn pair_one(
         if find(i, "momentum_buffer_list", false).is_some() {
             // SGD's `buf.mul_(momentum).add_(grad)`: the `add_` on an
             // unnamed buffer that reads the gradient.
-            let k = lp.with_name(&grad).iter().copied().find(|&k| {
-                lp.base(k) == "add"
-                    && lp.self_input(k).is_some_and(|s| s.name == NO_ID)
-                    && lp.calls[k].1.iter().any(|x| x.input && lp.named(x, &grad))
-            });
-            if let (Some(k), Some(gi)) = (k, g_in) {
-                let cg = *lp.calls[k]
+            // The call and its gradient input, found once.
+            let hit = lp.with_name(&grad).iter().copied().find_map(|k| {
+                let unnamed_self = lp.self_input(k).is_some_and(|s| s.name == NO_ID);
+                if lp.base(k) != "add" || !unnamed_self {
+                    return None;
+                }
+                let cg = lp.calls[k]
                     .1
                     .iter()
-                    .find(|x| x.input && lp.named(x, &grad))
-                    .unwrap();
+                    .find(|x| x.input && lp.named(x, &grad))?;
+                Some((k, *cg))
+            });
+            if let (Some((k, cg)), Some(gi)) = (hit, g_in) {
                 let mut ts = vec![(gi, cg)];
                 if let (Some(s), Some(before)) = (
                     find(i, "momentum_buffer_list", true),
