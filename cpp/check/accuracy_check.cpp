@@ -132,6 +132,19 @@ struct Errors {
       cpu_ulp = std::max(cpu_ulp, cu);
     }
   }
+
+  // Into a call's measure or one list element's: the bridge's two structs
+  // carry the same fields.
+  template <class Out>
+  void write_to(Out& out) const {
+    out.device_err = device_err;
+    out.cpu_err = cpu_err;
+    out.device_vs_cpu = device_vs_cpu;
+    out.device_ulp = device_ulp;
+    out.cpu_ulp = cpu_ulp;
+    out.out_numel = out_numel;
+    out.informative = informative;
+  }
 };
 
 void push_shape(rust::Vec<int64_t>& out, const at::Tensor& t) {
@@ -159,13 +172,7 @@ void measure_elements(const Job& job, const std::vector<c10::IValue>& dev, const
     CheckElement el{};
     el.index = static_cast<int64_t>(i);
     if (i < job.names.size()) el.name = rust::String(job.names[i]);
-    el.device_err = e.device_err;
-    el.cpu_err = e.cpu_err;
-    el.device_vs_cpu = e.device_vs_cpu;
-    el.device_ulp = e.device_ulp;
-    el.cpu_ulp = e.cpu_ulp;
-    el.out_numel = e.out_numel;
-    el.informative = e.informative;
+    e.write_to(el);
     for (const auto& v : job.inputs) {
       if (is_tensor_list(v)) {
         if (i < list_size(v)) push_shape(el.float_input_shapes, list_at(v, i));
@@ -225,13 +232,7 @@ void measure(Job& job, const RerunScope& op, CheckMeasure& r) {
     r.why = rust::String("no floating-point output to compare");
     return;
   }
-  r.device_err = e.device_err;
-  r.cpu_err = e.cpu_err;
-  r.device_vs_cpu = e.device_vs_cpu;
-  r.device_ulp = e.device_ulp;
-  r.cpu_ulp = e.cpu_ulp;
-  r.out_numel = e.out_numel;
-  r.informative = e.informative;
+  e.write_to(r);
 }
 
 // A failed call's capture: its inputs before it ran, its device outputs.
