@@ -23,8 +23,17 @@ acc2 = acc * 1.0
 model = torch.nn.Linear(32, 8)
 for _ in range(2):
     model(x).pow(2).mean().backward()
+# Writes the version counter does not see: p.data is another TensorImpl on
+# p's storage (how Hugging Face initialises weights), and assigning p.data
+# gives p other memory under the same version.
+p = torch.nn.Parameter(torch.randn(64, 32))
+p_first = p * 1.0
+p.data.normal_(std=0.02)
+p_normal = p * 1.0
+p.data = torch.full((64, 32), 3.0)
+p_full = p * 1.0
 torch.ops.opdump.flush()
-print(json.dumps(1))
+print(json.dumps([float(p_normal.double().std(correction=0)), float(p_full.std())]))
 """
 
 STATS = ["min", "max", "mean", "std", "l2", "absmax", "nan_count", "posinf_count", "neginf_count", "zero_count"]
@@ -50,6 +59,15 @@ def test_shortcuts_equal_full_pass(run):
                 assert math.isnan(x)
             else:
                 assert math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-300), (ra.op, ra.role, ra.arg, k, x, y)
+
+    # p's rows after each write the version does not see hold p's new
+    # values, as torch reduces them (a stale cache entry held randn's).
+    p_muls = a[(a.op == "aten::mul") & (a.role == "input") & (a.arg == "self") & (a.depth == 0)
+               & (a.numel == 64 * 32)].sort_values("seq").tail(3)
+    want = on.result()
+    assert math.isclose(p_muls.iloc[1]["std"], want[0], rel_tol=1e-9), (p_muls.iloc[1], want)
+    assert math.isclose(p_muls.iloc[2]["std"], want[1], abs_tol=1e-12) and p_muls.iloc[2]["max"] == 3.0
+    assert p_muls.iloc[0]["std"] > 0.5
 
     # After add_ (its version moved), the second multiplication does not see
     # relu's statistics again but add_'s result: max grew by 1.

@@ -8,6 +8,13 @@
 // version and invalidates the entry. Inference tensors have no version
 // counter and are never cached.
 //
+// The version does not see every write: `p.data` is another TensorImpl on
+// the same storage with a version counter of its own, so
+// `p.data.normal_()` (how Hugging Face initialises its weights) leaves p's
+// version where it was, and `p.data = q` swaps p's storage under the same
+// version. So an entry also remembers its storage, and a call from above
+// autograd that writes an argument drops every entry on that storage.
+//
 // Only calls made from above autograd (the user's program, composite ops)
 // fill the cache: below it, a kernel writes without moving versions, through
 // nested calls or directly. Calls inside a kernel still read the cache, for
@@ -18,6 +25,7 @@
 // OPDUMP_REUSE=0 switches the shortcuts off.
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +43,7 @@ namespace {
 struct Cached {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
   int64_t version;  // as TensorBase::_version() returns it
+  const c10::StorageImpl* storage;  // where its values were when measured
   TensorStats stats;
   SignatureValues signature;  // with the statistics, when measured
   DeviceResultPtr pending;  // statistics still on their way from a device
@@ -46,6 +55,39 @@ constexpr size_t kMaxEntries = 1 << 15;
 
 std::mutex g_mutex;
 std::unordered_map<const c10::TensorImpl*, Cached> g_cache;
+// The entries on each storage, for the writes the version does not see.
+std::unordered_map<const c10::StorageImpl*, c10::SmallVector<const c10::TensorImpl*, 2>> g_by_storage;
+// Whether g_by_storage holds anything: a write with nothing cached (no op
+// selected, OPDUMP_REUSE=0) takes no lock.
+std::atomic<bool> g_any{false};
+
+const c10::StorageImpl* storage_of(const at::Tensor& t) {
+  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+// With g_mutex held.
+void unindex(const c10::TensorImpl* impl, const c10::StorageImpl* storage) {
+  auto it = g_by_storage.find(storage);
+  if (it == g_by_storage.end()) return;
+  auto& impls = it->second;
+  impls.erase(std::remove(impls.begin(), impls.end(), impl), impls.end());
+  if (impls.empty()) g_by_storage.erase(it);
+}
+
+// With g_mutex held.
+void erase_entry(std::unordered_map<const c10::TensorImpl*, Cached>::iterator it) {
+  unindex(it->first, it->second.storage);
+  g_cache.erase(it);
+}
+
+// With g_mutex held: drops the entries on the storage `t` is written
+// through.
+void forget_storage(const at::Tensor& t) {
+  auto it = g_by_storage.find(storage_of(t));
+  if (it == g_by_storage.end()) return;
+  for (const c10::TensorImpl* impl : it->second) g_cache.erase(impl);
+  g_by_storage.erase(it);
+}
 
 // Below this many elements, measuring again costs less than a lookup (a
 // lock, a hash, a weak reference) and a remembered entry.
@@ -63,7 +105,11 @@ bool cacheable(const at::Tensor& t) {
 thread_local std::vector<const c10::StorageImpl*> tl_written;
 
 void note_written(const at::Tensor& t) {
-  if (t.defined() && t.has_storage()) tl_written.push_back(t.storage().unsafeGetStorageImpl());
+  if (!t.defined() || !t.has_storage()) return;
+  tl_written.push_back(t.storage().unsafeGetStorageImpl());
+  if (!g_any.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  forget_storage(t);
 }
 
 }  // namespace
@@ -81,14 +127,35 @@ bool reuse_written_by_current_call(const at::Tensor& t) {
 void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr pending, int64_t repeat,
                     bool pending_signature) {
   if (!cacheable(t)) return;
-  Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), t._version(),
-           row.stats, signature_of_row(row), std::move(pending), repeat, pending_signature};
+  const c10::StorageImpl* storage = storage_of(t);
+  Cached c{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+           t._version(),
+           storage,
+           row.stats,
+           signature_of_row(row),
+           std::move(pending),
+           repeat,
+           pending_signature};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_cache.size() >= kMaxEntries) {
-    std::erase_if(g_cache, [](const auto& kv) { return kv.second.impl.expired(); });
-    if (g_cache.size() >= kMaxEntries) g_cache.clear();
+    for (auto it = g_cache.begin(); it != g_cache.end();) {
+      auto next = std::next(it);
+      if (it->second.impl.expired()) erase_entry(it);
+      it = next;
+    }
+    if (g_cache.size() >= kMaxEntries) {
+      g_cache.clear();
+      g_by_storage.clear();
+    }
   }
-  g_cache.insert_or_assign(t.unsafeGetTensorImpl(), std::move(c));
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto [it, fresh] = g_cache.try_emplace(impl, std::move(c));
+  if (!fresh) {
+    unindex(impl, it->second.storage);
+    it->second = std::move(c);
+  }
+  g_by_storage[storage].push_back(impl);
+  g_any.store(true, std::memory_order_relaxed);
 }
 
 bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending, int64_t& repeat,
@@ -99,8 +166,8 @@ bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending,
   if (it == g_cache.end()) return false;
   const Cached& c = it->second;
   auto live = c.impl.lock();
-  if (live.get() != t.unsafeGetTensorImpl() || c.version != t._version()) {
-    g_cache.erase(it);  // written since, or a new tensor at a reused address
+  if (live.get() != t.unsafeGetTensorImpl() || c.version != t._version() || c.storage != storage_of(t)) {
+    erase_entry(it);  // written since, a new tensor at a reused address, or given other memory
     return false;
   }
   row.stats = c.stats;
