@@ -769,3 +769,58 @@ fn a_float64_sum_of_drifted_float32_values_is_allowed_their_drift() {
     let c = compare_sides(|w, side_b| float64_checksum(w, side_b, 1e-5, 1e-2));
     assert_eq!(c.outcome(), Outcome::Introduced);
 }
+
+/// A fault-free Qwen2 MLP's `act(gate) * up` at step 3, as two devices
+/// measured it: the inputs' statistics agree to 1e-7, the output's minimum
+/// moved by 3e-6 (2e-5 of its largest element, 4.4 times the allowance):
+/// one element of `up` cancelled in its dot product and kept the absolute
+/// rounding of its terms. `fault` scales B's output.
+fn gated_product(w: &mut DumpWriter, side_b: bool, fault: f64) {
+    let shape = [4, 32, 128];
+    let (self_, other, out) = if side_b {
+        (
+            (-2.220511e-1, 4.205142e-1, 4.612521e-3, 8.050019e-2),
+            (-6.129910e-1, 6.307396e-1, 1.452012e-3, 1.580855e-1),
+            (-1.005514e-1, 1.501125e-1, 7.791201e-5, 1.294718e-2),
+        )
+    } else {
+        (
+            (-2.220511e-1, 4.205142e-1, 4.612521e-3, 8.050019e-2),
+            (-6.129909e-1, 6.307396e-1, 1.452030e-3, 1.580855e-1),
+            (-1.005545e-1, 1.501125e-1, 7.791099e-5, 1.294719e-2),
+        )
+    };
+    let f = if side_b { fault } else { 1.0 };
+    let t = |t: TensorRecord, (a, b, c, d): (f64, f64, f64, f64), f: f64| {
+        with_stats(t, a * f, b * f, c * f, d * f)
+    };
+    w.leaf(
+        "aten::mul",
+        "Tensor",
+        "",
+        vec![
+            t(input("self", "float32", &shape, 1.0), self_, 1.0),
+            t(input("other", "float32", &shape, 1.0), other, 1.0),
+        ],
+        vec![t(output(0, "float32", &shape, 1.0), out, f)],
+    )
+    .unwrap();
+}
+
+#[test]
+fn one_element_beyond_the_allowance_within_the_norm_is_rounding() {
+    let c = compare_sides(|w, side_b| gated_product(w, side_b, 1.0));
+    assert_eq!(
+        c.outcome(),
+        Outcome::Agree,
+        "{:?}",
+        op_of(&c, c.first_divergence)
+    );
+}
+
+#[test]
+fn a_fault_of_a_thousandth_in_a_product_is_still_introduced() {
+    let c = compare_sides(|w, side_b| gated_product(w, side_b, 1.001));
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::mul"));
+}
