@@ -112,3 +112,56 @@ fn an_in_place_call_only_in_b_with_a_counterpart_in_a_is_not_blamed() {
     let u = c.first_unmatched_change.expect("a change only in B");
     assert_eq!(u.b_op.map(|i| c.b.op_name(i)), Some("aten::add_"));
 }
+
+/// A bfloat16 model's layer on B: a LayerNorm computed in float32, cast
+/// back to bfloat16 by a call only B makes (A runs in float32 throughout),
+/// then read by the linear as bfloat16. `factor`: how far the cast's
+/// output is from its input, as the statistics matched them.
+fn cast_only_in_b(w: &mut DumpWriter, side_b: bool, factor: f64) {
+    let act = [8, 16];
+    let low = if side_b { "bfloat16" } else { "float32" };
+    w.leaf(
+        "aten::layer_norm",
+        "default",
+        "normalized_shape=[16], eps=1e-05",
+        vec![input("input", low, &act, 1.0)],
+        vec![output(0, "float32", &act, 1.0)],
+    )
+    .unwrap();
+    let mut h = 1.0;
+    if side_b {
+        w.leaf(
+            "aten::_to_copy",
+            "default",
+            "dtype=bfloat16",
+            vec![input("self", "float32", &act, 1.0)],
+            vec![output(0, "bfloat16", &act, factor)],
+        )
+        .unwrap();
+        h = factor;
+    }
+    w.leaf(
+        "aten::linear",
+        "default",
+        "",
+        vec![
+            input("input", low, &act, h),
+            input("weight", low, &[16, 16], 0.02),
+        ],
+        vec![output(0, low, &act, 0.5 * h)],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_cast_only_in_b_is_never_an_introducer_by_itself() {
+    // 10% apart: far beyond bfloat16's rounding, as when the statistics
+    // took another tensor for the cast's input (a bf16 Qwen2's RMSNorm).
+    let c = compare_sides(|w, side_b| cast_only_in_b(w, side_b, 1.1));
+    assert_eq!(c.first_unmatched_change, None);
+    assert_eq!(c.first_introduced, None);
+    assert_ne!(c.outcome(), Outcome::Introduced);
+    // A cast by its dtype's rounding is no divergence at all.
+    let c = compare_sides(|w, side_b| cast_only_in_b(w, side_b, 1.0 + 2e-3));
+    assert_eq!(c.outcome(), Outcome::Agree);
+}
