@@ -89,10 +89,19 @@ ROWS1 = [
 ]
 
 
+# The signatures rank 0's summary counts as never checked, as it lists them.
+UNCHECKED0 = [
+    {"signature": "aten::bmm.default(float32[64, 32, 32], float32[64, 32, 8])", "op": "aten::bmm",
+     "overload": "default", "why": "budget"},
+    {"signature": "aten::exp.default(float32[8])", "op": "aten::exp", "overload": "default", "why": "busy"},
+    {"signature": "aten::tanh.default(float32[8])", "op": "aten::tanh", "overload": "default", "why": "busy"},
+]
+
+
 @pytest.fixture
 def dump(tmp_path):
     d = tmp_path / "dump"
-    write_part(d, 0, 4242, ROWS0, skipped_bytes=3, skipped_budget=1, skipped_busy=2)
+    write_part(d, 0, 4242, ROWS0, skipped_bytes=3, skipped_budget=1, skipped_busy=2, unchecked=UNCHECKED0)
     # The plugin's summary may hold more fields than opdump check reads.
     write_part(d, 1, 4343, ROWS1, unfinished=0, write_failures=0, seconds=0.25)
     return d
@@ -118,6 +127,11 @@ def test_failing_signatures_worst_first_exit_1(dump):
     assert count.startswith("checked 6 calls: 2 passed, 4 failed (3 signatures); 3 no_reference "
                             "(random op: 2; no CPU kernel: 1)"), count
     assert "skipped 6: 3 over OPDUMP_CHECK_MAX_BYTES, 1 past the time budget, 2 while the checker was busy" in count
+    # Listed after the failures, each with its op and why.
+    assert "never checked: 3 signatures" in out
+    for u in UNCHECKED0:
+        line = next(l for l in out.splitlines() if u["signature"] in l)
+        assert u["op"] in line and ("OPDUMP_CHECK_SECONDS" if u["why"] == "budget" else "queue was full") in line
     assert p.stderr == ""
 
 
@@ -213,10 +227,12 @@ def test_json_fields(dump):
     p = check(dump, "--json")
     assert p.returncode == 1, p.stderr
     r = json.loads(p.stdout)
-    assert r["format"] == "opdump-check" and r["version"] == 1 and r["path"] == str(dump)
+    assert r["format"] == "opdump-check" and r["version"] == 2 and r["path"] == str(dump)
     assert r["ranks"] == [0, 1] and r["exit_status"] == 1
     assert r["counts"] == {"checked": 6, "passed": 2, "failed": 4, "no_reference": 3, "failed_signatures": 3}
     assert r["skipped"] == {"bytes": 3, "budget": 1, "busy": 2}
+    # A failure comes first (exit status 1); the signatures never checked are listed all the same.
+    assert r["unchecked"] == [dict(u, ranks=[0]) for u in UNCHECKED0]
     assert r["no_reference_reasons"] == [{"reason": "random op", "count": 2}, {"reason": "no CPU kernel", "count": 1}]
     f = r["failures"]
     assert [x["signature"] for x in f] == [GELU, SUM, MM]
@@ -289,6 +305,7 @@ def test_html_report_holds_the_failing_rows(dump, tmp_path):
     nr = {r[0]: r[1] for r in t.tables["no_reference"][1:]}
     assert nr == {"random op": "2", "no CPU kernel": "1"}
     assert t.tables["counts"][1][:4] == ["6", "2", "4", "3"]
+    assert [r[0] for r in t.tables["unchecked"][1:]] == [u["signature"] for u in UNCHECKED0]
     # A signature with markup is shown, not run.
     hostile = tmp_path / "hostile"
     write_part(hostile, 0, 1, [row("<script>alert(1)</script>", "aten::mm", "fail", 50.0)])

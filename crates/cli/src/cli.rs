@@ -42,8 +42,10 @@ pub(crate) enum Cmd {
     /// List the op calls that OPDUMP_CHECK=1 found off against a float64
     /// CPU reference, worst first, each with its `opdump repro` command.
     ///
-    /// Exit status: 0 no check failed, 1 a check failed, 2 usage or input
-    /// error (no check results, a missing dump, a mutated file).
+    /// Exit status: 0 no check failed and every signature was checked, 1 a
+    /// check failed, 2 usage or input error (no check results, a missing
+    /// dump, a mutated file), 3 no check failed but signatures were never
+    /// checked (the time budget, or the checking queue full), listed.
     Check(CheckArgs),
     /// Compare the ranks of one data-parallel dump by fingerprint and name
     /// the odd rank out: the first parameter or gradient where one rank's

@@ -42,6 +42,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OPDUMP_CHECK_RECHECK", "1", "with OPDUMP_CHECK: how many signatures already checked are checked again in each later step, in turn (each at its first call in the step), so that a kernel that goes wrong later in the run is found; 0 checks each signature in its first calls only"),
     ("OPDUMP_CHECK_MAX_BYTES", "268435456", "with OPDUMP_CHECK: the most bytes of one call's input tensors copied to the host for its check; a call over it is not checked (no_reference); copies waiting for the checking thread stay under 4 times it, and a call that finds the queue full is checked at its next call; both counted"),
     ("OPDUMP_CHECK_SECONDS", "300", "with OPDUMP_CHECK: the most seconds the checking thread spends on checks in a process; signatures met after that are counted, not checked. 0 is no limit"),
+    ("OPDUMP_CHECK_WAIT", "5", "with OPDUMP_CHECK: the most seconds a call waits for room in the checking thread's queue (4 times OPDUMP_CHECK_MAX_BYTES) before it goes unchecked, to be checked at its next call; the waits are counted and said at exit. 0 never waits"),
     ("OPDUMP_DEVICE_HOLD", "1", "0 reads every device tensor when it is measured, one launch each, instead of holding it until its batch closes or an op is about to write its memory: for jobs whose own kernels write tensors outside the dispatcher (Inductor's fused kernels, Triton, extensions that take raw pointers)"),
     ("OPDUMP_DEVICE_SYNC", "0", "1 measures device tensors synchronously: the job's thread waits for the device at every measured tensor, as a reference for the asynchronous path (same values, much slower)"),
     ("OPDUMP_FORK", "off", "a forked child (DataLoader worker, os.fork): off records nothing; record writes its own files part-<childpid>-*"),
@@ -112,6 +113,9 @@ pub struct Config {
     pub check_max_bytes: u64,
     /// Zero: no limit.
     pub check_budget: Duration,
+    /// How long a call waits for room in the checking thread's queue
+    /// (OPDUMP_CHECK_WAIT); zero: never.
+    pub check_wait: Duration,
 }
 
 impl Config {
@@ -165,6 +169,7 @@ impl Default for Config {
             check_recheck: 1,
             check_max_bytes: 256 << 20,
             check_budget: Duration::from_secs(300),
+            check_wait: CHECK_WAIT,
         }
     }
 }
@@ -225,6 +230,19 @@ const MAX_QUEUE_WAIT_MS: u64 = 3_600_000;
 const MAX_BYTES: u64 = 1 << 40;
 const MAX_CHECK_PER_SIGNATURE: u64 = 1_000_000;
 const MAX_CHECK_SECONDS: f64 = 604_800.0;
+const MAX_CHECK_WAIT: f64 = 3_600.0;
+
+/// OPDUMP_CHECK_WAIT's default. The checking thread frees room as it
+/// finishes a check, and one check of a call within the default
+/// OPDUMP_CHECK_MAX_BYTES (two CPU runs, one in float64) takes from
+/// milliseconds to about a second: 5 s lets a burst of large calls (a
+/// forward pass) wait for the checks ahead of it rather than go unchecked.
+/// The job only waits while the checking thread works, which stops at
+/// OPDUMP_CHECK_SECONDS, so the total wait is bounded by that budget; a
+/// checking thread that cannot move (it needs the GIL the waiting thread
+/// holds, for a custom op) costs one wait of 5 s, after which no call
+/// waits until a check finishes (`check::Checks::wanted`).
+const CHECK_WAIT: Duration = Duration::from_secs(5);
 
 /// Reads the configuration from `vars` (the process environment in
 /// production, a list in tests).
@@ -467,6 +485,11 @@ fn set_check(c: &mut Config, name: &str, v: &str) -> Outcome {
             |d| c.check_budget = d,
             "a number of seconds from 0 (no limit) to 604800 (a week) is expected, e.g. 300",
         ),
+        "OPDUMP_CHECK_WAIT" => take(
+            seconds_in(v, true, MAX_CHECK_WAIT),
+            |d| c.check_wait = d,
+            "a number of seconds from 0 (never wait) to 3600 (an hour) is expected, e.g. 5",
+        ),
         _ => return None,
     })
 }
@@ -645,6 +668,7 @@ mod tests {
                 "a number of bytes above 0",
             ),
             ("OPDUMP_CHECK_SECONDS", "soon", "5", "a number of seconds"),
+            ("OPDUMP_CHECK_WAIT", "a while", "0", "a number of seconds"),
             (
                 "OPDUMP_CHECK_RECHECK",
                 "-1",
@@ -688,6 +712,11 @@ mod tests {
                 "OPDUMP_CHECK_SECONDS",
                 &["1e20", "604800.5", "-1", "nan"][..],
                 &["0", "604800"][..],
+            ),
+            (
+                "OPDUMP_CHECK_WAIT",
+                &["1e20", "3600.5", "-1", "nan", "inf"],
+                &["0", "0.25", "3600"],
             ),
             (
                 "OPDUMP_ROTATE_SECS",
@@ -752,6 +781,8 @@ mod tests {
         }
         let r = p(&[("OPDUMP_CHECK_SECONDS", "604800")]);
         assert_eq!(r.config.check_budget, Duration::from_secs(604_800));
+        let r = p(&[("OPDUMP_CHECK_WAIT", "0.25")]);
+        assert_eq!(r.config.check_wait, Duration::from_millis(250));
         let r = p(&[("OPDUMP_QUEUE_WAIT_MS", "3600000")]);
         assert_eq!(r.config.queue_wait, Duration::from_secs(3600));
     }

@@ -322,7 +322,11 @@ pub(crate) fn check_wanted(
     let Some(checks) = crate::check::get() else {
         return -1;
     };
-    let Some(top) = STACK.with(|cell| cell.borrow().frames.last().copied()) else {
+    let Some((top, outer)) = STACK.with(|cell| {
+        let stack = cell.borrow();
+        let (top, below) = stack.frames.split_last()?;
+        Some((*top, below.iter().filter_map(|f| f.seq).collect()))
+    }) else {
         return -1;
     };
     let Some(seq) = top.seq else { return -1 };
@@ -335,6 +339,7 @@ pub(crate) fn check_wanted(
         step: top.step,
         seq,
         rank: runtime::rank(),
+        outer,
     };
     let signature = crate::check::signature_kind(signature, args);
     checks.wanted(&signature, bytes, call)

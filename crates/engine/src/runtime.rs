@@ -156,6 +156,7 @@ pub fn init(host: Host) {
             recheck_per_step: parsed.config.check_recheck,
             max_bytes: parsed.config.check_max_bytes,
             budget: parsed.config.check_budget,
+            wait: parsed.config.check_wait,
             dir: dir.clone(),
             pid: pid(),
             file_mode: parsed.config.file_mode,

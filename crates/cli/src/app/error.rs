@@ -7,7 +7,8 @@ use opdump_judge::Refusal;
 
 /// Done (`compare`: the runs agree). The other statuses of `compare` are
 /// its outcome's ([`opdump_judge::compare::Outcome::exit_status`]); `ranks`
-/// and `check` give 1 for a finding.
+/// and `check` give 1 for a finding, and `check` 3 for signatures never
+/// checked (`report::check::model::EXIT_UNCHECKED`).
 pub(crate) const EXIT_SAME: u8 = 0;
 /// A usage or input error.
 pub(crate) const EXIT_ERROR: u8 = 2;

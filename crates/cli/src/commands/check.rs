@@ -1,6 +1,8 @@
 //! `opdump check DUMP`: the calls `OPDUMP_CHECK` found off, read from the
 //! dump's `checks/` files (see `opdump_load::tables`), worst first, each with the
-//! `opdump repro` command that rebuilds it; exit status 1 when one failed.
+//! `opdump repro` command that rebuilds it, and the signatures never
+//! checked; exit status 1 when one failed, else 3 when signatures were
+//! never checked.
 
 use std::path::Path;
 

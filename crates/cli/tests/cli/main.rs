@@ -2,6 +2,7 @@
 //! reports, files and argument errors.
 
 mod bad_input;
+mod check_status;
 mod common;
 mod compare;
 mod exact_capture;

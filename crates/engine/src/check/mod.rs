@@ -24,14 +24,17 @@
 //! Bounded three ways, each counted and reported at exit: one call's
 //! tensors over `OPDUMP_CHECK_MAX_BYTES` are not copied; copies waiting for
 //! the checking thread stay under [`QUEUE_CALLS`] times that (a call that
-//! finds the queue full is checked at its next call); the checking thread
-//! spends at most `OPDUMP_CHECK_SECONDS`.
+//! finds the queue full waits up to `OPDUMP_CHECK_WAIT` for room, see
+//! [`Checks::wanted`], and is otherwise checked at its next call); the
+//! checking thread spends at most `OPDUMP_CHECK_SECONDS`. A signature met
+//! and never checked for the last two is listed in the summary line
+//! (`unchecked`), and `opdump check` says so in its exit status.
 
 mod writer;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use opdump_format::{Capture, Phase};
@@ -39,7 +42,9 @@ use opdump_judge::check::{self as rule, CheckVerdict};
 use opdump_judge::metrics::reduction_length_of_shapes;
 use opdump_judge::opclass::{classify, OpClass};
 
-use opdump_format::tables::check::{CheckLine, CheckSummary, CheckedCall, Verdict};
+use opdump_format::tables::check::{
+    CheckLine, CheckSummary, CheckedCall, SkipCause, Unchecked, Verdict,
+};
 use opdump_format::tables::Kind;
 use writer::{Line, Writer};
 
@@ -61,6 +66,9 @@ pub struct Settings {
     pub max_bytes: u64,
     /// Zero: no limit.
     pub budget: Duration,
+    /// How long a call may wait for room in the checking thread's queue
+    /// (OPDUMP_CHECK_WAIT); zero: never.
+    pub wait: Duration,
     pub dir: PathBuf,
     pub pid: i32,
     pub file_mode: u32,
@@ -80,6 +88,10 @@ pub struct CallInfo {
     pub step: i64,
     pub seq: i64,
     pub rank: u32,
+    /// The recorded calls this call is inside, on its thread (their `seq`):
+    /// their checks are handed to the checking thread only after this call
+    /// returns, so waiting for their room would be waiting for oneself.
+    pub outer: Vec<i64>,
 }
 
 /// What the checking thread measured of one call (`cpp/check/accuracy_check.cpp`).
@@ -176,25 +188,105 @@ struct Rotation {
     in_step: u32,
 }
 
+/// A signature met and not checked for the budget or a full queue: what
+/// the summary lists of it, if it is never checked.
+struct Skip {
+    /// The order it was first skipped in.
+    order: u64,
+    op: String,
+    overload: String,
+}
+
 #[derive(Default)]
 struct State {
     /// Per signature met and checked (or refused a reference).
     started: HashMap<String, Signature>,
     rotation: Rotation,
     /// Signatures met and not checked for the budget or a full queue.
-    skipped_budget: HashSet<String>,
-    skipped_busy: HashSet<String>,
+    skipped_budget: HashMap<String, Skip>,
+    skipped_busy: HashMap<String, Skip>,
+    skips: u64,
     pending: HashMap<i64, Pending>,
     pending_bytes: u64,
     next_id: i64,
     spent: f64,
+    /// Checks finished (measured, captured or dropped): a wait for room
+    /// that ends with none finished found the checking thread stalled.
+    finished: u64,
+    /// A wait for room timed out with no check finished meanwhile: no call
+    /// waits again until one finishes (see [`Checks::wanted`]).
+    stalled: bool,
     summary: CheckSummary,
+}
+
+impl State {
+    fn skip(&mut self, cause: SkipCause, signature: &str, call: &CallInfo) {
+        let order = self.skips;
+        let set = match cause {
+            SkipCause::Budget => &mut self.skipped_budget,
+            SkipCause::Busy => &mut self.skipped_busy,
+        };
+        if !set.contains_key(signature) {
+            set.insert(
+                signature.to_string(),
+                Skip {
+                    order,
+                    op: call.op.clone(),
+                    overload: call.overload.clone(),
+                },
+            );
+            self.skips += 1;
+        }
+    }
+
+    /// The checking thread moved on (a check measured, captured or
+    /// dropped): room may have come, or the budget gone.
+    fn progressed(&mut self) {
+        self.finished += 1;
+        self.stalled = false;
+    }
+
+    /// The signatures met and never checked, each counted once (the budget
+    /// before a full queue), in the order first skipped.
+    fn unchecked(&self) -> Vec<(&str, &Skip, SkipCause)> {
+        let mut out: Vec<(&str, &Skip, SkipCause)> = self
+            .skipped_budget
+            .iter()
+            .filter(|(k, _)| !self.started.contains_key(*k))
+            .map(|(k, v)| (k.as_str(), v, SkipCause::Budget))
+            .chain(
+                self.skipped_busy
+                    .iter()
+                    .filter(|(k, _)| {
+                        !self.started.contains_key(*k) && !self.skipped_budget.contains_key(*k)
+                    })
+                    .map(|(k, v)| (k.as_str(), v, SkipCause::Busy)),
+            )
+            .collect();
+        out.sort_by_key(|(_, skip, _)| skip.order);
+        out
+    }
+}
+
+/// What [`Checks::decide`] makes of a call.
+enum Decision {
+    /// Not checked (already checked, not its turn, the budget spent).
+    No,
+    /// No reference: its line is written now, and it is never copied.
+    Refused(String),
+    /// The queue has no room for its copies.
+    Full { recheck: bool },
+    /// Checked: its copies fit the queue.
+    Go { recheck: bool, started: u32 },
 }
 
 /// The state of the check in this process.
 pub struct Checks {
     settings: Settings,
     state: Mutex<State>,
+    /// Notified whenever a check is over (measured, captured or dropped),
+    /// which frees room in the queue: a call waiting for room wakes.
+    room: Condvar,
     /// Started at the first line (writer.rs).
     writer: Mutex<Option<Writer>>,
 }
@@ -204,6 +296,7 @@ impl Checks {
         Checks {
             settings,
             state: Mutex::new(State::default()),
+            room: Condvar::new(),
             writer: Mutex::new(None),
         }
     }
@@ -215,67 +308,66 @@ impl Checks {
 
     /// At a call whose op OPDUMP_CHECK selects: whether to check it, as an
     /// id for the checking thread (`-1`: no). `bytes`: its input tensors'.
+    ///
+    /// A first check whose copies find the queue full waits for room, at
+    /// most `OPDUMP_CHECK_WAIT`, on [`Checks::room`], which releases the
+    /// state's lock while it waits. What frees room is the checking thread
+    /// finishing a check, and that thread needs nothing of the job's thread
+    /// (`cpp/check/accuracy_check.cpp`: host copies, CPU kernels, this
+    /// state's lock, the writer's channel), with one exception: the rerun of
+    /// an op outside `aten::` and `prims::` takes the GIL, which the job's
+    /// thread may hold while it waits here. So the wait is bounded, a wait
+    /// that times out with no check finished marks the thread stalled (no
+    /// call waits again until a check finishes), and no call waits for the
+    /// copies of the calls it is inside ([`CallInfo::outer`]), which are
+    /// handed over only after it returns. A recheck never waits: its
+    /// signature is checked already.
     pub fn wanted(&self, signature: &str, bytes: u64, call: CallInfo) -> i64 {
         let Ok(mut s) = self.state.lock() else {
             return -1;
         };
-        if self.settings.recheck_per_step > 0 && s.rotation.step != Some(call.step) {
-            s.rotation.previous_step = s.rotation.step;
-            s.rotation.step = Some(call.step);
-            s.rotation.in_step = 0;
-            settle_front(&mut s);
-        }
-        let started = s.started.get(signature).map_or(0, |x| x.started);
-        let recheck = started >= self.settings.per_signature;
-        if recheck && !self.recheck_due(&mut s, signature, call.step) {
-            return -1;
-        }
-        let budget = self.settings.budget;
-        if !budget.is_zero() && s.spent >= budget.as_secs_f64() {
-            if !recheck {
-                s.skipped_budget.insert(signature.to_string());
+        // Since when the call waits for room; None: it has not waited.
+        let mut waiting: Option<Instant> = None;
+        let (recheck, started) = loop {
+            match self.decide(&mut s, signature, bytes, &call) {
+                Decision::Go { recheck, started } => break (recheck, started),
+                Decision::No => {
+                    note_wait(&mut s, waiting);
+                    return -1;
+                }
+                Decision::Refused(reason) => {
+                    note_wait(&mut s, waiting);
+                    return self.refuse(s, signature, call, reason);
+                }
+                Decision::Full { recheck } => {
+                    let left = self
+                        .settings
+                        .wait
+                        .saturating_sub(waiting.map_or(Duration::ZERO, |w| w.elapsed()));
+                    if recheck
+                        || left.is_zero()
+                        || s.stalled
+                        || !self.room_can_come(&s, bytes, &call)
+                    {
+                        if !recheck {
+                            s.skip(SkipCause::Busy, signature, &call);
+                        }
+                        note_wait(&mut s, waiting);
+                        return -1;
+                    }
+                    waiting.get_or_insert_with(Instant::now);
+                    let finished = s.finished;
+                    let Ok((next, timeout)) = self.room.wait_timeout(s, left) else {
+                        return -1;
+                    };
+                    s = next;
+                    if timeout.timed_out() && s.finished == finished {
+                        s.stalled = true;
+                    }
+                }
             }
-            return -1;
-        }
-        let class = classify(&call.op);
-        let over_cap = bytes > self.settings.max_bytes;
-        let refused = match rule::no_reference_for(&call.op, class) {
-            Some(why) => Some(why.to_string()),
-            None if over_cap => Some(format!(
-                "its input tensors take {bytes} bytes, over OPDUMP_CHECK_MAX_BYTES={}",
-                self.settings.max_bytes
-            )),
-            None => None,
         };
-        if let Some(reason) = refused {
-            s.started.insert(
-                signature.to_string(),
-                Signature {
-                    started: self.settings.per_signature,
-                    last_step: call.step,
-                    no_recheck: true,
-                    ..Signature::default()
-                },
-            );
-            if reason.contains("OPDUMP_CHECK_MAX_BYTES") {
-                s.summary.skipped_bytes += 1;
-            }
-            s.summary.no_reference += 1;
-            drop(s);
-            let mut row = base_row(signature, &call);
-            row.call.reason = Some(reason);
-            self.write(row);
-            return -1;
-        }
-        // The host copies: as they are, in float64, and the outputs.
-        let charge = bytes.saturating_mul(4);
-        let queue_cap = self.settings.max_bytes.saturating_mul(QUEUE_CALLS);
-        if s.pending_bytes > 0 && s.pending_bytes.saturating_add(charge) > queue_cap {
-            if !recheck {
-                s.skipped_busy.insert(signature.to_string());
-            }
-            return -1;
-        }
+        note_wait(&mut s, waiting);
         if !recheck {
             let st = &mut *s;
             let sig = st.started.entry(signature.to_string()).or_default();
@@ -286,6 +378,7 @@ impl Checks {
                 st.rotation.queue.push_back(signature.to_string());
             }
         }
+        let charge = bytes.saturating_mul(4);
         s.pending_bytes += charge;
         s.next_id += 1;
         let id = s.next_id;
@@ -300,6 +393,90 @@ impl Checks {
             },
         );
         id
+    }
+
+    /// Whether to check a call now, from the state as it is.
+    fn decide(&self, s: &mut State, signature: &str, bytes: u64, call: &CallInfo) -> Decision {
+        if self.settings.recheck_per_step > 0 && s.rotation.step != Some(call.step) {
+            s.rotation.previous_step = s.rotation.step;
+            s.rotation.step = Some(call.step);
+            s.rotation.in_step = 0;
+            settle_front(s);
+        }
+        let started = s.started.get(signature).map_or(0, |x| x.started);
+        let recheck = started >= self.settings.per_signature;
+        if recheck && !self.recheck_due(s, signature, call.step) {
+            return Decision::No;
+        }
+        let budget = self.settings.budget;
+        if !budget.is_zero() && s.spent >= budget.as_secs_f64() {
+            if !recheck {
+                s.skip(SkipCause::Budget, signature, call);
+            }
+            return Decision::No;
+        }
+        let class = classify(&call.op);
+        let over_cap = bytes > self.settings.max_bytes;
+        match rule::no_reference_for(&call.op, class) {
+            Some(why) => return Decision::Refused(why.to_string()),
+            None if over_cap => {
+                return Decision::Refused(format!(
+                    "its input tensors take {bytes} bytes, over OPDUMP_CHECK_MAX_BYTES={}",
+                    self.settings.max_bytes
+                ))
+            }
+            None => {}
+        }
+        // The host copies: as they are, in float64, and the outputs.
+        if !fits(s.pending_bytes, bytes, self.queue_cap()) {
+            return Decision::Full { recheck };
+        }
+        Decision::Go { recheck, started }
+    }
+
+    /// The bytes of copies the queue holds at most.
+    fn queue_cap(&self) -> u64 {
+        self.settings.max_bytes.saturating_mul(QUEUE_CALLS)
+    }
+
+    /// Whether the queue would have room for the call once the checking
+    /// thread is through every check but those of the calls it is inside.
+    fn room_can_come(&self, s: &State, bytes: u64, call: &CallInfo) -> bool {
+        let own: u64 = s
+            .pending
+            .values()
+            .filter(|p| call.outer.contains(&p.call.seq))
+            .map(|p| p.charge)
+            .sum();
+        own < s.pending_bytes && fits(own, bytes, self.queue_cap())
+    }
+
+    /// A call without a reference: its line, and its signature is done.
+    fn refuse(
+        &self,
+        mut s: std::sync::MutexGuard<'_, State>,
+        signature: &str,
+        call: CallInfo,
+        reason: String,
+    ) -> i64 {
+        s.started.insert(
+            signature.to_string(),
+            Signature {
+                started: self.settings.per_signature,
+                last_step: call.step,
+                no_recheck: true,
+                ..Signature::default()
+            },
+        );
+        if reason.contains("OPDUMP_CHECK_MAX_BYTES") {
+            s.summary.skipped_bytes += 1;
+        }
+        s.summary.no_reference += 1;
+        drop(s);
+        let mut row = base_row(signature, &call);
+        row.call.reason = Some(reason);
+        self.write(row);
+        -1
     }
 
     /// At a call of a signature already checked in its first calls: notes
@@ -340,6 +517,8 @@ impl Checks {
             return false;
         };
         s.spent += m.seconds.max(0.0);
+        s.progressed();
+        self.room.notify_all();
         let Some(p) = s.pending.get_mut(&id) else {
             return false;
         };
@@ -396,6 +575,8 @@ impl Checks {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
+        s.progressed();
+        self.room.notify_all();
         let Some(p) = s.pending.remove(&id) else {
             return;
         };
@@ -421,6 +602,8 @@ impl Checks {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
+        s.progressed();
+        self.room.notify_all();
         let Some(p) = s.pending.remove(&id) else {
             return;
         };
@@ -460,25 +643,21 @@ impl Checks {
         let mut summary = s.summary.clone();
         summary.kind = Kind::Summary;
         summary.pid = self.settings.pid.into();
-        summary.signatures = s.started.len() as u64
-            + s.skipped_budget
-                .iter()
-                .filter(|k| !s.started.contains_key(*k))
-                .count() as u64
-            + s.skipped_busy
-                .iter()
-                .filter(|k| !s.started.contains_key(*k) && !s.skipped_budget.contains(*k))
-                .count() as u64;
-        summary.skipped_budget = s
-            .skipped_budget
+        let unchecked = s.unchecked();
+        let count = |cause| unchecked.iter().filter(|u| u.2 == cause).count() as u64;
+        summary.skipped_budget = count(SkipCause::Budget);
+        summary.skipped_busy = count(SkipCause::Busy);
+        summary.signatures = s.started.len() as u64 + unchecked.len() as u64;
+        summary.unchecked = unchecked
             .iter()
-            .filter(|k| !s.started.contains_key(*k))
-            .count() as u64;
-        summary.skipped_busy = s
-            .skipped_busy
-            .iter()
-            .filter(|k| !s.started.contains_key(*k) && !s.skipped_budget.contains(*k))
-            .count() as u64;
+            .take(CheckSummary::MAX_UNCHECKED)
+            .map(|(signature, skip, why)| Unchecked {
+                signature: signature.to_string(),
+                op: skip.op.clone(),
+                overload: skip.overload.clone(),
+                why: *why,
+            })
+            .collect();
         summary.seconds = s.spent;
         drop(s);
         if summary.signatures == 0 {
@@ -567,6 +746,21 @@ fn settle_front(s: &mut State) {
             None => {}
         }
         s.rotation.queue.pop_front();
+    }
+}
+
+/// Whether copies of `bytes` (four times: as they are, in float64, and the
+/// outputs) fit a queue of `cap` bytes holding `pending`: a call alone in
+/// the queue always does.
+fn fits(pending: u64, bytes: u64, cap: u64) -> bool {
+    pending == 0 || pending.saturating_add(bytes.saturating_mul(4)) <= cap
+}
+
+/// Counts a call's wait for room in the queue, if it waited.
+fn note_wait(s: &mut State, since: Option<Instant>) {
+    if let Some(t) = since {
+        s.summary.waits += 1;
+        s.summary.wait_seconds += t.elapsed().as_secs_f64();
     }
 }
 
@@ -700,8 +894,18 @@ fn exit_line(s: &CheckSummary, settings: &Settings) -> String {
     }
     if s.skipped_busy > 0 {
         line += &format!(
-            "; {} signatures not checked: the checking thread's queue (4 x OPDUMP_CHECK_MAX_BYTES={}) was full at each call, raise it or run more steps",
-            s.skipped_busy, settings.max_bytes
+            "; {} signatures not checked: the checking thread's queue (4 x OPDUMP_CHECK_MAX_BYTES={}) was full at each call for OPDUMP_CHECK_WAIT={} s, raise either or run more steps",
+            s.skipped_busy,
+            settings.max_bytes,
+            settings.wait.as_secs_f64()
+        );
+    }
+    if s.waits > 0 {
+        line += &format!(
+            "; {} calls waited {:.3} s in all for room in the checking thread's queue (OPDUMP_CHECK_WAIT={} s each at most)",
+            s.waits,
+            s.wait_seconds,
+            settings.wait.as_secs_f64()
         );
     }
     if s.unfinished > 0 {

@@ -6,6 +6,7 @@ fn settings(dir: &std::path::Path) -> Settings {
         recheck_per_step: 0,
         max_bytes: 1000,
         budget: Duration::from_secs(10),
+        wait: Duration::ZERO,
         dir: dir.to_path_buf(),
         pid: 4242,
         file_mode: 0o600,
@@ -24,6 +25,7 @@ fn call(op: &str, seq: i64) -> CallInfo {
         step: 1,
         seq,
         rank: 3,
+        outer: Vec::new(),
     }
 }
 
@@ -163,6 +165,16 @@ fn the_byte_cap_the_queue_and_the_budget_are_counted() {
             s["skipped_budget"].as_u64()
         ),
         (Some(4), Some(1), Some(0), Some(2)),
+        "{s}"
+    );
+    // "b", skipped for the queue and then the budget, counts once, for the
+    // budget; both are listed, in the order first skipped.
+    assert_eq!(
+        s["unchecked"],
+        serde_json::json!([
+            {"signature": "b", "op": "aten::mm", "overload": "default", "why": "budget"},
+            {"signature": "c", "op": "aten::mm", "overload": "default", "why": "budget"},
+        ]),
         "{s}"
     );
 }
@@ -381,4 +393,157 @@ fn a_check_that_saw_only_zeros_is_made_again_at_a_later_call() {
         }
     }
     assert_eq!(checked, 1 + UNINFORMATIVE_RETRIES);
+}
+
+/// A call whose copies find the queue full: `wanted` on another thread.
+fn wanted_in_thread<'a>(
+    scope: &'a std::thread::Scope<'a, '_>,
+    c: &'a Checks,
+    sig: &'static str,
+    info: CallInfo,
+) -> std::thread::ScopedJoinHandle<'a, (i64, Duration)> {
+    scope.spawn(move || {
+        let t0 = Instant::now();
+        let id = c.wanted(sig, 900, info);
+        (id, t0.elapsed())
+    })
+}
+
+fn summary_of(d: &std::path::Path) -> serde_json::Value {
+    let s = lines(d).pop().unwrap();
+    assert_eq!(s["kind"], "summary", "{s}");
+    s
+}
+
+#[test]
+fn a_call_that_finds_the_queue_full_waits_until_a_check_frees_room() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        wait: Duration::from_secs(30),
+        ..settings(d.path())
+    });
+    // 4 x 900 bytes of copies wait; a second call's do not fit (4 x 1000).
+    let a = c.wanted("a", 900, call("aten::mm", 1));
+    assert!(a >= 0);
+    std::thread::scope(|scope| {
+        let b = wanted_in_thread(scope, &c, "b", call("aten::mm", 2));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!b.is_finished(), "the call waits while the queue is full");
+        // The checking thread is through with "a": room for "b".
+        assert!(!c.measured(a, measured(1e-8, 1e-8, 0.01)));
+        let (id, waited) = b.join().unwrap();
+        assert!(id >= 0, "the waiting call is checked");
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert!(waited < Duration::from_secs(20), "{waited:?}");
+        assert!(!c.measured(id, measured(1e-8, 1e-8, 0.01)));
+    });
+    c.finish();
+    assert!(c.sync(Duration::from_secs(10)));
+    let s = summary_of(d.path());
+    assert_eq!(
+        (
+            s["checked"].as_u64(),
+            s["skipped_busy"].as_u64(),
+            s["waits"].as_u64()
+        ),
+        (Some(2), Some(0), Some(1)),
+        "{s}"
+    );
+    assert!(s["wait_seconds"].as_f64().unwrap() >= 0.2, "{s}");
+    assert_eq!(s["unchecked"], serde_json::json!([]), "{s}");
+}
+
+#[test]
+fn a_wait_that_times_out_skips_the_call_and_lists_its_signature_until_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        wait: Duration::from_millis(300),
+        ..settings(d.path())
+    });
+    let a = c.wanted("a", 900, call("aten::mm", 1));
+    assert!(a >= 0);
+    let t0 = Instant::now();
+    assert_eq!(c.wanted("b", 900, call("aten::mm", 2)), -1);
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    // No check finished during the wait: the checking thread is stalled,
+    // and the next call does not wait for it.
+    let t0 = Instant::now();
+    assert_eq!(c.wanted("c", 900, call("aten::add", 3)), -1);
+    assert!(
+        t0.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(!c.measured(a, measured(1e-8, 1e-8, 0.01)));
+    // Skipped, not dropped: the next call of "c" is checked, and "c" is no
+    // longer listed; "b" is never met again.
+    let id = c.wanted("c", 900, call("aten::add", 4));
+    assert!(id >= 0);
+    assert!(!c.measured(id, measured(1e-8, 1e-8, 0.01)));
+    c.finish();
+    assert!(c.sync(Duration::from_secs(10)));
+    let s = summary_of(d.path());
+    assert_eq!(
+        (
+            s["signatures"].as_u64(),
+            s["skipped_busy"].as_u64(),
+            s["waits"].as_u64()
+        ),
+        (Some(3), Some(1), Some(1)),
+        "{s}"
+    );
+    assert!(s["wait_seconds"].as_f64().unwrap() >= 0.3, "{s}");
+    assert_eq!(
+        s["unchecked"],
+        serde_json::json!([{"signature": "b", "op": "aten::mm", "overload": "default", "why": "busy"}]),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_call_never_waits_for_the_checks_of_the_calls_it_is_inside() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        wait: Duration::from_secs(30),
+        ..settings(d.path())
+    });
+    // aten::linear's check is handed over after it returns: its kernel,
+    // inside it, would wait for itself.
+    let linear = c.wanted("linear", 900, call("aten::linear", 1));
+    assert!(linear >= 0);
+    let inner = CallInfo {
+        outer: vec![1],
+        ..call("aten::addmm", 2)
+    };
+    let t0 = Instant::now();
+    assert_eq!(c.wanted("addmm", 900, inner), -1);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // A call of another thread, or after linear returned, waits for it.
+    std::thread::scope(|scope| {
+        let other = wanted_in_thread(scope, &c, "addmm", call("aten::addmm", 3));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!other.is_finished());
+        c.dropped(linear, false);
+        assert!(other.join().unwrap().0 >= 0);
+    });
+}
+
+#[test]
+fn a_recheck_never_waits() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Checks::new(Settings {
+        wait: Duration::from_secs(30),
+        recheck_per_step: 1,
+        ..settings(d.path())
+    });
+    assert!(at(&c, "a", 0));
+    let mut info = call("aten::mm", 10);
+    info.step = 1;
+    let pending = c.wanted("big", 900, info);
+    assert!(pending >= 0);
+    let mut again = call("aten::mul", 11);
+    again.step = 1;
+    let t0 = Instant::now();
+    assert_eq!(c.wanted("a", 900, again), -1);
+    assert!(t0.elapsed() < Duration::from_secs(5));
 }

@@ -151,9 +151,55 @@ pub struct CheckSummary {
     /// lack it.
     #[serde(default)]
     pub rechecks: u64,
+    /// The signatures met and never checked in the process (the time
+    /// budget spent, or the checking thread's queue full at each call), in
+    /// the order first met, at most [`CheckSummary::MAX_UNCHECKED`]; files
+    /// of older plugins lack it: none known.
+    #[serde(default)]
+    pub unchecked: Vec<Unchecked>,
+    /// Calls that waited for room in the checking thread's queue
+    /// (OPDUMP_CHECK_WAIT), and the seconds they waited in all; files of
+    /// older plugins lack them.
+    #[serde(default)]
+    pub waits: u64,
+    #[serde(default)]
+    pub wait_seconds: f64,
+}
+
+/// Why a signature was never checked.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipCause {
+    /// OPDUMP_CHECK_SECONDS was spent (counted in `skipped_budget`).
+    Budget,
+    /// The checking thread's queue was full at each call (counted in
+    /// `skipped_busy`).
+    Busy,
+}
+
+impl SkipCause {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SkipCause::Budget => "budget",
+            SkipCause::Busy => "busy",
+        }
+    }
+}
+
+/// A signature met and never checked (see [`CheckSummary::unchecked`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Unchecked {
+    pub signature: String,
+    pub op: String,
+    pub overload: String,
+    pub why: SkipCause,
 }
 
 impl CheckSummary {
+    /// The most signatures a summary lists in `unchecked`: the line stays
+    /// short; the counts stay exact.
+    pub const MAX_UNCHECKED: usize = 10_000;
+
     /// The fields a summary line must hold (see [`CheckLine::REQUIRED`]).
     pub const REQUIRED: &'static [&'static str] = &[
         "rank",
@@ -210,7 +256,10 @@ mod tests {
                 "kind",
                 "rechecks",
                 "seconds",
+                "unchecked",
                 "unfinished",
+                "wait_seconds",
+                "waits",
                 "write_failures"
             ]
         );
@@ -240,5 +289,32 @@ mod tests {
         // A count written as an integer reads as the same number.
         let int = text.replace(r#""reduction_len":4.0"#, r#""reduction_len":4"#);
         assert_eq!(serde_json::from_str::<CheckLine>(&int).unwrap(), line);
+    }
+
+    /// An older plugin's summary, without the list of unchecked signatures
+    /// or the waits, reads as none known; a newer one reads back as written.
+    #[test]
+    fn a_summary_without_the_later_fields_reads_as_none_known() {
+        let old = r#"{"kind":"summary","rank":0,"pid":7,"checked":3,"passed":3,"failed":0,"no_reference":0,"signatures":5,"skipped_bytes":0,"skipped_budget":1,"skipped_busy":1}"#;
+        let s: CheckSummary = serde_json::from_str(old).unwrap();
+        assert_eq!((s.skipped_budget, s.skipped_busy), (1, 1));
+        assert!(s.unchecked.is_empty());
+        assert_eq!((s.waits, s.wait_seconds), (0, 0.0));
+        let new = CheckSummary {
+            kind: Kind::Summary,
+            skipped_busy: 1,
+            unchecked: vec![Unchecked {
+                signature: "aten::mm.default(float32[4, 4], float32[4, 4])".into(),
+                op: "aten::mm".into(),
+                overload: "default".into(),
+                why: SkipCause::Busy,
+            }],
+            waits: 2,
+            wait_seconds: 0.5,
+            ..CheckSummary::default()
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert!(text.contains(r#""why":"busy""#), "{text}");
+        assert_eq!(serde_json::from_str::<CheckSummary>(&text).unwrap(), new);
     }
 }

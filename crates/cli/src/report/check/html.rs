@@ -1,12 +1,13 @@
 //! `opdump check --html FILE`: one self-contained page (inline CSS, no
 //! script, no network), like compare's: the count line, the failing
-//! signatures worst first with their `opdump repro` commands, the reasons
-//! for no reference, the processes read and the notes.
+//! signatures worst first with their `opdump repro` commands, the
+//! signatures never checked, the reasons for no reference, the processes
+//! read and the notes.
 
 use std::fmt::Write;
 
 use super::model::{CheckReport, FAIL_RATIO};
-use super::text::{count, count_line, opt};
+use super::text::{count, count_line, opt, skip_cause};
 use crate::report::format::{self, num, thousands};
 use crate::report::page::{esc, page};
 
@@ -15,6 +16,7 @@ pub fn render(r: &CheckReport) -> String {
     page("opdump check", "", &r.notes, |o| {
         verdict(o, r);
         failures(o, r);
+        unchecked(o, r);
         no_reference(o, r);
         counts(o, r);
         processes(o, r);
@@ -32,7 +34,12 @@ fn verdict(o: &mut String, r: &CheckReport) {
     let _ = write!(
         o,
         "<p class=\"verdict\">{}</p><p>{}</p>",
-        if r.failures.is_empty() {
+        if r.failures.is_empty() && !r.unchecked.is_empty() {
+            format!(
+                "No check failed, but <b class=\"bad\">{} signatures were never checked</b> (exit status 3): a fault in them would not show.",
+                r.unchecked.len()
+            )
+        } else if r.failures.is_empty() {
             "No check failed (exit status 0).".to_string()
         } else {
             format!(
@@ -76,6 +83,26 @@ fn failures(o: &mut String, r: &CheckReport) {
                 f.reduction_len.map_or("-".into(), count),
                 f.calls_failed,
                 esc(f.repro.as_deref().unwrap_or("no capture file"))
+            );
+        }
+        o.push_str("</table>");
+    }
+}
+
+/// The signatures met and never checked, and why.
+fn unchecked(o: &mut String, r: &CheckReport) {
+    if !r.unchecked.is_empty() {
+        o.push_str(
+            "<h2>Never checked</h2><table id=\"unchecked\"><tr><th>signature</th><th>op</th><th>why</th><th>ranks</th></tr>",
+        );
+        for u in &r.unchecked {
+            let _ = write!(
+                o,
+                "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td></tr>",
+                esc(&u.signature),
+                esc(&opdump_judge::full_op_name(&u.op, &u.overload)),
+                skip_cause(u.why),
+                esc(&format::ranks(&u.ranks))
             );
         }
         o.push_str("</table>");

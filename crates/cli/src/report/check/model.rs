@@ -9,11 +9,19 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use opdump_format::tables::check::{CheckLine, CheckedCall, Verdict};
+use opdump_format::tables::check::{CheckLine, CheckedCall, SkipCause, Verdict};
 use opdump_load::tables::{capture_parts, CheckFile};
 
 /// Version of the JSON layout; bumped when a field changes meaning or goes.
-pub const CHECK_REPORT_VERSION: u32 = 1;
+/// 2: `exit_status` 3 (signatures never checked), `unchecked`.
+pub const CHECK_REPORT_VERSION: u32 = 2;
+
+/// The exit status when no check failed but signatures were met and never
+/// checked (the time budget spent, or the checking thread's queue full at
+/// each call): not 0, since a signature never checked may hide a fault;
+/// not 1, since none was found. As `opdump compare`'s 3, a verdict that is
+/// neither a pass nor a fault.
+pub const EXIT_UNCHECKED: u8 = 3;
 
 /// A failed check's ratio at or below this is not a fail (the plugin's rule,
 /// printed beside the ratio; not applied here).
@@ -30,6 +38,10 @@ pub struct CheckReport {
     pub counts: Counts,
     /// What the processes skipped, from their summary lines.
     pub skipped: Skipped,
+    /// The signatures the processes met and never checked, from their
+    /// summary lines, each once per cause with the ranks that skipped it,
+    /// in the order read.
+    pub unchecked: Vec<UncheckedSignature>,
     /// Why calls had no reference, with how many, most first.
     pub no_reference_reasons: Vec<ReasonCount>,
     /// One per failing signature, the worst ratio first.
@@ -37,8 +49,21 @@ pub struct CheckReport {
     /// One per file read.
     pub processes: Vec<ProcessInfo>,
     pub notes: Vec<String>,
-    /// 1 a check failed, 0 none did.
+    /// 1 a check failed; else 3 ([`EXIT_UNCHECKED`]) signatures were never
+    /// checked; else 0.
     pub exit_status: u8,
+}
+
+/// A signature met and never checked.
+#[derive(Serialize, Debug, Clone)]
+pub struct UncheckedSignature {
+    pub signature: String,
+    pub op: String,
+    pub overload: String,
+    /// `budget` (OPDUMP_CHECK_SECONDS spent) or `busy` (the checking
+    /// thread's queue full at each call).
+    pub why: SkipCause,
+    pub ranks: Vec<u32>,
 }
 
 /// Checked calls (lines read), by verdict.
@@ -188,6 +213,7 @@ impl CheckReport {
         let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
         let mut by_sig: BySignature = BTreeMap::new();
         let mut processes = Vec::new();
+        let mut unchecked: Vec<UncheckedSignature> = Vec::new();
         let mut ranks: Vec<u32> = files.iter().map(|f| f.rank).collect();
         ranks.dedup();
         for f in files {
@@ -196,6 +222,7 @@ impl CheckReport {
             }
             let file = f.path.display().to_string();
             file_notes(f, &file, &mut skipped, &mut notes);
+            add_unchecked(f, &mut unchecked);
             processes.push(ProcessInfo {
                 rank: f.rank,
                 file,
@@ -226,11 +253,18 @@ impl CheckReport {
             ranks,
             counts,
             skipped,
+            unchecked,
             no_reference_reasons,
             failures,
             processes,
             notes,
-            exit_status: u8::from(counts.failed > 0),
+            exit_status: if counts.failed > 0 {
+                1
+            } else if skipped.budget + skipped.busy > 0 {
+                EXIT_UNCHECKED
+            } else {
+                0
+            },
         }
     }
 }
@@ -284,6 +318,31 @@ fn count_row<'a>(
     }
 }
 
+/// Adds the signatures a file's summary line lists as never checked.
+fn add_unchecked(f: &CheckFile, out: &mut Vec<UncheckedSignature>) {
+    let Some(s) = &f.summary else { return };
+    for u in &s.unchecked {
+        match out
+            .iter_mut()
+            .find(|x| x.signature == u.signature && x.why == u.why)
+        {
+            Some(x) => {
+                if !x.ranks.contains(&f.rank) {
+                    x.ranks.push(f.rank);
+                    x.ranks.sort_unstable();
+                }
+            }
+            None => out.push(UncheckedSignature {
+                signature: u.signature.clone(),
+                op: u.op.clone(),
+                overload: u.overload.clone(),
+                why: u.why,
+                ranks: vec![f.rank],
+            }),
+        }
+    }
+}
+
 /// Adds a file's skipped calls, from its summary line, and notes what is
 /// wrong with the file.
 fn file_notes(f: &CheckFile, file: &str, skipped: &mut Skipped, notes: &mut Vec<String>) {
@@ -302,6 +361,14 @@ fn file_notes(f: &CheckFile, file: &str, skipped: &mut Skipped, notes: &mut Vec<
                 notes.push(format!(
                     "{file}: the summary line counts {} passed, {} failed, {} no_reference; the file's lines hold {}, {}, {}",
                     s.passed, s.failed, s.no_reference, lines.0, lines.1, lines.2
+                ));
+            }
+            let counted = s.skipped_budget + s.skipped_busy;
+            let listed = s.unchecked.len() as u64;
+            if listed < counted {
+                notes.push(format!(
+                    "{file}: {} of its {counted} signatures never checked are not named: its summary line lists {listed} (a plugin before the list names none)",
+                    counted - listed
                 ));
             }
             if let n @ 1.. = s.unfinished {

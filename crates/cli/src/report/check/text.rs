@@ -2,9 +2,10 @@
 
 use std::fmt::Write as _;
 
-use super::model::{CheckReport, Failure, FAIL_RATIO};
+use super::model::{CheckReport, Failure, UncheckedSignature, FAIL_RATIO};
 use crate::app::text::{op_label, Clean};
 use crate::report::format::{self, num, thousands};
+use opdump_format::tables::check::SkipCause;
 
 /// A count the plugin may write as a float: as an integer when it is one.
 pub fn count(n: f64) -> String {
@@ -58,7 +59,14 @@ pub fn count_line(r: &CheckReport) -> String {
 pub fn render(r: &CheckReport) -> String {
     let mut o = String::new();
     let ranks = format::ranks(&r.ranks);
-    if r.failures.is_empty() {
+    if r.failures.is_empty() && !r.unchecked.is_empty() {
+        let _ = writeln!(
+            o,
+            "opdump check: no check failed in {} ({ranks}), but {} signatures were never checked\n",
+            Clean(&r.path),
+            thousands(r.unchecked.len() as u64)
+        );
+    } else if r.failures.is_empty() {
         let _ = writeln!(
             o,
             "opdump check: no check failed in {} ({ranks})",
@@ -75,11 +83,53 @@ pub fn render(r: &CheckReport) -> String {
     for (k, f) in r.failures.iter().enumerate() {
         failure_block(&mut o, k, f);
     }
+    unchecked_block(&mut o, &r.unchecked);
     let _ = writeln!(o, "{}", count_line(r));
     for n in &r.notes {
         let _ = writeln!(o, "note: {}", Clean(n));
     }
     o
+}
+
+/// The most unchecked signatures the text names (`--json` has them all).
+const UNCHECKED_SHOWN: usize = 50;
+
+/// Why a signature was never checked, in words.
+pub fn skip_cause(why: SkipCause) -> &'static str {
+    match why {
+        SkipCause::Budget => "OPDUMP_CHECK_SECONDS was spent",
+        SkipCause::Busy => "the checking thread's queue was full at each call",
+    }
+}
+
+/// The signatures met and never checked, one line each.
+fn unchecked_block(o: &mut String, list: &[UncheckedSignature]) {
+    if list.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "never checked: {} signatures, so a fault in them would not show (exit status 3 when no check failed):",
+        thousands(list.len() as u64)
+    );
+    for u in list.iter().take(UNCHECKED_SHOWN) {
+        let _ = writeln!(
+            o,
+            "   {}  [{}: {}; {}]",
+            Clean(&u.signature),
+            op_label(&u.op, &u.overload),
+            skip_cause(u.why),
+            format::ranks(&u.ranks)
+        );
+    }
+    if list.len() > UNCHECKED_SHOWN {
+        let _ = writeln!(
+            o,
+            "   ... and {} more (--json lists them all)",
+            thousands((list.len() - UNCHECKED_SHOWN) as u64)
+        );
+    }
+    o.push('\n');
 }
 
 /// Failing signature number `k` (from 0).
