@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::{self, Config};
 use crate::host::{self, Host};
@@ -359,6 +359,54 @@ pub fn flush() -> bool {
             s.flush(FLUSH_WAIT) && device
         }
         None => true,
+    }
+}
+
+/// The job's thread ended step `ended` (the step counter moved past it), and
+/// makes its first top-level call since. With OPDUMP_REFERENCE the job may
+/// wait here for the step's verdict, so that a call it names is captured in
+/// the step it begins ([`online::boundary`]); otherwise this is one load.
+pub fn step_ended(ended: i64) {
+    if !online::boundary::active() || FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    guarded((), || wait_for_verdict(ended));
+}
+
+fn wait_for_verdict(ended: i64) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let (Some(rt), Some(sink)) = (get(), SINK.get()) else {
+        return;
+    };
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let steps = rt.config.steps.as_ref();
+    let next = ended + 1;
+    let end = online::boundary::StepEnd {
+        ended,
+        recorded: crate::recorder::recorded_in(ended),
+        next_recorded: steps.is_none_or(|s| s.contains(next)),
+        next_is_last: steps
+            .and_then(|s| s.ranges().last())
+            .is_some_and(|r| r.1 == next),
+    };
+    if !online::boundary::should_wait(end) {
+        return;
+    }
+    let deadline = Instant::now() + online::boundary::WAIT;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // The step's device statistics come back first, so that their records
+    // are in the channel ahead of the step's end.
+    let _ = (host::get().device_flush)(i64::try_from(left().as_millis()).unwrap_or(i64::MAX));
+    let judged =
+        sink.step_ended(ended, left()) && online::boundary::wait_for_verdict(ended, deadline);
+    if !judged && !SAID.swap(true, Ordering::Relaxed) {
+        say(&format!(
+            "the verdict of step {ended} against OPDUMP_REFERENCE did not come within {} s of the step's end; \
+             the job goes on, and a call it names is captured in a later step",
+            online::boundary::WAIT.as_secs()
+        ));
     }
 }
 
