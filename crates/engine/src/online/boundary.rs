@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 /// fraction of the time the job took to run it (about a third on the TinyLM
 /// benchmark, and far less than a second), so the bound is reached only by a
 /// judge held up by a slow disk, an overloaded machine or a very large step;
-/// the job pays it at most twice a run, and goes on after it.
+/// the job pays it at most twice a run, and goes on after it. The line said
+/// when it is reached (`runtime.rs`) names it.
 pub const WAIT: Duration = Duration::from_secs(30);
 
 struct State {
