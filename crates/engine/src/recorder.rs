@@ -197,9 +197,20 @@ fn step_ended(ended: i64) {
     }
 }
 
-/// Whether step `step` recorded a call (asked at its end).
-pub fn recorded_in(step: i64) -> bool {
-    RECORDED_STEP.load(Ordering::Relaxed) >= step
+/// This thread's first top-level call since it ended step `ended`: online
+/// compare may wait here for that step's verdict.
+fn at_step_end(ended: i64) {
+    let Some(rt) = runtime::get() else { return };
+    let steps = rt.config.steps.as_ref();
+    let next = ended + 1;
+    runtime::step_ended(crate::online::boundary::StepEnd {
+        ended,
+        recorded: RECORDED_STEP.load(Ordering::Relaxed) >= ended,
+        next_recorded: steps.is_none_or(|s| s.contains(next)),
+        next_is_last: steps
+            .and_then(|s| s.ranges().last())
+            .is_some_and(|r| r.1 == next),
+    });
 }
 
 /// The nesting depth of this thread's stack, for tests of the entry points.
@@ -276,7 +287,7 @@ pub(crate) fn enter(
         if let Some(ended) = ended {
             // Before this call is counted: a capture armed for it now takes
             // it.
-            runtime::step_ended(ended);
+            at_step_end(ended);
         }
         let mut stack = cell.borrow_mut();
         let (depth, step) = (stack.depth(), current_step());

@@ -362,38 +362,26 @@ pub fn flush() -> bool {
     }
 }
 
-/// The job's thread ended step `ended` (the step counter moved past it), and
+/// The job's thread ended a step (the step counter moved past it), and
 /// makes its first top-level call since. With OPDUMP_REFERENCE the job may
 /// wait here for the step's verdict, so that a call it names is captured in
-/// the step it begins ([`online::boundary`]); otherwise this is one load.
-pub fn step_ended(ended: i64) {
-    if !online::boundary::active() || FORKED.load(Ordering::Relaxed) {
+/// the step it begins ([`online::boundary`]).
+pub fn step_ended(end: online::boundary::StepEnd) {
+    if FORKED.load(Ordering::Relaxed) {
         return;
     }
-    guarded((), || wait_for_verdict(ended));
+    guarded((), || wait_for_verdict(end));
 }
 
-fn wait_for_verdict(ended: i64) {
+fn wait_for_verdict(end: online::boundary::StepEnd) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    let (Some(rt), Some(sink)) = (get(), SINK.get()) else {
+    let Some(sink) = SINK.get() else {
         return;
     };
-    if !RECORDING.load(Ordering::Relaxed) {
+    if !RECORDING.load(Ordering::Relaxed) || !online::boundary::should_wait(end) {
         return;
     }
-    let steps = rt.config.steps.as_ref();
-    let next = ended + 1;
-    let end = online::boundary::StepEnd {
-        ended,
-        recorded: crate::recorder::recorded_in(ended),
-        next_recorded: steps.is_none_or(|s| s.contains(next)),
-        next_is_last: steps
-            .and_then(|s| s.ranges().last())
-            .is_some_and(|r| r.1 == next),
-    };
-    if !online::boundary::should_wait(end) {
-        return;
-    }
+    let ended = end.ended;
     let deadline = Instant::now() + online::boundary::WAIT;
     let left = || deadline.saturating_duration_since(Instant::now());
     // The step's device statistics come back first, so that their records
