@@ -306,6 +306,9 @@ NOT_CAUSED = {
     "the headline is": "needs a later call ten times further beyond its allowance than the first; the rule is "
                        "the judge's (crates/judge, compare::headline)",
     "the CPU check of the call online compare named did not finish": "needs a CPU run of one call that takes a minute",
+    "did not come within 30 s of the step's end": "needs a judge that takes half a minute for one step",
+    "arrived after their step was judged": "needs a call that spans a step's end on a thread of the job's own; "
+                                           "tests/test_online.py's two-step runs check that TinyLM has none",
     "queue (4 x OPDUMP_CHECK_MAX_BYTES=<n>) was full": "needs a signature whose every call finds the checking "
                                                   "thread's queue full; the count is tested in crates/engine",
     "checks unfinished at exit": "needs checks still queued after a minute at exit",

@@ -26,7 +26,7 @@ and, on request (--configs): on-nomodules (OPDUMP_MODULES=0), on-source
 (OPDUMP_SOURCE=1), on-sketch (OPDUMP_SKETCH=16), on-before (the --before-lib build),
 on-reference (OPDUMP_REFERENCE: judged against a dump of the same child run as
 `on`, made once per thread setting before the repeats; its cost is that of
-online compare).
+online compare), on-reference-before (on-reference with the --before-lib build).
 --extra NAME=BASE,VAR=VALUE,... adds a configuration NAME that runs as BASE with
 the variables in its environment, e.g. on-passive=on,OMP_WAIT_POLICY=PASSIVE.
 
@@ -101,8 +101,11 @@ TESTDEV_SETTINGS = {
 }
 # The configurations that load libopdump.so, and those that dump with it.
 LOADING = ("off", "hook-only", "on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch",
-           "on-reference")
-DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch", "on-reference")
+           "on-reference", "on-reference-before")
+DUMPING = ("on", "on-noreuse", "on-sync", "on-before", "on-nomodules", "on-source", "on-sketch", "on-reference",
+           "on-reference-before")
+# The configurations that load the --before-lib build.
+BEFORE = ("on-before", "on-reference-before")
 # --extra NAME=BASE,VAR=VALUE,...: NAME runs as BASE with VAR=VALUE added to
 # its environment (parent only; the child gets BASE and the variables in its spec).
 EXTRA_BASES = ("baseline", "off", "on", "on-noreuse", "on-nomodules", "on-source", "on-sketch", "on-before")
@@ -132,6 +135,7 @@ DESCRIBE = {
     "on-source": "OPDUMP=1 OPDUMP_SOURCE=1 (source lines)",
     "on-sketch": "OPDUMP=1 OPDUMP_SKETCH=16 (fingerprint and sketch)",
     "on-reference": "OPDUMP=1 OPDUMP_REFERENCE=<an `on` dump of the same run> (online compare)",
+    "on-reference-before": "on-reference, the --before-lib build",
 }
 
 
@@ -163,7 +167,7 @@ def child(spec: dict) -> None:
         testdev.set_job_thread()
 
     if cfg in LOADING:
-        torch.ops.load_library(spec["before_lib"] if cfg == "on-before" else spec.get("lib", str(LIB)))
+        torch.ops.load_library(spec["before_lib"] if cfg in BEFORE else spec.get("lib", str(LIB)))
     peer = debugger = None
     if cfg == "peer":
         from peer_dumper import PeerDumper
@@ -460,7 +464,7 @@ def run_child(py: str, spec: dict, tmp: Path, timeout: float) -> dict:
     env = clean_env()
     env.update(spec.get("env", {}))
     cfg = spec.get("base", spec["config"])
-    if cfg == "on-reference":
+    if cfg in ("on-reference", "on-reference-before"):
         env["OPDUMP_REFERENCE"] = str(reference_for(py, spec, tmp, timeout))
     if cfg in DUMPING or cfg == "hook-only":
         env.update(OPDUMP="1", OPDUMP_DIR=str(out))
@@ -1098,8 +1102,9 @@ def main() -> int:
     device_configs = [] if args.parts_only or args.no_testdev else [c for c in args.testdev_configs.split(",") if c]
     if not args.before_lib:
         device_configs = [c for c in device_configs if c != "on-before"]
-        if any(base_of(c) == "on-before" for c in configs):
-            print("bench: on-before (or an --extra configuration based on it) needs --before-lib", file=sys.stderr)
+        if any(base_of(c) in BEFORE for c in configs):
+            print("bench: on-before, on-reference-before (or an --extra configuration based on one) need "
+                  "--before-lib", file=sys.stderr)
             return 2
     py_for = {c: str(VENV_PY) for c in configs + device_configs}
     header_notes = []

@@ -92,6 +92,18 @@ impl Captures {
     /// already, past some of the op's calls). Replaces what was armed
     /// before; a module selector arms nothing.
     pub fn arm(&self, s: &Selector) {
+        self.arm_after(s, None);
+    }
+
+    /// [`Captures::arm`], when the job has made no call of step `first` yet
+    /// (it waits at that step's start for the verdict that names `s`): the
+    /// call of step `first` itself, or of the first later step that has it.
+    pub fn arm_from(&self, s: &Selector, first: i64) {
+        self.arm_after(s, Some(first.saturating_sub(1)));
+    }
+
+    /// `known`: the step after which calls count, when it is known now.
+    fn arm_after(&self, s: &Selector, known: Option<i64>) {
         let Selector::Op {
             op,
             overload,
@@ -102,7 +114,7 @@ impl Captures {
             return;
         };
         if let Ok(mut armed) = self.armed.lock() {
-            let after = step.unwrap_or(i64::MIN);
+            let after = step.unwrap_or(i64::MIN).max(known.unwrap_or(i64::MIN));
             *armed = Some(Armed {
                 op: op.clone(),
                 overload: overload.clone(),
@@ -111,7 +123,7 @@ impl Captures {
                 step: after,
                 seen: 0,
                 chosen: None,
-                synced: false,
+                synced: known.is_some(),
             });
             self.armed_on.store(true, Ordering::SeqCst);
         }
@@ -411,6 +423,29 @@ mod tests {
         }
         assert_eq!(chosen, [None, None, None, None, None, None, Some(ARMED)]);
         assert_eq!(c.selector(ARMED), "aten::add.Tensor@step=3#2");
+    }
+
+    #[test]
+    fn armed_at_a_steps_start_the_call_of_that_step_is_the_one() {
+        // The job waits at the start of step 1 for step 0's verdict: step
+        // 1's call is captured, not step 2's.
+        let c = Captures::new(Vec::new(), 1 << 20);
+        c.arm_from(&parse_list("aten::mm@step=0#1").unwrap()[0], 1);
+        let chosen: Vec<Chosen> = [1, 1, 2, 2]
+            .iter()
+            .map(|&step| c.on_call("aten::mm", "default", step))
+            .collect();
+        assert_eq!(chosen, [None, Some(ARMED), None, None]);
+        assert_eq!(c.selector(ARMED), "aten::mm@step=1#1");
+        // Armed the usual way instead, the first call recorded is taken to
+        // be inside step 1 already: step 2's call is the one.
+        let c = Captures::new(Vec::new(), 1 << 20);
+        c.arm(&parse_list("aten::mm@step=0#1").unwrap()[0]);
+        let chosen: Vec<Chosen> = [1, 1, 2, 2]
+            .iter()
+            .map(|&step| c.on_call("aten::mm", "default", step))
+            .collect();
+        assert_eq!(chosen, [None, None, None, Some(ARMED)]);
     }
 
     /// What [`get`] would say of `c`.

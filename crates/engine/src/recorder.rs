@@ -109,11 +109,10 @@ impl Sequencer {
     }
 
     /// The end of an `Optimizer.step`: the next step, unless the job numbers
-    /// its steps itself.
-    pub fn optimizer_step_done(&self) {
-        if !self.explicit_steps.load(Ordering::Relaxed) {
-            self.step.fetch_add(1, Ordering::Relaxed);
-        }
+    /// its steps itself. Returns the step that ended, if one did.
+    pub fn optimizer_step_done(&self) -> Option<i64> {
+        (!self.explicit_steps.load(Ordering::Relaxed))
+            .then(|| self.step.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -142,6 +141,10 @@ pub struct Frame {
 #[derive(Default)]
 pub struct CallStack {
     frames: Vec<Frame>,
+    /// A step this thread ended, while online compare may wait for its
+    /// verdict: the wait is at the thread's next top-level call, once the
+    /// call that ended the step has handed over its record.
+    ended: Option<i64>,
 }
 
 impl CallStack {
@@ -165,6 +168,8 @@ impl CallStack {
 }
 
 static SEQUENCER: Sequencer = Sequencer::new();
+/// The latest step that recorded a call (online compare's step ends).
+static RECORDED_STEP: AtomicI64 = AtomicI64::new(i64::MIN);
 static CAP: RecordCap = RecordCap::new();
 
 thread_local! {
@@ -180,7 +185,32 @@ pub fn current_step() -> i64 {
 
 /// `torch.ops.opdump.step()`.
 pub fn explicit_step() -> i64 {
-    SEQUENCER.explicit_step()
+    let step = SEQUENCER.explicit_step();
+    step_ended(step - 1);
+    step
+}
+
+/// This thread ended step `ended`.
+fn step_ended(ended: i64) {
+    if crate::online::boundary::active() {
+        STACK.with(|cell| cell.borrow_mut().ended = Some(ended));
+    }
+}
+
+/// This thread's first top-level call since it ended step `ended`: online
+/// compare may wait here for that step's verdict.
+fn at_step_end(ended: i64) {
+    let Some(rt) = runtime::get() else { return };
+    let steps = rt.config.steps.as_ref();
+    let next = ended + 1;
+    runtime::step_ended(crate::online::boundary::StepEnd {
+        ended,
+        recorded: RECORDED_STEP.load(Ordering::Relaxed) >= ended,
+        next_recorded: steps.is_none_or(|s| s.contains(next)),
+        next_is_last: steps
+            .and_then(|s| s.ranges().last())
+            .is_some_and(|r| r.1 == next),
+    });
 }
 
 /// The nesting depth of this thread's stack, for tests of the entry points.
@@ -247,6 +277,18 @@ pub(crate) fn enter(
 ) -> Ticket {
     let rt = runtime::get();
     STACK.with(|cell| {
+        let ended = {
+            let mut stack = cell.borrow_mut();
+            match stack.ended {
+                Some(_) if stack.frames.is_empty() => stack.ended.take(),
+                _ => None,
+            }
+        };
+        if let Some(ended) = ended {
+            // Before this call is counted: a capture armed for it now takes
+            // it.
+            at_step_end(ended);
+        }
         let mut stack = cell.borrow_mut();
         let (depth, step) = (stack.depth(), current_step());
         let record = selected
@@ -256,6 +298,10 @@ pub(crate) fn enter(
         // not made for the others.
         let parent = if record { stack.parent() } else { None };
         let seq = record.then(|| SEQUENCER.take_seq());
+        // A load, and a store once a step.
+        if record && RECORDED_STEP.load(Ordering::Relaxed) < step {
+            RECORDED_STEP.fetch_max(step, Ordering::Relaxed);
+        }
         // A backward call belongs to the module of its node's forward call
         // (or of the parameter it accumulates into); work outside a node
         // (and forward recomputed in backward) to the module the thread is
@@ -463,7 +509,9 @@ pub(crate) fn exit(take: impl FnOnce() -> Result<Call, String>) {
 
 /// The end of an `Optimizer.step` scope on this thread.
 pub fn optimizer_step_done() {
-    SEQUENCER.optimizer_step_done();
+    if let Some(ended) = SEQUENCER.optimizer_step_done() {
+        step_ended(ended);
+    }
 }
 
 #[cfg(test)]
@@ -509,12 +557,12 @@ mod tests {
     fn steps_follow_the_optimizer_until_the_job_numbers_them() {
         let seq = Sequencer::new();
         assert_eq!((seq.take_seq(), seq.take_seq()), (0, 1));
-        seq.optimizer_step_done();
+        assert_eq!(seq.optimizer_step_done(), Some(0));
         seq.optimizer_step_done();
         assert_eq!(seq.step(), 2);
         assert_eq!(seq.explicit_step(), 3);
         // From now on the job's own calls alone move the step.
-        seq.optimizer_step_done();
+        assert_eq!(seq.optimizer_step_done(), None);
         assert_eq!(seq.step(), 3);
         assert_eq!(seq.explicit_step(), 4);
     }

@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::{self, Config};
 use crate::host::{self, Host};
@@ -360,6 +360,42 @@ pub fn flush() -> bool {
             s.flush(FLUSH_WAIT) && device
         }
         None => true,
+    }
+}
+
+/// The job's thread ended a step (the step counter moved past it), and
+/// makes its first top-level call since. With OPDUMP_REFERENCE the job may
+/// wait here for the step's verdict, so that a call it names is captured in
+/// the step it begins ([`online::boundary`]).
+pub fn step_ended(end: online::boundary::StepEnd) {
+    if FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    guarded((), || wait_for_verdict(end));
+}
+
+fn wait_for_verdict(end: online::boundary::StepEnd) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let Some(sink) = SINK.get() else {
+        return;
+    };
+    if !RECORDING.load(Ordering::Relaxed) || !online::boundary::should_wait(end) {
+        return;
+    }
+    let ended = end.ended;
+    let deadline = Instant::now() + online::boundary::WAIT;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // The step's device statistics come back first, so that their records
+    // are in the channel ahead of the step's end.
+    let _ = (host::get().device_flush)(i64::try_from(left().as_millis()).unwrap_or(i64::MAX));
+    let judged =
+        sink.step_ended(ended, left()) && online::boundary::wait_for_verdict(ended, deadline);
+    if !judged && !SAID.swap(true, Ordering::Relaxed) {
+        // 30 s: online::boundary::WAIT.
+        say(&format!(
+            "the verdict of step {ended} against OPDUMP_REFERENCE did not come within 30 s of the step's end; \
+             the job goes on, and a call it names is captured in a later step"
+        ));
     }
 }
 

@@ -50,6 +50,9 @@ enum Msg {
     Record(OpRecord),
     /// Complete every open file, then answer.
     Flush(Sender<()>),
+    /// The job ended this step and waits for its verdict against
+    /// OPDUMP_REFERENCE: every record of it was sent before.
+    StepEnd(i64),
     Stop,
 }
 
@@ -167,6 +170,13 @@ impl Sink {
         reply_rx.recv_timeout(timeout).is_ok()
     }
 
+    /// The job ended `step` and waits for its verdict (online compare):
+    /// once the writer has written what was sent before, it hands the step
+    /// to the judge. False when the channel stayed full for `timeout`.
+    pub fn step_ended(&self, step: i64, timeout: Duration) -> bool {
+        self.tx.send_timeout(Msg::StepEnd(step), timeout).is_ok()
+    }
+
     /// Writes everything queued, completes the files and stops the writer.
     pub fn shutdown(&self, timeout: Duration) -> bool {
         let Some(handle) = self.worker.lock().ok().and_then(|mut w| w.take()) else {
@@ -255,10 +265,18 @@ impl Worker {
                     self.close_all();
                     let _ = reply.send(());
                 }
+                Ok(Msg::StepEnd(step)) => {
+                    idle = IDLE_MIN;
+                    if let Some(feed) = self.feed.as_mut() {
+                        feed.step_ended(step);
+                    }
+                }
                 Ok(Msg::Stop) | Err(TryRecvError::Disconnected) => {
-                    // Take what is still queued, then stop.
-                    while let Ok(Msg::Record(rec)) = rx.try_recv() {
-                        self.write(rec);
+                    // Take the records still queued, then stop.
+                    while let Ok(msg) = rx.try_recv() {
+                        if let Msg::Record(rec) = msg {
+                            self.write(rec);
+                        }
                     }
                     self.close_all();
                     self.finish_judging();

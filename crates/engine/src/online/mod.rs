@@ -2,8 +2,9 @@
 //! reference dump while it runs, a step at a time, on a thread of its own.
 //!
 //! The writer hands each record it wrote to a [`Feed`], which keeps the
-//! current step's records. When a record of a later step arrives, the step
-//! is complete: its records go to the judge thread, which reads the same
+//! current step's records. A step is complete when the job ends it and
+//! waits for its verdict ([`boundary`]), or else once a record two steps
+//! later arrives: its records go to the judge thread, which reads the same
 //! step of the reference, compares the two with the judge `opdump compare`
 //! uses ([`opdump_judge::compare_dumps`]), and folds the outcome into the
 //! run's verdict ([`fold`]). Memory stays at about two steps of each side:
@@ -19,6 +20,7 @@
 //! read, or a step that cannot be judged, is one line, and dumping goes on
 //! without comparing.
 
+pub mod boundary;
 pub mod cpu_check;
 pub mod fold;
 pub mod reference;
@@ -72,10 +74,12 @@ enum Msg {
 /// The writer's side: collects the steps still open, hands complete steps
 /// to the judge thread.
 ///
-/// A step is complete once a record two steps later arrives: records of
-/// the step before the current one still come in a little late (from the
-/// autograd engine's threads, or device statistics that came back late),
-/// and are judged with their step.
+/// A step is complete when the job says so at its end ([`Feed::step_ended`],
+/// after its device statistics came back), or else once a record two steps
+/// later arrives: records of the step before the current one still come in
+/// a little late (from the autograd engine's threads, or device statistics
+/// that came back late), and are judged with their step. A record of a step
+/// handed over already is counted, and said at exit.
 pub struct Feed {
     open: BTreeMap<i64, Vec<OpRecord>>,
     /// The last step handed over: records of it or before come too late.
@@ -98,6 +102,7 @@ impl Feed {
         }));
         let say = setup.hooks.say;
         let worker = opdump_fsguard::spawn("opdump-judge", move || Judging::new(setup).run(rx))?;
+        boundary::start();
         Ok(Feed {
             open: BTreeMap::new(),
             handed: None,
@@ -124,6 +129,27 @@ impl Feed {
         }
     }
 
+    /// The job ended step `step` and waits for its verdict: every step up to
+    /// it goes to the judge now. When there is nothing of it to judge, the
+    /// job is told at once.
+    pub fn step_ended(&mut self, step: i64) {
+        if self.handed.is_some_and(|h| h >= step) {
+            return boundary::judged(step);
+        }
+        let mut has_it = false;
+        while let Some((&first, _)) = self.open.first_key_value() {
+            if first > step {
+                break;
+            }
+            has_it |= first == step;
+            self.hand_over_first();
+        }
+        self.handed = Some(step);
+        if !has_it {
+            boundary::judged(step);
+        }
+    }
+
     fn hand_over_first(&mut self) {
         if let Some((step, records)) = self.open.pop_first() {
             self.handed = Some(step);
@@ -141,6 +167,12 @@ impl Feed {
             self.hand_over_first();
         }
         let _ = self.tx.send(Msg::Finish);
+        if self.late > 0 {
+            (self.say)(&format!(
+                "{} op calls arrived after their step was judged against OPDUMP_REFERENCE and were not judged",
+                self.late
+            ));
+        }
         let deadline = Instant::now() + timeout;
         while !worker.is_finished() {
             if Instant::now() >= deadline {
@@ -150,12 +182,6 @@ impl Feed {
             std::thread::sleep(Duration::from_millis(5));
         }
         let _ = worker.join();
-        if self.late > 0 {
-            (self.say)(&format!(
-                "{} op calls arrived after their step was judged against OPDUMP_REFERENCE and were not judged",
-                self.late
-            ));
-        }
     }
 }
 
@@ -188,20 +214,22 @@ impl Judging {
         while let Ok(msg) = rx.recv() {
             match msg {
                 Msg::Step(step, records) => {
-                    if self.off {
-                        continue;
+                    if !self.off {
+                        let judged =
+                            catch_unwind(AssertUnwindSafe(|| self.judge_step(step, &records)));
+                        if judged.is_err() {
+                            self.stop_comparing(&format!(
+                                "internal error judging step {step} against OPDUMP_REFERENCE"
+                            ));
+                        }
                     }
-                    let judged = catch_unwind(AssertUnwindSafe(|| self.judge_step(step, &records)));
-                    if judged.is_err() {
-                        self.stop_comparing(&format!(
-                            "internal error judging step {step} against OPDUMP_REFERENCE"
-                        ));
-                    }
+                    boundary::judged(step);
                 }
                 Msg::CpuCheck(found) => self.checked(found),
                 Msg::Finish => break,
             }
         }
+        boundary::stop();
         if self.fold.steps_judged > 0 {
             let row = self.fold.final_row();
             self.write(&row);
@@ -221,6 +249,7 @@ impl Judging {
 
     fn stop_comparing(&mut self, why: &str) {
         self.off = true;
+        boundary::stop();
         self.say(&format!("{why}; this run is dumped without comparing"));
     }
 
@@ -356,14 +385,21 @@ impl Judging {
             call.selector.replace(&format!("@step={}", call.step), ""),
             verdicts.display()
         ));
-        if let (Some(c), Ok(list)) = (
-            crate::capture::installed(),
-            opdump_format::selector::parse_list(&call.selector),
-        ) {
-            if let Some(s) = list.first() {
-                c.arm(s);
+        // When the job waits at the end of the step for this verdict, the
+        // same call of the step it is about to begin is the one.
+        boundary::named(call.step, |start| {
+            if let (Some(c), Ok(list)) = (
+                crate::capture::installed(),
+                opdump_format::selector::parse_list(&call.selector),
+            ) {
+                if let Some(s) = list.first() {
+                    match start {
+                        Some(step) => c.arm_from(s, step),
+                        None => c.arm(s),
+                    }
+                }
             }
-        }
+        });
         if self.setup.on_divergence == OnDivergence::Stop {
             stop::request(format!(
                 "opdump: OPDUMP_ON_DIVERGENCE=stop: {} introduced a divergence from OPDUMP_REFERENCE at step {} \
