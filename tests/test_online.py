@@ -10,6 +10,7 @@ preloaded."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,7 +158,10 @@ def test_a_short_run_captures_the_named_call_and_says_which_device_is_off(tmp_pa
 
     named = [l for l in lines if "introduced a divergence from OPDUMP_REFERENCE" in l]
     assert len(named) == 1 and named[0].startswith(f"opdump: step 0, backward: {label} introduced"), lines
-    assert "output error 1.0e-3" in named[0] and f"({op}#0)" in named[0], named[0]
+    # The fault's 1e-3, relative to the scale a cancelling op is judged at
+    # (its partial sums'), which is above the output's own norm.
+    err = float(re.search(r"output error ([0-9.e+-]+),", named[0]).group(1))
+    assert 2e-4 < err <= 1.1e-3 and f"({op}#0)" in named[0], named[0]
     # Captured in step 1, the last step dumped.
     assert len(list(run.glob("rank=0/device=*/capture-*.safetensors"))) == 1
     t = read_dump(run)
