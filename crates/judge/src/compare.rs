@@ -28,6 +28,12 @@ pub struct CompareSettings {
     pub top: usize,
     /// Compare even when the dumps look like different programs.
     pub force: bool,
+    /// Calls of A's steps before this one are context only: judged, so
+    /// that the tensors they make have a producer and a taint (the
+    /// parameters an optimizer step wrote, read by the next step's
+    /// forward), but no verdict, divergence or change only in B is taken
+    /// from them. Online compare judges a step with the one before it.
+    pub context_before: Option<i64>,
 }
 
 /// Everything a report needs.
@@ -229,6 +235,7 @@ pub fn compare_dumps(
         tol,
         top,
         force,
+        context_before,
     } = settings;
     check_dumps_hold_calls(&a, &b, &filter)?;
     let t0 = std::time::Instant::now();
@@ -241,6 +248,10 @@ pub fn compare_dumps(
     // (and while this one finds them).
     let j = std::thread::scope(|s| {
         let mut judge = Judge::new(&a, &b, &alignment, &tol, top);
+        if let Some(step) = context_before {
+            // Pairs are in A's call order, and steps follow it.
+            judge.judged.judged_from = alignment.pairs.partition_point(|p| a.step(p.a) < step);
+        }
         judge.measure_ahead(s);
         for group in alignment.groups() {
             judge.push(group, progress);
@@ -361,6 +372,8 @@ struct Judged {
     /// (consumer, producer): pair `consumer` read a tainted output of pair
     /// `producer`. The paths along which a divergence travels.
     consumed_tainted: Vec<(u32, u32)>,
+    /// The pairs before this one are context (`CompareSettings::context_before`).
+    judged_from: usize,
 }
 
 /// Pairs measured per batch handed from the measuring thread.
@@ -475,6 +488,7 @@ impl<'d> Judge<'d> {
                 dtype_differs: 0,
                 unmatched_change: None,
                 consumed_tainted: Vec::new(),
+                judged_from: 0,
             },
             prov: Provenance::with_capacity(a.tensors.len() / 2),
             one_sided: OneSided::new(a, b, alignment),
@@ -558,7 +572,12 @@ impl<'d> Judge<'d> {
                 if let Some(f) = found.filter(|f| f.taint > 0.0) {
                     consumed_tainted.borrow_mut().push((k as u32, f.producer));
                 }
-                input_taint_from(ctx, found, one_sided, tc, k, &first_change)
+                let change = if k >= j.judged_from {
+                    Some(&first_change)
+                } else {
+                    None
+                };
+                input_taint_from(ctx, found, one_sided, tc, k, change)
             });
             j.record(k, cmp, prov);
             register_outputs(ctx, cmp, one_sided);
@@ -599,6 +618,7 @@ impl<'d> Judge<'d> {
             dtype_differs,
             unmatched_change,
             consumed_tainted,
+            judged_from,
         } = judged;
         let pair_of_a = pair_of_each_op(&alignment.pairs, a.len());
         let tree = PairTree {
@@ -607,6 +627,8 @@ impl<'d> Judge<'d> {
             pair_of_a: &pair_of_a,
         };
         mark_absorbed(&tree, &verified, &consumed_tainted, &mut verdict);
+        // Context pairs were judged for their outputs' provenance only.
+        verdict[..judged_from].fill(OpVerdict::Ok);
         let mut op_counts = [0u64; OpVerdict::ALL.len()];
         for &v in &verdict {
             op_counts[v as usize] += 1;
@@ -707,7 +729,7 @@ fn input_taint_from(
     one_sided: &OneSided,
     tc: &TensorCmp,
     pair: usize,
-    first_change: &Cell<Option<UnmatchedChange>>,
+    first_change: Option<&Cell<Option<UnmatchedChange>>>,
 ) -> Taint {
     let mut own = found.is_none();
     let mut t = found.map_or(
@@ -731,8 +753,8 @@ fn input_taint_from(
             own = false;
         }
         t = t.max(ch.rel_change);
-        if first_change.get().is_none() {
-            first_change.set(Some(ch));
+        if let Some(first) = first_change.filter(|f| f.get().is_none()) {
+            first.set(Some(ch));
         }
     }
     Taint {
@@ -781,7 +803,7 @@ impl Judged {
                     TensorVerdict::Close | TensorVerdict::Diverged | TensorVerdict::NanMismatch
                 )
         });
-        if self.first_diverged_input.is_none() && output_compared {
+        if self.first_diverged_input.is_none() && output_compared && k >= self.judged_from {
             let own: Vec<u32> = cmp
                 .tensors
                 .iter()
@@ -804,7 +826,11 @@ impl Judged {
             let Some(x) = tc.ta else { continue };
             if tc.role == Role::Output {
                 if tc.key != (0, 0) {
-                    prov.register(tc.key, tc.taint, tc.tb, k as u32);
+                    // What the context made was judged with its own step
+                    // (a divergence there was said then): it passes on no
+                    // taint, as its inputs from before it carried none.
+                    let taint = if k < self.judged_from { 0.0 } else { tc.taint };
+                    prov.register(tc.key, taint, tc.tb, k as u32);
                 }
             } else {
                 self.input_taint[x as usize] = tc.taint as f32;

@@ -130,6 +130,7 @@ pub(crate) fn run_scanned(
         tol: opts.tol,
         top: opts.top,
         force: opts.force,
+        context_before: None,
     };
     Ok(compare_dumps(a, b, settings, notes, progress)?)
 }

@@ -129,6 +129,7 @@ pub fn compare_dirs(a: &Path, b: &Path) -> opdump_judge::compare::Compared {
         tol: opdump_judge::tolerance::Tolerances::default(),
         top: 10,
         force: false,
+        context_before: None,
     };
     opdump_judge::compare::compare_dumps(load_one(a), load_one(b), settings, vec![], &Silent)
         .expect("compare")

@@ -76,11 +76,13 @@ impl Fold {
         self.named.as_ref()
     }
 
-    /// Adds one step's comparison: its groups' rows, and the call the run's
-    /// headline newly names, if this step named the first one.
-    pub fn add(&mut self, c: &Compared) -> (Vec<GroupLine>, Option<CallRef>) {
+    /// Adds the comparison of `step` (and of the step before it, judged as
+    /// context, whose verdicts were taken already): its groups' rows, and
+    /// the call the run's headline newly names, if this step named the
+    /// first one.
+    pub fn add(&mut self, c: &Compared, step: i64) -> (Vec<GroupLine>, Option<CallRef>) {
         self.steps_judged += 1;
-        let rows = group_rows(c);
+        let rows = group_rows(c, step);
         if self.first_divergence.is_none() {
             self.first_divergence = c.first_divergence.map(|k| call_ref(c, k));
         }
@@ -153,11 +155,14 @@ impl Fold {
 }
 
 /// Each (step, phase) group of this run's calls in the comparison.
-fn group_rows(c: &Compared) -> Vec<GroupLine> {
+fn group_rows(c: &Compared, judged: i64) -> Vec<GroupLine> {
     let b: &Dump = &c.b;
     let mut rows: Vec<GroupLine> = Vec::new();
     for (k, p) in c.alignment.pairs.iter().enumerate() {
         let (step, phase) = (b.step(p.b), b.phase(p.b).as_str());
+        if step < judged {
+            continue;
+        }
         if !rows
             .last()
             .is_some_and(|r| r.step == step && r.phase == phase)

@@ -196,6 +196,9 @@ struct Judging {
     said_missing: bool,
     /// The verdict file could not be written (said once).
     write_failed: bool,
+    /// The step judged last and this run's records of it: the context of
+    /// the next step (see [`Judging::judge_step`]).
+    previous: Option<(i64, Vec<OpRecord>)>,
 }
 
 impl Judging {
@@ -207,6 +210,7 @@ impl Judging {
             off: false,
             said_missing: false,
             write_failed: false,
+            previous: None,
         }
     }
 
@@ -216,7 +220,7 @@ impl Judging {
                 Msg::Step(step, records) => {
                     if !self.off {
                         let judged =
-                            catch_unwind(AssertUnwindSafe(|| self.judge_step(step, &records)));
+                            catch_unwind(AssertUnwindSafe(|| self.judge_step(step, records)));
                         if judged.is_err() {
                             self.stop_comparing(&format!(
                                 "internal error judging step {step} against OPDUMP_REFERENCE"
@@ -253,7 +257,24 @@ impl Judging {
         self.say(&format!("{why}; this run is dumped without comparing"));
     }
 
-    fn judge_step(&mut self, step: i64, records: &[OpRecord]) {
+    /// Judges `step` with the step before it as context, when this run has
+    /// it: the parameters that step's optimizer wrote are read by this
+    /// step's forward, and have a producer and a taint there, as in one
+    /// pass over the whole run. Judged alone, a parameter read here is
+    /// judged by its own error, and a bias moved by Adam's first step from
+    /// a gradient that is rounding noise (a key bias's) read as drift.
+    fn judge_step(&mut self, step: i64, records: Vec<OpRecord>) {
+        let context = self.previous.take().filter(|(s, _)| *s + 1 == step);
+        let first = if context.is_some() { step - 1 } else { step };
+        let window: Vec<OpRecord> = match &context {
+            Some((_, before)) => before.iter().chain(records.iter()).cloned().collect(),
+            None => records.clone(),
+        };
+        self.judge_window(first, step, &window);
+        self.previous = Some((step, records));
+    }
+
+    fn judge_window(&mut self, first: i64, step: i64, records: &[OpRecord]) {
         let rank = (self.setup.rank)();
         let reference = &self.setup.reference;
         if !reference.ranks().contains(&rank) {
@@ -264,7 +285,7 @@ impl Judging {
             );
             return self.stop_comparing(&why);
         }
-        let a = match reference.step(rank, step) {
+        let a = match reference.steps(rank, first, step) {
             Ok(a) => a,
             Err(e) => {
                 let why = format!(
@@ -301,10 +322,11 @@ impl Judging {
             // the first step compared: a later step may be cut short (the
             // job ended, or raised), and still be compared.
             force: self.fold.steps_judged > 0,
+            context_before: (first < step).then_some(step),
         };
         match compare_dumps(a, b, settings, Vec::new(), &Silent) {
             Ok(c) => {
-                let (rows, named) = self.fold.add(&c);
+                let (rows, named) = self.fold.add(&c, step);
                 for row in &rows {
                     self.write(row);
                 }

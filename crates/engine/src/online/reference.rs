@@ -42,9 +42,9 @@ impl Reference {
         self.index.ranks()
     }
 
-    /// The calls of `rank` in step `step`; empty when it has none.
-    pub fn step(&self, rank: u32, step: i64) -> Result<Dump, String> {
-        load_steps(&self.index, rank, step..=step, &Silent, "the reference")
+    /// The calls of `rank` in steps `first..=last`; empty when it has none.
+    pub fn steps(&self, rank: u32, first: i64, last: i64) -> Result<Dump, String> {
+        load_steps(&self.index, rank, first..=last, &Silent, "the reference")
             .map_err(|e| e.to_string())
     }
 }

@@ -54,6 +54,7 @@ pub fn compare(a: Dump, b: Dump) -> Compared {
         tol: Tolerances::default(),
         top: 10,
         force: false,
+        context_before: None,
     };
     compare_dumps(a, b, settings, vec![], &Silent).expect("compare")
 }
