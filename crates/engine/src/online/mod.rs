@@ -5,10 +5,11 @@
 //! current step's records. A step is complete when the job ends it and
 //! waits for its verdict ([`boundary`]), or else once a record two steps
 //! later arrives: its records go to the judge thread, which reads the same
-//! step of the reference, compares the two with the judge `opdump compare`
-//! uses ([`opdump_judge::compare_dumps`]), and folds the outcome into the
-//! run's verdict ([`fold`]). Memory stays at about two steps of each side:
-//! the step being filled, and the step being judged with its reference.
+//! step of the reference and the one before it, compares the two windows
+//! with the judge `opdump compare` uses ([`opdump_judge::compare_dumps`],
+//! the step before as context), and folds the outcome into the run's
+//! verdict ([`fold`]). Memory stays at about three steps of each side: the
+//! step being filled, and the step being judged with the one before it.
 //!
 //! The first introduced divergence is said on one `opdump:` line, the same
 //! call of a later step is captured ([`crate::capture::Captures::arm`]),
