@@ -159,6 +159,11 @@ pub fn product_floor(k: f64, r1: f64, r2: f64) -> f64 {
 /// Denominators never go below this (an all-zero reference tensor).
 const TINY: f64 = 1e-300;
 
+/// How far beyond its allowance an output's largest element may err when
+/// its norm does not (see `Ctx::compare_tensors`): the gap the rules leave
+/// between rounding and a fault (`HEADLINE_DOMINANCE`).
+pub const LINF_MARGIN: f64 = 10.0;
+
 /// What two tensors of an aligned op pair compare to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorCmp {
@@ -919,14 +924,16 @@ impl<'a> Ctx<'a> {
         tc.scale_linf = absa.max(floor_abs).max(TINY);
         tc.rel_l2 = m.l2_bound / tc.scale_l2;
         tc.rel_linf = m.linf_bound / tc.scale_linf;
-        // An output is judged by the L2 norm alone, whose bound already
-        // holds each extreme's gap (one element's error is at most
-        // ||a - b||_2). The tolerance is a norm-wise one: relative to the
-        // largest element, one element may err far more in a correct run
-        // (a dot product that cancels keeps the absolute error of its
-        // terms, and an element-wise product carries it, while the inputs'
-        // statistics agree), so an output's `rel_linf` is reported, not
-        // judged. An input's error is the drift its op may pass on, and its
+        // An output is judged by the L2 norm, whose bound already holds
+        // each extreme's gap (one element's error is at most ||a - b||_2),
+        // and by its largest element with a margin of LINF_MARGIN. The
+        // tolerance is a norm-wise one: relative to the largest element,
+        // one element may err more in a correct run (a dot product that
+        // cancels keeps the absolute error of its terms, and an
+        // element-wise product carries it, while the inputs' statistics
+        // agree: up to 4.5 times the allowance in ten-step Hugging Face
+        // runs), while noise of 1e-3 moves the extremes a hundred times
+        // beyond it and the norm by less than rounding. An input's error is the drift its op may pass on, and its
         // largest element's gap is the better sign of how far its elements
         // moved. Where the sides' dtypes differ (bfloat16 against float32),
         // that gap holds the cast's rounding of the element, a difference
@@ -934,7 +941,7 @@ impl<'a> Ctx<'a> {
         // that rounding. Counted whole, 32 times, it hid a 5% fault in a
         // bfloat16 `silu`.
         tc.rel_err = if role == Role::Output {
-            tc.rel_l2
+            tc.rel_l2.max(tc.rel_linf / LINF_MARGIN)
         } else if tc.dtype_differs {
             let u = a
                 .dtype_of(ra)
