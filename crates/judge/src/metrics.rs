@@ -933,13 +933,15 @@ impl<'a> Ctx<'a> {
         // element-wise product carries it, while the inputs' statistics
         // agree: up to 4.5 times the allowance in ten-step Hugging Face
         // runs), while noise of 1e-3 moves the extremes a hundred times
-        // beyond it and the norm by less than rounding. An input's error is the drift its op may pass on, and its
-        // largest element's gap is the better sign of how far its elements
-        // moved. Where the sides' dtypes differ (bfloat16 against float32),
-        // that gap holds the cast's rounding of the element, a difference
-        // of dtype that the op's own tolerance (c·u, c >= 4) admits: less
-        // that rounding. Counted whole, 32 times, it hid a 5% fault in a
-        // bfloat16 `silu`.
+        // beyond it and the norm by less than rounding.
+        //
+        // An input's error is the drift its op may pass on, and its largest
+        // element's gap is the better sign of how far its elements moved.
+        // Where the sides' dtypes differ (bfloat16 against float32), that
+        // gap holds the cast's rounding of the element, a difference of
+        // dtype that the op's own tolerance (c·u, c >= 4) admits: less that
+        // rounding. Counted whole, 32 times, it hid a 5% fault in a bfloat16
+        // `silu`.
         tc.rel_err = if role == Role::Output {
             tc.rel_l2.max(tc.rel_linf / LINF_MARGIN)
         } else if tc.dtype_differs {
