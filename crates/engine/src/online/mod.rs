@@ -265,13 +265,19 @@ impl Judging {
     /// judged by its own error, and a bias moved by Adam's first step from
     /// a gradient that is rounding noise (a key bias's) read as drift.
     fn judge_step(&mut self, step: i64, records: Vec<OpRecord>) {
-        let context = self.previous.take().filter(|(s, _)| *s + 1 == step);
-        let first = if context.is_some() { step - 1 } else { step };
-        let window: Vec<OpRecord> = match &context {
-            Some((_, before)) => before.iter().chain(records.iter()).cloned().collect(),
-            None => records.clone(),
+        let records = match self.previous.take().filter(|(s, _)| *s + 1 == step) {
+            Some((_, mut window)) => {
+                // One vector for both steps, split again after: no copy.
+                let before = window.len();
+                window.extend(records);
+                self.judge_window(step - 1, step, &window);
+                window.split_off(before)
+            }
+            None => {
+                self.judge_window(step, step, &records);
+                records
+            }
         };
-        self.judge_window(first, step, &window);
         self.previous = Some((step, records));
     }
 
