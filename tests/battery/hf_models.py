@@ -69,15 +69,16 @@ def _no_dropout(model):
                 setattr(m, k, 0.0)
 
 
-def train(family, device, steps=2, seed=0):
-    """`steps` AdamW steps of `family` on `device`; returns the losses."""
+def train(family, device, steps=2, seed=0, dtype=None):
+    """`steps` AdamW steps of `family` on `device` (its parameters in
+    `dtype`, when given); returns the losses."""
     torch.manual_seed(seed)
     model = _families()[family]()
     _no_dropout(model)
     model.train()
     g = torch.Generator().manual_seed(seed + 1)
     batches = [_batch(family, g) for _ in range(steps)]
-    model = model.to(device)
+    model = model.to(device=device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for b in batches:
@@ -85,5 +86,5 @@ def train(family, device, steps=2, seed=0):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        losses.append(float(loss.float().item()))
     return losses
