@@ -402,11 +402,17 @@ fn wanted_in_thread<'a>(
     sig: &'static str,
     info: CallInfo,
 ) -> std::thread::ScopedJoinHandle<'a, (i64, Duration)> {
-    scope.spawn(move || {
+    // The thread says it started, so that the caller's sleep begins after
+    // its clock does: on a loaded machine it may start late.
+    let (started, on_start) = std::sync::mpsc::channel();
+    let handle = scope.spawn(move || {
         let t0 = Instant::now();
+        let _ = started.send(());
         let id = c.wanted(sig, 900, info);
         (id, t0.elapsed())
-    })
+    });
+    on_start.recv().unwrap();
+    handle
 }
 
 fn summary_of(d: &std::path::Path) -> serde_json::Value {
