@@ -339,3 +339,20 @@ def test_a_battery_family_judged_online_names_what_offline_compare_names(tmp_pat
     assert final["headline"]["step"] == 0
     assert len(list(run.glob("rank=0/device=*/capture-*.safetensors"))) == 1
     assert final["cpu_check"]["device_is_off"] is True, final["cpu_check"]
+
+
+def test_steps_the_reference_lacks_are_said_and_counted(tmp_path):
+    """A reference of two steps against a run of four: the steps after the
+    reference's last (its tail after the last optimizer step, step 2) are
+    not compared, though the reference has the step before each, its
+    context; one line says so, and the final verdict counts them."""
+    ref = tmp_path / "cpu"
+    p, _, lines = tinylm("cpu", ref, steps=2)
+    assert p.returncode == 0 and not lines, p.stderr[-3000:]
+    run = tmp_path / "testdev"
+    p, _, lines = tinylm("testdev", run, steps=4, OPDUMP_REFERENCE=ref)
+    assert p.returncode == 0, p.stderr[-3000:]
+    missing = [l for l in lines if "has no calls of rank 0 in step 3;" in l]
+    assert len(missing) == 1, lines
+    final = verdicts(run)[-1]
+    assert final["kind"] == "final" and final["steps_missing"] == 2, final
