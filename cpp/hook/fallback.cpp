@@ -159,19 +159,28 @@ void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torc
 struct OpFacts {
   std::string name, overload;  // to tell a reused entry from the one cached
   std::string shown_overload;  // "default" for ""
+  std::string_view base;       // `addmm` of `aten::addmm`, in `name`
   size_t num_args = 0;
+  const OpNames* names = nullptr;  // the interned names (op_names)
   bool control = false;      // opdump::, our own control ops
   bool may_carry = false;    // Carries may follow memory without values
   bool empty = false;        // its outputs hold no values (empty*)
   bool collective = false;   // its outputs are written after it returns
   bool write_scope = false;  // it writes memory a WriteScope must note
+  bool views_only = false;   // it returns views of its inputs only
+  bool preserves_values = false;  // a view with its input's values
+  bool preserves_order = false;   // ... in their order (a reshape)
   int8_t selected = -1;      // the regexes' verdict; -1: not had yet
+  // Per argument, by schema index: what record_inputs asks of each call.
+  enum ArgBits : uint8_t { kWritten = 1, kTensorType = 2, kValuesDefined = 4 };
+  c10::SmallVector<uint8_t, 8> args;
 };
 
 const OpFacts& op_facts(const c10::OperatorHandle& op) {
   // Keyed by the operator's entry, as op_names (interned.cpp): an op
   // deregistered and another registered at the same address is told apart
-  // by its name, overload and argument count.
+  // by its name, overload and argument count. Everything here is the same
+  // for every call of the op, so its calls pay no string work.
   thread_local std::unordered_map<const void*, OpFacts> cache;
   const auto& name = op.operator_name();
   const auto& schema = op.schema();
@@ -182,12 +191,22 @@ const OpFacts& op_facts(const c10::OperatorHandle& op) {
     f.overload = name.overload_name;
     f.shown_overload = f.overload.empty() ? "default" : f.overload;
     f.num_args = schema.arguments().size();
-    const std::string_view base = base_name(name.name);
+    f.base = base_name(f.name);
+    f.names = &op_names(op);
     f.control = name.name.starts_with("opdump::");
-    f.may_carry = may_carry(base);
-    f.empty = output_uninitialized(base);
+    f.may_carry = may_carry(f.base);
+    f.empty = output_uninitialized(f.base);
     f.collective = outputs_asynchronous(name.name);
     f.write_scope = opens_write_scope(schema);
+    f.views_only = returns_views_only(schema);
+    f.preserves_values = preserves_values(f.base, f.overload);
+    f.preserves_order = preserves_order(f.base);
+    for (const auto& a : schema.arguments()) {
+      const bool writes = is_written(a);
+      f.args.push_back(static_cast<uint8_t>((writes ? OpFacts::kWritten : 0) |
+                                            (is_tensor_type(a) ? OpFacts::kTensorType : 0) |
+                                            (input_values_defined(f.base, a, writes) ? OpFacts::kValuesDefined : 0)));
+    }
   }
   if (f.selected < 0 && !f.control) {
     const int32_t v = op_selected(rust::Str(f.name), rust::Str(f.shown_overload));
@@ -223,12 +242,11 @@ void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   Carries carries;
   Written written;
   try {
-    if (facts.may_carry) carries = Carries::judge(base_name(op.operator_name().name), schema, *stack);
+    if (facts.may_carry) carries = Carries::judge(facts.base, schema, *stack);
     if (schema.returns().empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
-      const auto& args = schema.arguments();
-      const size_t first = stack->size() - args.size();
-      for (size_t i = 0; i < args.size(); ++i)
-        if (is_written(args[i])) written.emplace_back(i, (*stack)[first + i]);
+      const size_t first = stack->size() - facts.num_args;
+      for (size_t i = 0; i < facts.num_args; ++i)
+        if (facts.args[i] & OpFacts::kWritten) written.emplace_back(i, (*stack)[first + i]);
     }
   } catch (const std::exception& e) {
     carry_failed(op, e);
@@ -256,27 +274,25 @@ void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
 
 // Names the call, measures its tensor arguments and writes the others as
 // text. A failure here is opdump's, never the job's.
-void record_inputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                   const OpTicket& ticket, Written& written) {
+void record_inputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFacts& facts,
+                   const torch::jit::Stack& stack, const OpTicket& ticket, Written& written) {
   const auto& name = op.operator_name();
   try {
     const auto& args = op.schema().arguments();
-    const std::string_view base = base_name(name.name);
     rec.call.tensors.reserve(args.size() + op.schema().returns().size());
-    const OpNames& names = op_names(op);
+    const OpNames& names = *facts.names;
     rec.call.op_id = names.op;
     rec.call.overload_id = names.overload_id;
     const size_t first = stack.size() - args.size();
     std::string text;
     for (size_t i = 0; i < args.size(); ++i) {
       const c10::IValue& v = stack[first + i];
-      const auto& a = args[i];
-      const bool writes = is_written(a);
-      if (holds_tensors(v) || (v.isNone() && is_tensor_type(a))) {
-        if (writes) written.emplace_back(i, v);
-        if (ticket.inputs) rec.value(v, Role::Input, names.args[i], input_values_defined(base, a, writes));
+      const uint8_t bits = facts.args[i];
+      if (holds_tensors(v) || (v.isNone() && (bits & OpFacts::kTensorType))) {
+        if (bits & OpFacts::kWritten) written.emplace_back(i, v);
+        if (ticket.inputs) rec.value(v, Role::Input, names.args[i], (bits & OpFacts::kValuesDefined) != 0);
       } else {
-        append_arg_text(text, a, v);
+        append_arg_text(text, args[i], v);
       }
     }
     rec.call.args = rust::String(text);
@@ -296,8 +312,10 @@ void record_inputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch::
 
 // Runs the op with its wall time. The user's own error goes back to them
 // unchanged, after its message is put into the record.
-void run_timed(RowBuilder& rec, const c10::OperatorHandle& op, c10::DispatchKeySet next, torch::jit::Stack* stack) {
-  WriteScope writing(op.schema(), *stack);
+void run_timed(RowBuilder& rec, const c10::OperatorHandle& op, const OpFacts& facts, c10::DispatchKeySet next,
+               torch::jit::Stack* stack) {
+  std::optional<WriteScope> writing;
+  if (facts.write_scope) writing.emplace(op.schema(), *stack);
   rec.call.start_ns = epoch_ns();
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -316,20 +334,19 @@ void run_timed(RowBuilder& rec, const c10::OperatorHandle& op, c10::DispatchKeyS
 
 // Measures the returns, or, for in-place ops that return nothing
 // (_foreach_add_), the arguments the schema marks as written.
-void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                    const OpTicket& ticket, const Written& written) {
+void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFacts& facts,
+                    const torch::jit::Stack& stack, const OpTicket& ticket, const Written& written) {
   const auto& name = op.operator_name();
   try {
-    const std::string_view base = base_name(name.name);
     const auto& returns = op.schema().returns();
-    if (ticket.shortcuts && preserves_values(base, name.overload_name)) {
+    if (ticket.shortcuts && facts.preserves_values) {
       static const uint32_t self = name_id("self");
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
         if (rec.call.tensors[i].role == Role::Input && rec.call.tensors[i].arg_id == self) rec.view_source = i;
-      rec.view_keeps_order = preserves_order(base);
+      rec.view_keeps_order = facts.preserves_order;
     }
-    const bool async_outputs = outputs_asynchronous(name.name);
-    const bool fresh = !output_uninitialized(base) && !async_outputs;
+    const bool async_outputs = facts.collective;
+    const bool fresh = !facts.empty && !async_outputs;
     const StatsStatus no_values = async_outputs ? StatsStatus::NotMeasured : StatsStatus::Uninitialized;
     if (!returns.empty()) {
       const size_t first = stack.size() - returns.size();
@@ -344,8 +361,7 @@ void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const torch:
     } else {
       rec.alias_return = false;
       rec.write_return = true;
-      const OpNames& names = op_names(op);
-      for (auto& [i, v] : written) rec.value(v, Role::Output, names.args[i], fresh, true, no_values);
+      for (auto& [i, v] : written) rec.value(v, Role::Output, facts.names->args[i], fresh, true, no_values);
     }
   } catch (const std::exception& e) {
     internal_error(rust::Str(std::string("measuring the outputs of ") + name.name + " failed: " + e.what()));
@@ -399,14 +415,16 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   rec.shortcuts = ticket.shortcuts;
   Written written;
   Carries carries;
-  try {
-    carries = Carries::judge(base_name(op.operator_name().name), op.schema(), *stack);
-    rec.carries = &carries;
-  } catch (const std::exception& e) {
-    carry_failed(op, e);
+  if (facts.may_carry) {
+    try {
+      carries = Carries::judge(facts.base, op.schema(), *stack);
+      rec.carries = &carries;
+    } catch (const std::exception& e) {
+      carry_failed(op, e);
+    }
   }
   if (ticket.source) rec.call.source = rust::String(python_source());
-  record_inputs(rec, op, *stack, ticket, written);
+  record_inputs(rec, op, facts, *stack, ticket, written);
   // The autograd nodes the op makes take the next sequence numbers of this
   // thread: the call claims them for its backward calls (fwd_seq).
   CpuCheckGuard cpu_check;
@@ -418,10 +436,10 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
     }
   }
   AccuracyCheckGuard accuracy;
-  if (ticket.check && !returns_views_only(op.schema())) start_accuracy_check(accuracy, op, *stack, rec.call);
+  if (ticket.check && !facts.views_only) start_accuracy_check(accuracy, op, *stack, rec.call);
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
   CollectiveFills filled(op, facts, *stack);
-  run_timed(rec, op, next, stack);
+  run_timed(rec, op, facts, next, stack);
   try {
     filled.done();
   } catch (const std::exception& e) {
@@ -450,7 +468,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   const auto end_node = static_cast<int64_t>(at::sequence_number::peek());
   if (end_node > first_node)
     op_made_nodes(static_cast<int64_t>(at::RecordFunction::currentThreadId()), first_node, end_node);
-  record_outputs(rec, op, *stack, ticket, written);
+  record_outputs(rec, op, facts, *stack, ticket, written);
 }
 
 }  // namespace
