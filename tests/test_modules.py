@@ -371,3 +371,48 @@ def test_engine_work_in_backward_is_linked_to_its_node_or_parameter(run, dev):
         assert not pd_isnull(owner), row.to_dict()
         shapes = [shape for name, shape in params.items() if name.rsplit(".", 1)[0] == owner]
         assert list(row["shape"]) in shapes, (owner, list(row["shape"]), shapes)
+
+
+def test_a_module_made_where_a_freed_one_was_gets_its_own_path(run):
+    """The hooks remember each module's path by its id (python_hooks.cpp);
+    CPython gives a freed module's memory to the next object of its size, so
+    a new root module often gets the id of a freed one. Its calls must carry
+    its own path, never the freed module's."""
+    job = run("""
+    import gc
+    import torch.nn as nn
+
+    class Old(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    class New(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x)
+
+    torch.ops.opdump.enable()
+    x = torch.randn(2, 4)
+    reused, freed = 0, set()
+    for _ in range(20):
+        old = Old()
+        old(x)
+        freed |= {id(old), id(old.inner)}
+        del old
+        gc.collect()
+        new = New()
+        reused += id(new) in freed
+        new(x)
+        del new
+        gc.collect()
+    torch.ops.opdump.flush()
+    print(json.dumps({"reused": reused}))
+    """)
+    assert job.returncode == 0, job.stderr
+    assert job.result()["reused"] > 0, "no id was reused: the test proves nothing on this interpreter"
+    c = calls(job.table())
+    tanh = c[c.op == "aten::tanh"]
+    assert len(tanh) == 20 and set(tanh.module) == {"New"}, tanh.module.value_counts()

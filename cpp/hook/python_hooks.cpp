@@ -62,7 +62,10 @@ _handles = []
 # here (python_hooks.cpp) before apply() runs; torch.ops.opdump's otherwise.
 _c_enter = _c_exit = None
 _local = threading.local()
-_paths = weakref.WeakKeyDictionary()  # module -> its qualified path
+# id(module) -> (a weak reference to it, its qualified path). Looked up at
+# every module call: a WeakKeyDictionary would make a weak reference for
+# each lookup.
+_paths = {}
 _torch_dir = None
 
 
@@ -73,26 +76,46 @@ def _ready():
     return "torch.nn.modules.module" in sys.modules
 
 
+def _known_path(mod):
+    e = _paths.get(id(mod))
+    return e[1] if e is not None and e[0]() is mod else None
+
+
+def _set_path(mod, path):
+    # torch.compile's wrapper is never looked up by itself (see pre): left
+    # out, it cannot give its path to the calls of its compiled code.
+    if _is_compiled(mod):
+        return
+    key = id(mod)
+
+    def gone(ref, key=key):
+        e = _paths.get(key)
+        if e is not None and e[0] is ref:
+            del _paths[key]
+
+    _paths[key] = (weakref.ref(mod, gone), path)
+
+
 def _name_subtree(mod, prefix, name_tensors):
     # named_modules() names the subtree as a job sees it; tied modules and
     # parameters keep their first name.
     for path, sub in mod.named_modules(prefix=prefix):
-        if path and sub not in _paths:
-            _paths[sub] = path
+        if path and _known_path(sub) is None:
+            _set_path(sub, path)
     tensors = list(mod.named_parameters(prefix=prefix)) + list(mod.named_buffers(prefix=prefix))
     if tensors:
         name_tensors([t for _, t in tensors], [n for n, _ in tensors])
 
 
 def _path_of(mod, parent, name_tensors):
-    path = _paths.get(mod)
+    path = _known_path(mod)
     if path is not None:
         return path
     if parent is None:
         # Called by the job itself: a root, named by its class, its
         # submodules by their paths below it.
         path = type(mod).__name__
-        _paths[mod] = path
+        _set_path(mod, path)
         _name_subtree(mod, "", name_tensors)
         return path
     # Made after its root was named, or a model called inside another: its
@@ -100,7 +123,7 @@ def _path_of(mod, parent, name_tensors):
     pmod, ppath, proot = parent
     attr = next((k for k, v in pmod._modules.items() if v is mod), None) or type(mod).__name__
     path = attr if proot else ppath + "." + attr
-    _paths[mod] = path
+    _set_path(mod, path)
     _name_subtree(mod, path, name_tensors)
     return path
 
@@ -289,14 +312,18 @@ def apply(want):
         parent = stack[-1] if stack else None
         if parent is not None and parent[1] == "":
             path = ""  # inside compiled code, or the compiled module itself
-        elif _is_compiled(mod):
-            # torch.compile's wrapper: its module and the tensors are named
-            # as in an eager run, but the calls of its compiled code carry
-            # no module ("").
-            _path_of(mod._orig_mod, parent, name_tensors)
-            path = ""
         else:
-            path = _path_of(mod, parent, name_tensors)
+            path = _known_path(mod)
+            if path is not None:
+                pass  # every call after a module's first
+            elif _is_compiled(mod):
+                # torch.compile's wrapper: its module and the tensors are
+                # named as in an eager run, but the calls of its compiled
+                # code carry no module ("").
+                _path_of(mod._orig_mod, parent, name_tensors)
+                path = ""
+            else:
+                path = _path_of(mod, parent, name_tensors)
         stack.append((mod, path, parent is None))
         enter(path)
 
