@@ -220,20 +220,23 @@ fn module_key(d: &Dump, i: u32) -> u64 {
 }
 
 fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
-    let key = |i: u32, base: u64| {
-        if by_module {
-            mix(base, module_key(d, i))
-        } else {
-            base
-        }
-    };
+    // One pass over the calls for both keys: the module is read from the
+    // call's row once, not once per key (each read of a row kept out of
+    // memory costs a look-up, and a walk over every row a decode).
     let mut rows = Vec::new();
-    let sig: Vec<u64> = (0..d.len() as u32)
-        .map(|i| key(i, d.signature_with(i, &mut rows)))
-        .collect();
-    let loose: Vec<u64> = (0..d.len() as u32)
-        .map(|i| key(i, d.name_signature(i)))
-        .collect();
+    let mut sig = Vec::with_capacity(d.len());
+    let mut loose = Vec::with_capacity(d.len());
+    for i in 0..d.len() as u32 {
+        let (s, l) = (d.signature_with(i, &mut rows), d.name_signature(i));
+        if by_module {
+            let m = module_key(d, i);
+            sig.push(mix(s, m));
+            loose.push(mix(l, m));
+        } else {
+            sig.push(s);
+            loose.push(l);
+        }
+    }
     let mut ignored = vec![false; d.len()];
     if let Some(re) = filter.ignore.as_ref() {
         // One regex test per distinct (op, overload), not per call.
