@@ -33,6 +33,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use opdump_judge::dump::{signature_start, signature_step};
 use opdump_judge::tree::{call_tree, NO_PARENT};
 use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
 use opdump_judge::{NONE, NO_ID, NO_SEQ};
@@ -305,6 +306,10 @@ struct Builder {
     parent_seq: Vec<i64>,
     /// The rest of each call, out of memory.
     ops: Spill<OpRow>,
+    /// The calls whose tensors may not all be read yet (the last of a batch
+    /// goes on into the next), their signatures still being folded: spilled
+    /// once complete.
+    open: Vec<OpRow>,
     has_modules: bool,
     op: Vec<u32>,
     overload: Vec<u32>,
@@ -700,6 +705,8 @@ struct RowCodes {
 struct TensorRows {
     rows: Vec<u32>,
     roles: Vec<Role>,
+    /// The call of each, an index into [`Builder::open`].
+    call: Vec<u32>,
 }
 
 /// A file that breaks the format's rules.
@@ -798,6 +805,7 @@ impl Builder {
             seq: reserved(ops),
             parent_seq: reserved(ops),
             ops: Spill::default(),
+            open: Vec::new(),
             t_rows: Spill::default(),
             has_modules: false,
             op: reserved(ops),
@@ -855,6 +863,15 @@ impl Builder {
         for batch in reader {
             let batch = batch.map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
             self.read_batch(path, &batch, &mut last_seq)?;
+        }
+        self.spill_complete_calls(0)
+    }
+
+    /// Spills the open calls but the last `keep` (whose rows may go on).
+    fn spill_complete_calls(&mut self, keep: usize) -> Result<()> {
+        let done = self.open.len().saturating_sub(keep);
+        for row in self.open.drain(..done) {
+            self.ops.push(row)?;
         }
         Ok(())
     }
@@ -983,6 +1000,7 @@ impl Builder {
         let mut tensors = TensorRows {
             rows: Vec::with_capacity(n),
             roles: Vec::with_capacity(n),
+            call: Vec::with_capacity(n),
         };
         for i in 0..n {
             if c.seq.is_null(i) {
@@ -1009,6 +1027,7 @@ impl Builder {
             }
             tensors.rows.push(i as u32);
             tensors.roles.push(role);
+            tensors.call.push(self.open.len().saturating_sub(1) as u32);
         }
         Ok(tensors)
     }
@@ -1045,7 +1064,7 @@ impl Builder {
         self.op.push(codes.op[i]);
         self.overload.push(codes.overload[i]);
         self.has_modules |= codes.module[i] != NO_ID;
-        self.ops.push(OpRow {
+        self.open.push(OpRow {
             seq: s,
             step: c.step.value(i),
             fwd_seq: match c.fwd_seq {
@@ -1058,7 +1077,8 @@ impl Builder {
             error: codes.error[i],
             module: codes.module[i],
             source: codes.source[i],
-        })?;
+            sig: signature_start(&self.names, codes.op[i], codes.overload[i]),
+        });
         self.t_start
             .push((self.t_rows.len() + tensors_before) as u32);
         self.t_len.push(0);
@@ -1077,6 +1097,14 @@ impl Builder {
         let first = self.t_rows.len();
         let rows = &tensors.rows;
         let shapes = shape_ids(path, c, rows, &mut self.t.shapes)?;
+        // Each call's signature, folded over its tensors as they pass; the
+        // calls before the batch's last are complete.
+        for ((&call, &role), &shape) in tensors.call.iter().zip(&tensors.roles).zip(&shapes) {
+            if let Some(o) = self.open.get_mut(call as usize) {
+                o.sig = signature_step(&self.t.shapes, o.sig, role, shape);
+            }
+        }
+        self.spill_complete_calls(1)?;
         let t = &mut self.t;
         let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
         let [cnan, cpos, cneg, czero] = c.c;
@@ -1136,6 +1164,7 @@ impl Builder {
         stats_accumulate: String,
         skipped_other_pids: u64,
     ) -> Result<Dump> {
+        self.spill_complete_calls(0)?;
         let n = self.seq.len();
         // Files of different partitions (devices) interleave in seq: sort the
         // op columns; tensors stay where they are, ops point at them.

@@ -8,7 +8,7 @@ use crate::spill::{chunk_cache, fixed, PutBytes, Record};
 const PHASES: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Optimizer];
 
 impl Record for OpRow {
-    const SIZE: usize = 45;
+    const SIZE: usize = 53;
 
     #[inline(always)]
     fn put(&self, out: &mut [u8]) {
@@ -21,6 +21,7 @@ impl Record for OpRow {
         w.put(&self.error.to_le_bytes());
         w.put(&self.module.to_le_bytes());
         w.put(&self.source.to_le_bytes());
+        w.put(&self.sig.to_le_bytes());
         w.put(&[PHASES.iter().position(|&p| p == self.phase).unwrap_or(0) as u8]);
     }
 
@@ -47,8 +48,9 @@ impl Record for OpRow {
             error: w(32),
             module: w(36),
             source: w(40),
+            sig: u64::from_le_bytes(fixed(b, 44)),
             phase: PHASES
-                .get(b[44] as usize)
+                .get(b[52] as usize)
                 .copied()
                 .unwrap_or(Phase::Forward),
         }
@@ -72,6 +74,7 @@ mod op_row_tests {
             error: NO_ID,
             module: 5,
             source: 6,
+            sig: u64::MAX - 7,
         };
         let mut b = [0u8; OpRow::SIZE];
         r.put(&mut b);
