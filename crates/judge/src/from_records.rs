@@ -281,9 +281,14 @@ impl Builder {
         Ok(())
     }
 
-    fn finish(self, path: PathBuf, rank: u32, pid: Option<i64>) -> Result<Dump, RecordsError> {
+    fn finish(mut self, path: PathBuf, rank: u32, pid: Option<i64>) -> Result<Dump, RecordsError> {
         let tree = call_tree(&self.seq, &self.parent_seq)
             .map_err(|l| RecordsError::AncestorLoop(l.seq))?;
+        if self.t.sketch_values.is_empty() {
+            // No tensor has a sketch: the loader reads a sketch column null
+            // in every row as no column, and so does this.
+            self.t.sketch_start = Vec::new();
+        }
         Ok(Dump {
             path,
             rank,
