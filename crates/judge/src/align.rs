@@ -212,28 +212,32 @@ struct Prepared {
 /// The module path's part of a call's keys: two calls of one op in
 /// different layers are different calls, even where their shapes agree (a
 /// call missing on one side then cannot pair with the next layer's).
-fn module_key(d: &Dump, i: u32) -> u64 {
-    match d.op_row(i).module {
+fn module_key(module: u32, d: &Dump) -> u64 {
+    match module {
         NO_ID => 0,
         m => d.texts.hash(m),
     }
 }
 
 fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
-    let key = |i: u32, base: u64| {
+    // One pass over the calls' rows for both keys: the signature and the
+    // module are read from the call's row once (each read of a row kept out
+    // of memory costs a look-up, and a walk over every row a decode), and
+    // the tensors' rows not at all.
+    let mut sig = Vec::with_capacity(d.len());
+    let mut loose = Vec::with_capacity(d.len());
+    for i in 0..d.len() as u32 {
+        let row = d.op_row(i);
+        let (s, l) = (row.sig, d.name_signature(i));
         if by_module {
-            mix(base, module_key(d, i))
+            let m = module_key(row.module, d);
+            sig.push(mix(s, m));
+            loose.push(mix(l, m));
         } else {
-            base
+            sig.push(s);
+            loose.push(l);
         }
-    };
-    let mut rows = Vec::new();
-    let sig: Vec<u64> = (0..d.len() as u32)
-        .map(|i| key(i, d.signature_with(i, &mut rows)))
-        .collect();
-    let loose: Vec<u64> = (0..d.len() as u32)
-        .map(|i| key(i, d.name_signature(i)))
-        .collect();
+    }
     let mut ignored = vec![false; d.len()];
     if let Some(re) = filter.ignore.as_ref() {
         // One regex test per distinct (op, overload), not per call.

@@ -490,7 +490,11 @@ impl<'d> Judge<'d> {
                 consumed_tainted: Vec::new(),
                 judged_from: 0,
             },
-            prov: Provenance::with_capacity(a.tensors.len() / 2),
+            // Room for an output per two pairs, grown when more come: the
+            // synthetic 1M pair's 947K pairs register 631K distinct outputs.
+            // Sized by A's tensors (2.8M / 2) the table had twice the
+            // buckets it needs, and inserts at random touch every page.
+            prov: Provenance::with_capacity(n / 2),
             one_sided: OneSided::new(a, b, alignment),
             next: 0,
             ahead: None,

@@ -156,6 +156,19 @@ pub fn full_op_name(op: &str, overload: &str) -> String {
     }
 }
 
+/// The start of a call's signature ([`Dump::signature`]): its op and
+/// overload (ids in `names`), which is also [`Dump::name_signature`].
+pub fn signature_start(names: &Interner, op: u32, overload: u32) -> u64 {
+    mix(names.hash(op), names.hash(overload))
+}
+
+/// A call's signature `h` with one more of its tensors, in order: its role
+/// and shape (an id in `shapes`).
+#[inline]
+pub fn signature_step(shapes: &ShapeInterner, h: u64, role: Role, shape: u32) -> u64 {
+    mix(mix(h, role as u64), shapes.hash(shape))
+}
+
 /// One rank of one dump.
 pub struct Dump {
     /// The directory given on the command line.
@@ -405,19 +418,21 @@ impl Dump {
 
     /// The alignment signature of an op call: op, overload, and the role and
     /// shape of each tensor, but not dtypes (a bf16 run must align with an
-    /// fp32 run). Equal across dumps for equal calls.
+    /// fp32 run). Equal across dumps for equal calls. Folded when the dump
+    /// was built (see [`OpRow::sig`]); [`Dump::signature_of_rows`] folds it
+    /// again from the tensors.
     pub fn signature(&self, i: u32) -> u64 {
-        self.signature_with(i, &mut Vec::new())
+        self.op_row(i).sig
     }
 
-    /// [`Dump::signature`], reading the call's rows through `rows` (a
-    /// buffer a pass over every call reuses).
-    pub fn signature_with(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
-        let mut h = self.name_signature(i);
+    /// [`Dump::signature`] folded from the call's tensor rows, read through
+    /// `rows` (a buffer reused across calls): what a dump's builder must
+    /// have stored.
+    pub fn signature_of_rows(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
+        let mut h = signature_start(&self.names, self.op[i as usize], self.overload[i as usize]);
         self.tensors.rows_of(self.tensors_of(i), rows);
         for r in rows.iter() {
-            h = mix(h, r.role as u64);
-            h = mix(h, self.tensors.shapes.hash(r.shape));
+            h = signature_step(&self.tensors.shapes, h, r.role, r.shape);
         }
         h
     }
@@ -425,10 +440,7 @@ impl Dump {
     /// Op and overload only: the looser key used to pair calls whose shapes
     /// differ.
     pub fn name_signature(&self, i: u32) -> u64 {
-        mix(
-            self.names.hash(self.op[i as usize]),
-            self.names.hash(self.overload[i as usize]),
-        )
+        signature_start(&self.names, self.op[i as usize], self.overload[i as usize])
     }
 
     /// What a reader should know about a dump of an older schema: said

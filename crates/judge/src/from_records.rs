@@ -13,7 +13,7 @@ use opdump_format::{OpRecord, Role, TensorRecord};
 
 use crate::captured::NoCaptures;
 use crate::dtype::DType;
-use crate::dump::{Dump, Tensors, NONE};
+use crate::dump::{signature_start, signature_step, Dump, Tensors, NONE};
 use crate::intern::{Interner, ShapeInterner, NO_ID};
 use crate::op_row::{OpRow, NO_SEQ};
 use crate::rows::MemRows;
@@ -140,6 +140,10 @@ impl Builder {
             if let Some(n) = self.t_len.last_mut() {
                 *n += 1;
             }
+            // The call's signature, one tensor more.
+            if let (Some(call), Some(row)) = (self.ops.last_mut(), self.t_rows.last()) {
+                call.sig = signature_step(&self.t.shapes, call.sig, row.role, row.shape);
+            }
         }
         Ok(())
     }
@@ -157,13 +161,18 @@ impl Builder {
             error: text(r.error.as_deref()),
             module: text(r.module.as_deref()),
             source: text(r.source.as_deref()),
+            sig: 0,
         };
         self.has_modules |= row.module != NO_ID;
         self.seq.push(r.seq);
         self.parent_seq.push(r.parent_seq.unwrap_or(NO_PARENT));
-        self.op.push(self.names.intern(&r.op));
-        self.overload.push(self.names.intern(&r.overload));
-        self.ops.push(row);
+        let (op, overload) = (self.names.intern(&r.op), self.names.intern(&r.overload));
+        self.op.push(op);
+        self.overload.push(overload);
+        self.ops.push(OpRow {
+            sig: signature_start(&self.names, op, overload),
+            ..row
+        });
         self.t_start.push(self.t_rows.len() as u32);
         self.t_len.push(0);
     }
@@ -272,9 +281,14 @@ impl Builder {
         Ok(())
     }
 
-    fn finish(self, path: PathBuf, rank: u32, pid: Option<i64>) -> Result<Dump, RecordsError> {
+    fn finish(mut self, path: PathBuf, rank: u32, pid: Option<i64>) -> Result<Dump, RecordsError> {
         let tree = call_tree(&self.seq, &self.parent_seq)
             .map_err(|l| RecordsError::AncestorLoop(l.seq))?;
+        if self.t.sketch_values.is_empty() {
+            // No tensor has a sketch: the loader reads a sketch column null
+            // in every row as no column, and so does this.
+            self.t.sketch_start = Vec::new();
+        }
         Ok(Dump {
             path,
             rank,

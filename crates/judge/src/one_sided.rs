@@ -139,6 +139,9 @@ impl OneSided {
 impl Side {
     fn new(d: &Dump, matched: &[u32]) -> Self {
         let mut side = Side::default();
+        // The call's rows, read together once (each read of a row kept out
+        // of memory is a look-up of its own).
+        let mut rows = Vec::new();
         for i in 0..d.len() as u32 {
             if matched[i as usize] != NONE {
                 continue;
@@ -150,17 +153,23 @@ impl Side {
                 }
                 root = p;
             }
-            for t in d.tensors_of(i) {
-                let output = d.tensors.role(t) == Role::Output;
+            let ts = d.tensors_of(i);
+            d.tensors.rows_of(ts.clone(), &mut rows);
+            for (t, r) in ts.zip(&rows) {
+                let output = r.role == Role::Output;
                 // Only outputs, and the inputs of roots, are looked up.
-                if !d.tensors.has_values(t) || !(output || i == root) {
+                if !r.has_values() || !(output || i == root) {
                     continue;
                 }
-                let h = side_hash(d, t);
+                let h = side_hash_of_row(d, t, r);
                 if output {
                     // The root's own outputs come first (a parent's seq is
                     // below its children's) and keep their list element.
-                    let li = if i == root { d.list_index(t) } else { None };
+                    let li = if i == root {
+                        (r.list_index >= 0).then_some(r.list_index)
+                    } else {
+                        None
+                    };
                     side.made
                         .entry(h)
                         .and_modify(|m| {

@@ -33,6 +33,11 @@ pub struct OpRow {
     pub module: u32,
     /// Id in the dump's texts of the user's source line (`OPDUMP_SOURCE=1`).
     pub source: u32,
+    /// The call's alignment signature ([`crate::Dump::signature`]), folded
+    /// by whoever builds the dump while its rows pass by
+    /// ([`crate::dump::signature_start`], [`crate::dump::signature_step`]):
+    /// aligning then reads this row alone, not every tensor's again.
+    pub sig: u64,
 }
 
 impl Default for OpRow {
@@ -47,6 +52,7 @@ impl Default for OpRow {
             error: NO_ID,
             module: NO_ID,
             source: NO_ID,
+            sig: 0,
         }
     }
 }

@@ -33,6 +33,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use opdump_judge::dump::{signature_start, signature_step};
 use opdump_judge::tree::{call_tree, NO_PARENT};
 use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
 use opdump_judge::{NONE, NO_ID, NO_SEQ};
@@ -83,18 +84,22 @@ const OPTIONAL: [&str; 9] = [
     col::SKETCH,
 ];
 
-/// Optional string columns that read as absent when every value is null.
-/// Most dumps leave these null throughout (no errors, no source lines, no
-/// captures), and a dictionary column with no dictionary values takes the
-/// reader's slow path: each batch is rebuilt into a dictionary by hashing
-/// and comparing its rows one by one.
-const NULL_AS_ABSENT: [&str; 6] = [
+/// Optional columns that read as absent when every value is null. Most
+/// dumps leave these null throughout (no errors, no source lines, no
+/// captures, no sketch), and a dictionary column with no dictionary values
+/// takes the reader's slow path: each batch is rebuilt into a dictionary by
+/// hashing and comparing its rows one by one. A `sketch` column read, even
+/// all null, costs an index per tensor (4 bytes: 236 MB for the synthetic
+/// 10M pair) and its list decoding; absent, no tensor has a sketch, as
+/// when all are null.
+const NULL_AS_ABSENT: [&str; 7] = [
     col::ERROR,
     col::MODULE,
     col::SOURCE,
     col::NAME,
     col::CAPTURE_FILE,
     col::CAPTURE_KEY,
+    col::SKETCH,
 ];
 
 const BATCH_ROWS: usize = 64 * 1024;
@@ -305,6 +310,10 @@ struct Builder {
     parent_seq: Vec<i64>,
     /// The rest of each call, out of memory.
     ops: Spill<OpRow>,
+    /// The calls whose tensors may not all be read yet (the last of a batch
+    /// goes on into the next), their signatures still being folded: spilled
+    /// once complete.
+    open: Vec<OpRow>,
     has_modules: bool,
     op: Vec<u32>,
     overload: Vec<u32>,
@@ -441,12 +450,18 @@ impl<'a> StrCol<'a> {
                         f(values.value(i))?
                     });
                 }
+                let code = |k: i32| map.get(k as usize).copied().unwrap_or(null);
+                if keys.null_count() == 0 {
+                    // Most columns have no null: one look-up per row, no
+                    // test of the validity bits (14 columns of every row).
+                    return Ok(keys.values().iter().map(|&k| code(k)).collect());
+                }
                 Ok((0..keys.len())
                     .map(|i| {
                         if keys.is_null(i) {
                             null
                         } else {
-                            map.get(keys.value(i) as usize).copied().unwrap_or(null)
+                            code(keys.value(i))
                         }
                     })
                     .collect())
@@ -641,24 +656,29 @@ fn ival(a: &Int64Array, i: usize) -> i64 {
 }
 
 /// Whether the footer says column `name` is null in every row of the file
-/// (each row group's statistics count as many nulls as rows). Without
+/// (each row group's statistics count as many nulls as rows; for a list
+/// column, `sketch`, its leaf `sketch.list.item`, where an empty list
+/// counts too, which reads as no sketch all the same). Without
 /// statistics, it is read.
 fn all_null(metadata: &parquet::file::metadata::ParquetMetaData, name: &str) -> bool {
-    let Some(k) = metadata
+    let leaves: Vec<usize> = metadata
         .file_metadata()
         .schema_descr()
         .columns()
         .iter()
-        .position(|c| c.path().string() == name)
-    else {
-        return false;
-    };
-    metadata.row_groups().iter().all(|rg| {
-        rg.column(k)
-            .statistics()
-            .and_then(|s| s.null_count_opt())
-            .is_some_and(|n| n == rg.num_rows().max(0) as u64)
-    })
+        .enumerate()
+        .filter(|(_, c)| c.path().parts().first().is_some_and(|p| p == name))
+        .map(|(k, _)| k)
+        .collect();
+    !leaves.is_empty()
+        && metadata.row_groups().iter().all(|rg| {
+            leaves.iter().all(|&k| {
+                rg.column(k)
+                    .statistics()
+                    .and_then(|s| s.null_count_opt())
+                    .is_some_and(|n| n == rg.num_rows().max(0) as u64)
+            })
+        })
 }
 
 /// An empty vector with room for `n` items, or less when that much memory
@@ -700,6 +720,8 @@ struct RowCodes {
 struct TensorRows {
     rows: Vec<u32>,
     roles: Vec<Role>,
+    /// The call of each, an index into [`Builder::open`].
+    call: Vec<u32>,
 }
 
 /// A file that breaks the format's rules.
@@ -775,6 +797,12 @@ fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut 
     {
         return;
     }
+    // Almost every batch counts no NaN or Inf at all: a pass over the raw
+    // values (a null's slot too, which reads as 0 below) finds that without
+    // a test per row.
+    if counts.iter().all(|c| c.values().iter().all(|&v| v == 0)) {
+        return;
+    }
     for (k, &i) in rows.iter().enumerate() {
         let i = i as usize;
         let nf = [ival(cnan, i), ival(cpos, i), ival(cneg, i)];
@@ -798,6 +826,7 @@ impl Builder {
             seq: reserved(ops),
             parent_seq: reserved(ops),
             ops: Spill::default(),
+            open: Vec::new(),
             t_rows: Spill::default(),
             has_modules: false,
             op: reserved(ops),
@@ -855,6 +884,15 @@ impl Builder {
         for batch in reader {
             let batch = batch.map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
             self.read_batch(path, &batch, &mut last_seq)?;
+        }
+        self.spill_complete_calls(0)
+    }
+
+    /// Spills the open calls but the last `keep` (whose rows may go on).
+    fn spill_complete_calls(&mut self, keep: usize) -> Result<()> {
+        let done = self.open.len().saturating_sub(keep);
+        for row in self.open.drain(..done) {
+            self.ops.push(row)?;
         }
         Ok(())
     }
@@ -983,6 +1021,7 @@ impl Builder {
         let mut tensors = TensorRows {
             rows: Vec::with_capacity(n),
             roles: Vec::with_capacity(n),
+            call: Vec::with_capacity(n),
         };
         for i in 0..n {
             if c.seq.is_null(i) {
@@ -1009,6 +1048,7 @@ impl Builder {
             }
             tensors.rows.push(i as u32);
             tensors.roles.push(role);
+            tensors.call.push(self.open.len().saturating_sub(1) as u32);
         }
         Ok(tensors)
     }
@@ -1045,7 +1085,7 @@ impl Builder {
         self.op.push(codes.op[i]);
         self.overload.push(codes.overload[i]);
         self.has_modules |= codes.module[i] != NO_ID;
-        self.ops.push(OpRow {
+        self.open.push(OpRow {
             seq: s,
             step: c.step.value(i),
             fwd_seq: match c.fwd_seq {
@@ -1058,7 +1098,8 @@ impl Builder {
             error: codes.error[i],
             module: codes.module[i],
             source: codes.source[i],
-        })?;
+            sig: signature_start(&self.names, codes.op[i], codes.overload[i]),
+        });
         self.t_start
             .push((self.t_rows.len() + tensors_before) as u32);
         self.t_len.push(0);
@@ -1077,6 +1118,14 @@ impl Builder {
         let first = self.t_rows.len();
         let rows = &tensors.rows;
         let shapes = shape_ids(path, c, rows, &mut self.t.shapes)?;
+        // Each call's signature, folded over its tensors as they pass; the
+        // calls before the batch's last are complete.
+        for ((&call, &role), &shape) in tensors.call.iter().zip(&tensors.roles).zip(&shapes) {
+            if let Some(o) = self.open.get_mut(call as usize) {
+                o.sig = signature_step(&self.t.shapes, o.sig, role, shape);
+            }
+        }
+        self.spill_complete_calls(1)?;
         let t = &mut self.t;
         let [fmin, fmax, fmean, fstd, fl2, fabs] = c.f;
         let [cnan, cpos, cneg, czero] = c.c;
@@ -1136,6 +1185,7 @@ impl Builder {
         stats_accumulate: String,
         skipped_other_pids: u64,
     ) -> Result<Dump> {
+        self.spill_complete_calls(0)?;
         let n = self.seq.len();
         // Files of different partitions (devices) interleave in seq: sort the
         // op columns; tensors stay where they are, ops point at them.

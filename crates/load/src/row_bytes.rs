@@ -3,13 +3,14 @@
 use opdump_format::{Phase, Role, StatsStatus};
 use opdump_judge::{OpRow, TensorRow};
 
-use crate::spill::{bytes_at, chunk_cache, PutBytes, Record};
+use crate::spill::{chunk_cache, fixed, PutBytes, Record};
 
 const PHASES: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Optimizer];
 
 impl Record for OpRow {
-    const SIZE: usize = 45;
+    const SIZE: usize = 53;
 
+    #[inline(always)]
     fn put(&self, out: &mut [u8]) {
         let mut w = PutBytes::new(out);
         w.put(&self.seq.to_le_bytes());
@@ -20,14 +21,24 @@ impl Record for OpRow {
         w.put(&self.error.to_le_bytes());
         w.put(&self.module.to_le_bytes());
         w.put(&self.source.to_le_bytes());
+        w.put(&self.sig.to_le_bytes());
         w.put(&[PHASES.iter().position(|&p| p == self.phase).unwrap_or(0) as u8]);
     }
 
     chunk_cache!(OpRow);
 
+    // Inlined into the loop that decodes a chunk (a call per record cost
+    // as much as the decoding).
+    #[inline(always)]
     fn take(b: &[u8]) -> Self {
-        let l = |k: usize| i64::from_le_bytes(bytes_at(b, k));
-        let w = |k: usize| u32::from_le_bytes(bytes_at(b, k));
+        // A fixed-size array: every field's offset is a constant, so the
+        // reads compile to loads without bounds checks (this runs for every
+        // record of every chunk read back).
+        let Ok(b) = <&[u8; Self::SIZE]>::try_from(b) else {
+            return OpRow::default();
+        };
+        let l = |k: usize| i64::from_le_bytes(fixed(b, k));
+        let w = |k: usize| u32::from_le_bytes(fixed(b, k));
         OpRow {
             seq: l(0),
             step: l(8),
@@ -37,8 +48,9 @@ impl Record for OpRow {
             error: w(32),
             module: w(36),
             source: w(40),
+            sig: u64::from_le_bytes(fixed(b, 44)),
             phase: PHASES
-                .get(b[44] as usize)
+                .get(b[52] as usize)
                 .copied()
                 .unwrap_or(Phase::Forward),
         }
@@ -62,6 +74,7 @@ mod op_row_tests {
             error: NO_ID,
             module: 5,
             source: 6,
+            sig: u64::MAX - 7,
         };
         let mut b = [0u8; OpRow::SIZE];
         r.put(&mut b);
@@ -85,6 +98,7 @@ fn status_byte(s: Option<StatsStatus>) -> u8 {
 impl Record for TensorRow {
     const SIZE: usize = 84;
 
+    #[inline(always)]
     fn put(&self, out: &mut [u8]) {
         let mut w = PutBytes::new(out);
         for v in self.stats() {
@@ -102,10 +116,15 @@ impl Record for TensorRow {
 
     chunk_cache!(TensorRow);
 
+    #[inline(always)]
     fn take(b: &[u8]) -> Self {
-        let f = |k: usize| f64::from_le_bytes(bytes_at(b, k));
-        let u = |k: usize| u64::from_le_bytes(bytes_at(b, k));
-        let w = |k: usize| u32::from_le_bytes(bytes_at(b, k));
+        // See OpRow's: constant offsets into a fixed-size array.
+        let Ok(b) = <&[u8; Self::SIZE]>::try_from(b) else {
+            return TensorRow::default();
+        };
+        let f = |k: usize| f64::from_le_bytes(fixed(b, k));
+        let u = |k: usize| u64::from_le_bytes(fixed(b, k));
+        let w = |k: usize| u32::from_le_bytes(fixed(b, k));
         TensorRow {
             min: f(0),
             max: f(8),
@@ -119,7 +138,7 @@ impl Record for TensorRow {
             arg: w(68),
             list_index: w(72) as i32,
             name: w(76),
-            dtype: u16::from_le_bytes(bytes_at(b, 80)),
+            dtype: u16::from_le_bytes(fixed(b, 80)),
             role: ROLES.get(b[82] as usize).copied().unwrap_or(Role::None),
             status: StatsStatus::ALL.get(b[83] as usize).copied(),
         }

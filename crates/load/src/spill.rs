@@ -63,12 +63,19 @@ impl<'a> PutBytes<'a> {
     }
 }
 
-/// The `N` bytes of a record's bytes from offset `k` ([`Record::take`];
-/// zeros past the end, which a record of `SIZE` bytes never reaches).
-pub fn bytes_at<const N: usize>(b: &[u8], k: usize) -> [u8; N] {
-    b.get(k..k + N)
-        .and_then(|s| s.try_into().ok())
-        .unwrap_or([0; N])
+/// The `N` bytes of a record's bytes `b` from offset `k` ([`Record::take`]).
+/// Inlined with a constant `k`, the check that `k + N` fits is made at
+/// compile time; past the end, zeros, which a record never reaches.
+#[inline(always)]
+pub fn fixed<const S: usize, const N: usize>(b: &[u8; S], k: usize) -> [u8; N] {
+    match b.get(k..k + N) {
+        Some(s) => {
+            let mut out = [0u8; N];
+            out.copy_from_slice(s);
+            out
+        }
+        None => [0; N],
+    }
 }
 
 /// Declares the per-thread chunk cache of a record type, for
