@@ -213,7 +213,7 @@ def test_staged_rows_equal_torch_float64_reductions(run, sketch):
             continue
         assert (row["min"], row["max"]) == (r["min"], r["max"]), what
         worst["mean"] = max(worst["mean"], ulps(row["mean"], r["mean"]))
-        each.append(f"{row['dtype']}{list(row['shape'])} "
+        each.append(f"{row['dtype']}{[int(d) for d in row['shape']]} "
                     f"{ulps(row['mean'], r['mean']):.0f}/{ulps(row['std'], r['std']):.0f}")
         worst["torch_mean"] = max(worst["torch_mean"], ulps(r["torch_mean"], r["mean"]))
         allowed = 2 * math.ulp(r["mean"]) + 2**-52 * r["abs_mean"]
