@@ -44,12 +44,26 @@ namespace devstats {
 
 class WatchingAllocator;  // held_memory.cpp
 
-// Staging: one float64 buffer per open batch, and at a batch's close a few
-// temporaries of its size (segment_rows: at most about 41 bytes an element
-// at once, the buffer included), within the same budget.
-constexpr int64_t kStageElements = kDeviceScratchBytes / 64;
-constexpr int64_t kStageMaxElements = kStageElements / 4;
-// The job's memory a batch may hold for a backend's batch kernel.
+// Staging: one float64 buffer per open batch, laid out as rows of
+// kRowWidth elements: every staged tensor starts a row, and the rest of its
+// last row is NaN, which the reductions skip and the host takes back out of
+// the NaN count. One reduction per statistic then covers every row of the
+// batch (row_stats), and the host merges each tensor's rows. The buffer lives
+// from the batch's first read to its close, beside the job's memory the batch
+// holds for it (stage_held_bytes), within kDeviceScratchBytes: 40 + 24 MiB.
+// At the close the held memory is back and row_stats adds 2 bytes an
+// element (50 MiB). With the sketch, staged_signature_rows takes about 28
+// bytes a word of a chunk of 1M words and 16 bytes an element for the
+// sketch, beside the buffer: 16 MiB of buffer, 16 held.
+constexpr int64_t kRowWidth = kStagedRowWidth;
+static_assert(kRowWidth <= 2048, "row counts are summed in float16, exact up to 2048");
+inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{2} << 20 : int64_t{5} << 20; }
+inline int64_t stage_held_bytes(bool sketch) { return sketch ? int64_t{16} << 20 : int64_t{24} << 20; }
+// A tensor's elements rounded up to whole rows.
+inline int64_t row_padded(int64_t numel) { return (numel + kRowWidth - 1) / kRowWidth * kRowWidth; }
+// The largest tensor a batch holds; a larger one is reduced at once, in
+// pieces.
+inline int64_t stage_max_elements(bool sketch) { return stage_elements(sketch) / 4; }
 constexpr int64_t kHoldBytes = kDeviceScratchBytes / 4;
 constexpr size_t kBatchResults = 1024;
 constexpr size_t kMaxInFlight = 4;
@@ -81,14 +95,13 @@ struct Batch {
   // Blocks of the backend's batch kernel, [n, kFields + kSignatureHead + K] each.
   std::vector<at::Tensor> kernel_blocks;
   int64_t kernel_rows = 0;
-  at::Tensor stage;              // the staged tensors, one after the other
-  std::vector<int64_t> lengths;  // elements of each staged tensor
-  int64_t staged = 0;  // elements taken: filled, or held to be staged at the close
-  int64_t filled = 0;  // elements in the buffer
+  at::Tensor stage;  // the staged tensors, each from the start of a row (kRowWidth)
+  int64_t staged = 0;  // elements taken, in whole rows: filled, or held to be staged at the close
+  int64_t filled = 0;  // elements in the buffer, in whole rows
   struct Part {
     DeviceResultPtr result;
     int64_t first = 0;                 // its first piece row, or
-    int64_t segment = -1;              // its segment of the staging buffer (-1: none)
+    int64_t stage_row = -1;            // its first row of the staging buffer (-1: none)
     std::vector<int64_t> piece_numel;  // elements of each of its pieces (or of the tensor)
     int64_t sig_first = -1;            // its first signature row (-1: none)
     int64_t sig_count = 0;
@@ -103,19 +116,23 @@ struct Batch {
     WatchingAllocator* watch = nullptr;
     uint64_t allocations = 0;
     bool held_signature = false;  // its fingerprint and sketch are made from `held` too
+    // ... from its rows of the staging buffer (staged_signature_rows), as `sig_dtype`.
+    bool sig_staged = false;
+    at::ScalarType sig_dtype = at::kFloat;
     bool failed = false;          // reading it failed: its result fails
   };
   std::vector<Part> parts;
   int64_t held = 0;        // parts holding a tensor
   int64_t held_bytes = 0;  // their bytes, for the batch kernel's bound
   const BatchKernel* kernel = nullptr;  // the batch kernel its held parts go to, if any
-  // Set when the batch closes: the rows of the pieces, then those of the
-  // segments.
+  // Set when the batch closes: the rows of the pieces (kFields values each),
+  // then those of the staging buffer (kFields each, see row_stats).
   int64_t piece_rows = 0;
   int64_t stats_values = 0;  // the host copy: the statistics rows, then the signature rows
   int64_t kernel_values = 0;  // then the batch kernel's rows, from here
   int sig_k = 0;
-  at::Tensor lengths_host;
+  at::Tensor stage_sig;       // staged_signature_rows of the staging buffer, or undefined
+  int64_t stage_sig_at = -1;  // where it starts in the host copy
   at::Tensor device_rows;
   at::Tensor host;
   std::optional<c10::Event> event;

@@ -3,6 +3,7 @@
 
 #include "opdump/cpp/device/device_batch.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -47,21 +48,68 @@ std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stre
 
 namespace {
 
+// The fingerprints and sketches of the batch's staged rows that take them
+// (Part::sig_staged), into b.stage_sig; none when they fail (the rows then
+// have statistics without a fingerprint). Before row_stats, which
+// overwrites `x`.
+void staged_signatures(Batch& b, at::Tensor& x) {
+  const int64_t rows = x.size(0);
+  std::vector<int64_t> q(static_cast<size_t>(rows), 0);
+  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> groups;
+  for (const auto& p : b.parts) {
+    if (!p.sig_staged) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == p.sig_dtype; });
+    if (it == groups.end()) {
+      groups.push_back({p.sig_dtype, {}});
+      it = std::prev(groups.end());
+    }
+    const int64_t n = p.piece_numel.empty() ? 0 : p.piece_numel[0];
+    for (int64_t r = 0; r * kRowWidth < n; ++r) {
+      q[static_cast<size_t>(p.stage_row + r)] = r;
+      it->second.push_back(p.stage_row + r);
+    }
+  }
+  if (groups.empty()) return;
+  // One floating dtype: every row goes, the others' fingerprints unread.
+  const bool every = groups.size() == 1 && at::isFloatingType(groups[0].first);
+  std::vector<StagedGroup> staged;
+  std::vector<int64_t> meta = q;
+  for (const auto& [dt, members] : groups) {
+    StagedGroup g{dt, -1, -1, every ? rows : static_cast<int64_t>(members.size())};
+    if (!every) {
+      g.rows_at = static_cast<int64_t>(meta.size());
+      meta.insert(meta.end(), members.begin(), members.end());
+      g.q_at = static_cast<int64_t>(meta.size());
+      for (int64_t r : members) meta.push_back(q[static_cast<size_t>(r)]);
+    }
+    staged.push_back(g);
+  }
+  try {
+    at::Tensor host = at::empty({static_cast<int64_t>(meta.size())},
+                                at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
+    std::copy(meta.begin(), meta.end(), host.mutable_data_ptr<int64_t>());
+    const at::Tensor on_device = host.to(b.device, /*non_blocking=*/true);
+    b.keep.push_back(host);  // read by the copy until the batch's event
+    b.stage_sig = staged_signature_rows(x, on_device, staged, b.sig_k, stage_max_elements(true));
+  } catch (const std::exception&) {
+    b.stage_sig.reset();
+  }
+  if (!b.stage_sig.defined())
+    for (auto& p : b.parts) p.sig_staged = false;
+}
+
 // The statistics rows of batch `b` on the device, as flat blocks: the rows
-// of the pieces, then those of the staged segments.
+// of the pieces, then those of the staging buffer.
 std::vector<at::Tensor> stats_blocks(Batch& b) {
   std::vector<at::Tensor> blocks;
   b.piece_rows = static_cast<int64_t>(b.rows.size());
   if (!b.rows.empty()) blocks.push_back(at::stack(b.rows));
   b.rows.clear();
-  if (!b.lengths.empty()) {
-    // The lengths go to the device from host memory that the batch keeps
-    // until its event: pinned on CUDA, so that the copy does not wait.
-    const auto n = static_cast<int64_t>(b.lengths.size());
-    b.lengths_host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(b.device.is_cuda()));
-    std::copy(b.lengths.begin(), b.lengths.end(), b.lengths_host.mutable_data_ptr<int64_t>());
-    const at::Tensor lengths = b.lengths_host.to(b.device, /*non_blocking=*/true);
-    blocks.push_back(segment_rows(b.stage.narrow(0, 0, b.filled), lengths));
+  if (b.filled > 0) {
+    at::Tensor x = b.stage.narrow(0, 0, b.filled).view({b.filled / kRowWidth, kRowWidth});
+    if (b.sig_k > 0) staged_signatures(b, x);
+    blocks.push_back(row_stats(x));
+    x.reset();
     b.stage.reset();  // back to the allocator, in stream order
   }
   for (auto& block : blocks) block = block.reshape({-1});
@@ -79,6 +127,12 @@ void copy_to_host(Batch& b, std::vector<at::Tensor> blocks) {
     b.kernel_values += blocks.back().numel();
   }
   b.sig_rows.clear();
+  if (b.stage_sig.defined()) {
+    b.stage_sig_at = b.kernel_values;
+    blocks.push_back(b.stage_sig.reshape({-1}));
+    b.kernel_values += blocks.back().numel();
+    b.stage_sig.reset();
+  }
   for (const auto& block : b.kernel_blocks) blocks.push_back(block.reshape({-1}));
   b.kernel_blocks.clear();
   b.device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);

@@ -5,6 +5,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "opdump/cpp/device/device_batch.h"
@@ -96,10 +98,41 @@ void complete_batch(Batch& b) {
       complete(part.result, stats_of(acc), std::move(sv), true);
       continue;
     }
-    const int64_t first = part.segment >= 0 ? b.piece_rows + part.segment : part.first;
-    for (size_t i = 0; i < part.piece_numel.size(); ++i)
-      acc.merge(piece_acc(v + (first + static_cast<int64_t>(i)) * kFields, part.piece_numel[i]));
-    if (part.sig_count > 0) {
+    if (part.stage_row >= 0) {
+      // Its rows of the staging buffer, the last one padded.
+      const int64_t n = part.piece_numel.empty() ? 0 : part.piece_numel[0];
+      const double* row = v + (b.piece_rows + part.stage_row) * kFields;
+      for (int64_t done = 0; done < n; done += kRowWidth, row += kFields)
+        acc.merge(row_acc(row, std::min(kRowWidth, n - done)));
+    } else {
+      for (size_t i = 0; i < part.piece_numel.size(); ++i)
+        acc.merge(piece_acc(v + (part.first + static_cast<int64_t>(i)) * kFields, part.piece_numel[i]));
+    }
+    if (part.sig_staged && b.stage_sig_at >= 0) {
+      // Its rows of staged_signature_rows, less what its padding added.
+      const int k = b.sig_k;
+      const int64_t width = 2 + 2 * k;
+      const int64_t n = part.piece_numel.empty() ? 0 : part.piece_numel[0];
+      const double* row = v + b.stage_sig_at + part.stage_row * width;
+      uint64_t f = 0;
+      double head[kSignatureHead + sig::kMaxSketch] = {};
+      for (int64_t done = 0; done < n; done += kRowWidth, row += width) {
+        uint64_t lo, hi;
+        std::memcpy(&lo, row, sizeof lo);
+        std::memcpy(&hi, row + 1, sizeof hi);
+        f += lo + (hi << 16);
+        for (int j = 0; j < k; ++j) head[kSignatureHead + j] += row[2 + j] - row[2 + k + j];
+      }
+      f -= staged_padding_fingerprint(part.sig_dtype, n);
+      head[0] = static_cast<double>(f & 0xffffffffu);
+      head[2] = static_cast<double>(f >> 32);
+      sig::Signature s;
+      s.k = k;
+      signature_finish_row(head, k, s);
+      sv.has = true;
+      sv.fingerprint = s.fingerprint();
+      sv.sketch.assign(s.sketch, s.sketch + s.k);
+    } else if (part.sig_count > 0) {
       sig::Signature s;
       s.k = b.sig_k;
       const int64_t width = kSignatureHead + b.sig_k;

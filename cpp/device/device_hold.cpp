@@ -77,47 +77,78 @@ void read_by_kernel(Batch& b, const std::vector<size_t>& idx) {
 
 void signatures(Batch& b, const std::vector<size_t>& members, const at::Tensor& src);
 
-// The held tensors of `idx`, one concatenation per dtype, copied (and
-// converted) into the staging buffer: two launches per dtype. Their
-// fingerprints and sketches are made now too.
+// The held tensors of `idx` copied (and converted) into the staging buffer,
+// each from the start of a row with NaN padding to the row's end: one
+// concatenation for them all. Fingerprints and sketches of int64 tensors
+// (which float64 does not hold exactly) are made from one concatenation per
+// dtype in their own dtype, which then goes into the buffer.
 void read_by_staging(Batch& b, const std::vector<size_t>& idx) {
-  std::vector<std::pair<at::ScalarType, std::vector<size_t>>> groups;
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(b.device);
+  if (!b.stage.defined()) b.stage = at::empty({stage_elements(b.sig_k > 0)}, opts);
+  // Each held tensor as a flat run: in logical order, for the fingerprint
+  // and sketch; otherwise a dense tensor's memory in any order, as the
+  // statistics do not depend on it. Any other is copied (one launch).
+  auto flat = [&](size_t i) {
+    const at::Tensor& t = b.parts[i].held;
+    if (t.is_contiguous() || (t.is_non_overlapping_and_dense() && !b.parts[i].held_signature))
+      return t.as_strided({t.numel()}, {1}, t.storage_offset());
+    return t.contiguous().view({-1});
+  };
+  // Appends `run` and its padding to `list`, and gives part i its rows.
+  std::vector<at::Tensor> list;
+  const int64_t start = b.filled;
+  auto place = [&](size_t i, const at::Tensor& run) {
+    Batch::Part& p = b.parts[i];
+    const int64_t n = run.numel(), padded = row_padded(n);
+    list.push_back(run);
+    if (padded > n) list.push_back(row_padding(opts, padded - n));
+    p.stage_row = b.filled / kRowWidth;
+    p.piece_numel.assign(1, n);
+    b.filled += padded;
+  };
+  // Fingerprints and sketches come from the rows at the close where
+  // float64 holds the values exactly; the others' (int64) from their
+  // concatenation now.
+  std::vector<size_t> now;
   for (size_t i : idx) {
-    const auto dt = b.parts[i].held.scalar_type();
-    auto it = std::find_if(groups.begin(), groups.end(), [dt](const auto& g) { return g.first == dt; });
-    if (it == groups.end()) {
-      groups.push_back({dt, {}});
-      it = std::prev(groups.end());
+    Batch::Part& p = b.parts[i];
+    const auto dt = p.held.scalar_type();
+    if (p.held_signature && !staged_signature_dtype(dt)) {
+      now.push_back(i);
+      continue;
     }
-    it->second.push_back(i);
+    p.sig_staged = p.held_signature;
+    p.sig_dtype = dt;
+    place(i, flat(i));
   }
-  for (const auto& [dt, members] : groups) {
-    std::vector<at::Tensor> flats;
-    flats.reserve(members.size());
-    int64_t total = 0;
-    for (size_t i : members) {
-      const at::Tensor& t = b.parts[i].held;
-      // In logical order, for the fingerprint and sketch; otherwise a dense
-      // tensor's memory in any order, as the statistics do not depend on
-      // it. Any other is copied (one launch).
-      if (t.is_contiguous() || (t.is_non_overlapping_and_dense() && !b.parts[i].held_signature))
-        flats.push_back(t.as_strided({t.numel()}, {1}, t.storage_offset()));
-      else
-        flats.push_back(t.contiguous().view({-1}));
-      total += t.numel();
+  if (!now.empty()) {
+    std::vector<std::pair<at::ScalarType, std::vector<size_t>>> groups;
+    for (size_t i : now) {
+      const auto dt = b.parts[i].held.scalar_type();
+      auto it = std::find_if(groups.begin(), groups.end(), [dt](const auto& g) { return g.first == dt; });
+      if (it == groups.end()) {
+        groups.push_back({dt, {}});
+        it = std::prev(groups.end());
+      }
+      it->second.push_back(i);
     }
-    if (!b.stage.defined())
-      b.stage = at::empty({kStageElements}, at::TensorOptions().dtype(at::kDouble).device(b.device));
-    const at::Tensor src = flats.size() == 1 ? flats[0] : at::cat(flats);
-    b.stage.narrow(0, b.filled, total).copy_(src);
-    for (size_t i : members) {
-      Batch::Part& p = b.parts[i];
-      p.segment = static_cast<int64_t>(b.lengths.size());
-      p.piece_numel.assign(1, p.held.numel());
-      b.lengths.push_back(p.held.numel());
-      b.filled += p.held.numel();
+    for (const auto& [dt, members] : groups) {
+      std::vector<at::Tensor> flats;
+      flats.reserve(members.size());
+      for (size_t i : members) flats.push_back(flat(i));
+      const at::Tensor src = flats.size() == 1 ? flats[0] : at::cat(flats);
+      int64_t offset = 0;
+      for (size_t i : members) {
+        const int64_t n = b.parts[i].held.numel();
+        place(i, src.narrow(0, offset, n));
+        offset += n;
+      }
+      signatures(b, members, src);
     }
-    signatures(b, members, src);
+  }
+  if (b.filled > start) {
+    at::Tensor dst = b.stage.narrow(0, start, b.filled - start);
+    at::cat_out(dst, list);
   }
 }
 

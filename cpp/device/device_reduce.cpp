@@ -6,10 +6,13 @@
 #include <array>
 #include <atomic>
 #include <limits>
+#include <mutex>
+#include <vector>
 #include <tuple>
 
 #include <ATen/ATen.h>
 
+#include "opdump/cpp/device/device_batch.h"
 #include "opdump/cpp/stats/stats_acc.h"
 
 namespace opdump::devstats {
@@ -51,6 +54,25 @@ const c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>* batch_kerne
   return registered(op, t, known) ? &op : nullptr;
 }
 
+// `n` NaN values (n < kRowWidth) of `opts`, for the padding of staged
+// rows: a slice of a row made once per device and dtype and kept for the
+// process (never freed: torch may be gone at exit).
+at::Tensor row_padding(const at::TensorOptions& opts, int64_t n) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<at::Tensor>;
+  at::Tensor row;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& t : *kept)
+      if (t.device() == opts.device() && t.scalar_type() == opts.dtype().toScalarType()) row = t;
+    if (!row.defined()) {
+      row = at::full({kRowWidth}, std::numeric_limits<double>::quiet_NaN(), opts);
+      kept->push_back(row);
+    }
+  }
+  return row.narrow(0, 0, n);
+}
+
 // The row of one piece, launched on the current stream. Non-finite values
 // are replaced by the mean of the finite ones, which leaves the extremes, the
 // mean and the spread of the finite values as they are, so one var_mean and
@@ -79,39 +101,66 @@ at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc) {
   return at::stack({count, at::ne(x, x).sum(acc), at::eq(x, inf).sum(acc), at::eq(x, 0).sum(acc), lo, hi, mu, m2});
 }
 
-// The rows of the staged tensors `x` (float64, one after the other, of
-// `lengths` elements), as piece_row gives them, with segment reductions over
-// the whole buffer: non-finite values are replaced by their tensor's finite
-// mean, spread back over the elements with repeat_interleave.
-at::Tensor segment_rows(const at::Tensor& x, const at::Tensor& lengths) {
-  auto seg = [&](const at::Tensor& v, c10::string_view how) {
-    // unsafe: no check of the lengths, which would wait for the device.
-    return at::segment_reduce(v, how, lengths, std::nullopt, std::nullopt, 0, /*unsafe=*/true);
-  };
+// The rows of the staging buffer `x` ([rows, kRowWidth], float64, padded
+// with NaN; it is overwritten), [rows, kFields]: finite, NaN and +inf
+// counts, zero count, and over the finite values min, max, sum, and their
+// sum of squared deviations from their mean divided by kRowWidth. One
+// launch per statistic for the whole batch, at 3 bytes an element beside
+// `x`: the counts are float16 (exact up to 2048), summed from a float16 mask
+// that each count reuses; non-finite values are then replaced in place by
+// their row's finite mean, which leaves the extremes, the mean and the
+// spread of the finite values as they are, so one aminmax and, over the
+// deviations from that mean, one var_mean serve every row.
+at::Tensor row_stats(at::Tensor& x) {
   const auto inf = std::numeric_limits<double>::infinity();
-  const at::ScalarType acc = x.scalar_type();
-  at::Tensor finite, count, sum, zeros, nans, pinf;
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor zeros, nans, pinf;
   {
-    const at::Tensor zeroed = at::nan_to_num(x, 0.0, 0.0, 0.0);
-    finite = at::eq(zeroed, x);
-    count = seg(finite.to(acc), "sum");
-    sum = seg(zeroed, "sum");
+    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kHalf));
+    zeros = at::eq_out(mask, x, 0).sum(1);
+    nans = at::ne_out(mask, x, x).sum(1);
+    pinf = at::eq_out(mask, x, inf).sum(1);
   }
-  zeros = seg(at::eq(x, 0).to(acc), "sum");
-  nans = seg(at::ne(x, x).to(acc), "sum");
-  pinf = seg(at::eq(x, inf).to(acc), "sum");
-  const at::Tensor mean = at::div(sum, count);  // NaN when nothing is finite
-  at::Tensor lo, hi, m2;
+  x.nan_to_num_(nan, nan, nan);
+  at::Tensor count, sum, mean;
   {
-    const at::Tensor spread = at::repeat_interleave(mean, lengths, 0, x.numel());
-    const at::Tensor replaced = at::where(finite, x, spread);
-    finite.reset();
-    const at::Tensor dev = at::sub(replaced, spread);
-    m2 = seg(at::mul(dev, dev), "sum");
-    lo = seg(replaced, "min");
-    hi = seg(replaced, "max");
+    const at::Tensor finite = at::eq(x, x);
+    count = finite.sum(at::IntArrayRef{1}, false, at::kHalf);
+    sum = at::nansum(x, 1);
+    // NaN in a row with nothing finite: its extremes and spread are NaN.
+    mean = at::div(sum, count).unsqueeze(1);
+    at::where_out(x, finite, x, mean);
   }
-  return at::stack({count, nans, pinf, zeros, lo, hi, mean, m2}, 1);
+  auto [lo, hi] = at::aminmax(x, 1, false);
+  // The spread from the deviations: var_mean along a dimension updates a
+  // running mean (Welford), whose rounding grows with the mean against the
+  // spread (2e-12 relative for values 1e6 +- 1).
+  x.sub_(mean);
+  auto [var, mu] = at::var_mean(x, at::IntArrayRef{1}, std::optional<at::Scalar>(at::Scalar(0)), false);
+  return at::stack({count, nans, pinf, zeros, lo, hi, sum, var}, 1);
+}
+
+// The statistics of `valid` elements from their row of row_stats, whose
+// other kRowWidth - valid elements were NaN padding.
+Acc row_acc(const double* v, int64_t valid) {
+  Acc a;
+  const auto count = static_cast<int64_t>(v[0]);
+  a.nan = static_cast<int64_t>(v[1]) - (kRowWidth - valid);
+  a.posinf = static_cast<int64_t>(v[2]);
+  a.neginf = valid - count - a.nan - a.posinf;
+  a.zero = static_cast<int64_t>(v[3]);
+  if (count > 0) {
+    a.finite = count;
+    a.min = v[4];
+    a.max = v[5];
+    a.sum = v[6];
+    a.mean = v[6] / static_cast<double>(count);
+    // The replaced elements sit at the mean: kRowWidth times the variance
+    // over the whole row is the finite values' sum of squared deviations.
+    a.m2 = v[7] * static_cast<double>(kRowWidth);
+    a.sumsq = a.m2 + static_cast<double>(count) * a.mean * a.mean;
+  }
+  return a;
 }
 
 // The statistics of one piece from its row.

@@ -63,9 +63,14 @@ const c10::TypedOperatorHandle<at::Tensor(at::TensorList, int64_t)>* batch_kerne
 // The row of one piece in `acc` (float64, or float32 where the device has no
 // float64), launched on the current stream.
 at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc);
-// The rows of the staged tensors `x`, one after the other, of `lengths`
-// elements each.
-at::Tensor segment_rows(const at::Tensor& x, const at::Tensor& lengths);
+// `n` NaN values (n < kRowWidth) on `opts`'s device and dtype, to pad a
+// staged tensor to whole rows.
+at::Tensor row_padding(const at::TensorOptions& opts, int64_t n);
+// The rows of the staging buffer `x` ([rows, kRowWidth], padded with NaN),
+// launched on the current stream; `x` is overwritten.
+at::Tensor row_stats(at::Tensor& x);
+// The statistics of the first `valid` elements of a row of row_stats.
+Acc row_acc(const double* v, int64_t valid);
 // The statistics of one piece of `n` elements from its row `v`.
 Acc piece_acc(const double* v, int64_t n);
 

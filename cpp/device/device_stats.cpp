@@ -5,12 +5,13 @@
 //   elements, each converted to float64 on its own; a dense tensor is read
 //   through a flat view of its memory, so no full-size copy is ever made.
 //   What a piece costs at most is stated at piece_row.
-// - Launches: a tensor of up to kStageMaxElements elements is held by its
+// - Launches: a tensor of up to stage_max_elements elements is held by its
 //   batch (device_hold.cpp) and read with the others when the batch closes:
-//   one concatenation per dtype into the batch's float64 staging buffer,
-//   then about twenty segment reductions over that buffer (segment_rows). A
-//   complex one, or any under OPDUMP_DEVICE_HOLD=0, is copied into the
-//   buffer at once. A larger tensor is reduced at once, piece by piece, about
+//   one concatenation into the batch's float64 staging buffer, laid out in
+//   rows, then one reduction per statistic over all rows (row_stats), and
+//   with the sketch its fingerprints and sketches from the same rows
+//   (staged_signature_rows). A complex one, or any under
+//   OPDUMP_DEVICE_HOLD=0, is copied into the buffer at once. A larger tensor is reduced at once, piece by piece, about
 //   fifteen launches a piece (piece_row). On a backend with a kernel for
 //   opdump::fused_stats_batch, the held tensors of a batch are one launch of
 //   it; with only opdump::fused_stats, every tensor is one launch. Each way a
@@ -42,6 +43,7 @@
 #include "opdump/cpp/device/device_stats.h"
 
 #include <chrono>
+#include <limits>
 #include <mutex>
 
 #include <ATen/ATen.h>
@@ -72,12 +74,14 @@ enum class Way : uint8_t {
   Now,     // reduced at once: in pieces, or by the backend's kernel
 };
 
-bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes) {
+bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes, bool sketch) {
   if (b.parts.size() >= kBatchResults) return true;
   switch (way) {
     case Way::Stage:
+      return b.staged + row_padded(numel) > stage_elements(sketch);
     case Way::Hold:
-      return b.staged + numel > kStageElements;
+      return b.staged + row_padded(numel) > stage_elements(sketch) ||
+             b.held_bytes + nbytes > stage_held_bytes(sketch);
     case Way::Kernel:
       return b.held_bytes + nbytes > kHoldBytes;
     case Way::Now:
@@ -90,12 +94,12 @@ bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes) {
 // elements: a full one is closed (waiting for room in flight under the queue
 // rules), a missing one opened. nullptr when no room was made. g.mutex held.
 Batch* batch_with_room(std::unique_lock<std::mutex>& lock, c10::Device device, c10::Stream stream, Way way,
-                       int64_t numel, int64_t nbytes) {
+                       int64_t numel, int64_t nbytes, bool sketch) {
   auto it = find_open(device, stream);
-  if (it != g.open.end() && is_full(**it, way, numel, nbytes)) {
+  if (it != g.open.end() && is_full(**it, way, numel, nbytes, sketch)) {
     if (!make_room(lock, std::chrono::steady_clock::now() + settings().wait)) return nullptr;
     it = find_open(device, stream);  // the wait let other threads in
-    if (it != g.open.end() && is_full(**it, way, numel, nbytes)) close(it);
+    if (it != g.open.end() && is_full(**it, way, numel, nbytes, sketch)) close(it);
     it = find_open(device, stream);
   }
   if (it == g.open.end()) {
@@ -120,18 +124,28 @@ void launch_fused(const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>&
   part.piece_numel.push_back(t.numel());
 }
 
-// `t` copied, in `acc`, into the batch's staging buffer: its row comes from
-// the segment reductions at the batch's close.
+// `t` copied, in `acc`, into the batch's staging buffer from the start of
+// a row, the rest of its last row NaN: its rows come from row_stats at the
+// batch's close. One launch when `t` is contiguous.
 void stage(const at::Tensor& t, at::ScalarType acc, Batch& b, Batch::Part& part) {
-  // Complex tensors are staged by magnitude; the buffer is float64.
-  if (!b.stage.defined()) b.stage = at::empty({kStageElements}, at::TensorOptions().dtype(acc).device(b.device));
-  const at::Tensor src = t.is_complex() ? at::abs(t) : t;
-  b.stage.narrow(0, b.filled, t.numel()).view(t.sizes()).copy_(src);
-  part.segment = static_cast<int64_t>(b.lengths.size());
-  part.piece_numel.push_back(t.numel());
-  b.lengths.push_back(t.numel());
-  b.staged += t.numel();
-  b.filled += t.numel();
+  const auto opts = at::TensorOptions().dtype(acc).device(b.device);
+  if (!b.stage.defined()) b.stage = at::empty({stage_elements(b.sig_k > 0)}, opts);
+  const int64_t n = t.numel(), padded = row_padded(n);
+  part.stage_row = b.filled / kRowWidth;
+  part.piece_numel.push_back(n);
+  if (padded > 0) {
+    // Complex tensors are staged by magnitude; the buffer is float64.
+    const at::Tensor src = t.is_complex() ? at::abs(t) : t;
+    at::Tensor dst = b.stage.narrow(0, b.filled, padded);
+    if (src.is_contiguous()) {
+      at::cat_out(dst, {src.reshape({-1}), row_padding(opts, padded - n)});
+    } else {
+      dst.narrow(0, 0, n).view(t.sizes()).copy_(src);
+      if (padded > n) dst.narrow(0, n, padded - n).fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+  b.staged += padded;
+  b.filled += padded;
 }
 
 // `t` held by the batch until it closes: an alias, so that the job may
@@ -149,7 +163,7 @@ void hold(const at::Tensor& t, Way way, Batch& b, Batch::Part& part) {
   watch_memory(part);
   ++b.held;
   g.held.fetch_add(1, std::memory_order_relaxed);
-  if (way == Way::Hold) b.staged += t.numel();
+  if (way == Way::Hold) b.staged += row_padded(t.numel());
   b.held_bytes += static_cast<int64_t>(t.nbytes());
 }
 
@@ -216,7 +230,7 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   Way way = Way::Now;
   if (kernel != nullptr) {
     way = nbytes <= kHoldBytes / 4 ? Way::Kernel : Way::Now;
-  } else if (fused == nullptr && t.numel() <= kStageMaxElements) {
+  } else if (fused == nullptr && t.numel() <= stage_max_elements(k > 0)) {
     // Held: real tensors (complex ones are staged by magnitude at once).
     const bool holdable = settings().hold && acc == at::kDouble && !t.is_complex();
     way = holdable ? Way::Hold : Way::Stage;
@@ -226,7 +240,7 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
   if ((way == Way::Hold || way == Way::Kernel) && being_written(t.storage().unsafeGetStorageImpl()))
     way = way == Way::Hold ? Way::Stage : Way::Now;
   std::unique_lock<std::mutex> lock(g.mutex);
-  Batch* batch = batch_with_room(lock, device, stream, way, t.numel(), nbytes);
+  Batch* batch = batch_with_room(lock, device, stream, way, t.numel(), nbytes, k > 0);
   if (batch == nullptr) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return DeviceLaunch::Dropped;

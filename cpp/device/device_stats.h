@@ -52,6 +52,29 @@ at::Tensor signature_row(const at::Tensor& piece, int64_t first, int k, int64_t 
 // `flat` (int64, 2m).
 at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& lengths_on_device, int64_t m, int k,
                           int64_t most);
+// The fingerprints and sketches of the rows of a staging buffer `x`
+// ([rows, kStagedRowWidth] float64, each tensor from the start of a row,
+// NaN after its end; its NaNs are made canonical), from the values
+// themselves for tensors whose dtype float64 holds exactly
+// (staged_signature_dtype), at most `elems` elements each: [rows, 2 + 2k],
+// per row two int64 (their bits) A and B with the row's fingerprint sum
+// A + 2^16 B (mod 2^64), then the row's sketch before its Hadamard
+// transform as y_b = acc_b - acc_{k+b}. `meta` (int64, on the device): each
+// row's index in its tensor, then for each group that is not every row its
+// rows and their indexes (StagedGroup).
+constexpr int64_t kStagedRowWidth = 1024;
+struct StagedGroup {
+  at::ScalarType dtype;
+  int64_t rows_at = -1;  // where its rows are in `meta`; -1: every row of `x`
+  int64_t q_at = -1;     // where their indexes are
+  int64_t count = 0;     // its rows
+};
+bool staged_signature_dtype(at::ScalarType t);
+at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
+                                 int64_t elems);
+// What the NaN padding of a tensor of `n` elements of `dtype` adds to the
+// fingerprint sum of its rows.
+uint64_t staged_padding_fingerprint(at::ScalarType dtype, int64_t n);
 namespace sig {
 struct Signature;
 }

@@ -10,8 +10,11 @@
 // The hashes run in int64 on values below 2^32. A 32-bit product is formed
 // from two 16-bit halves so that no int64 product overflows.
 
-#include <unordered_map>
+#include <array>
+#include <limits>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -223,6 +226,188 @@ at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& meta, int64_
   const at::Tensor idx = seg.mul(k).add(bucket_of(sb));
   const at::Tensor y = at::zeros({m * k}, x.options()).index_add_(0, idx, x.mul(sign_of(sb))).view({m, k});
   return at::cat({f, y}, 1).reshape({-1});
+}
+
+// ---- fingerprints and sketches of the staging buffer's rows ----------------
+
+namespace {
+
+// What the staged rows' fingerprints and sketches take from an element's or
+// word's place, on `device`, made once on the host for tensors of up to
+// `elems` elements and kept for the process (never freed: torch may be gone
+// at exit). The key of word w is (B[w / 64] XOR L[w mod 64]) OR 1, which is
+// (B & ~1) XOR (L | 1), and a 16-bit limb of it the XOR of the two tables'
+// limbs: blocks [2 * elems / 64, 2] and lanes [64, 2], int32. An element's
+// sketch bucket b and sign s as one index b + k * (s is -1), uint8 [elems].
+struct StagedTables {
+  at::Tensor blocks, lanes, buckets;
+};
+const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t elems) {
+  static std::mutex mu;
+  static auto* kept = new std::unordered_map<c10::Device, StagedTables>;
+  std::lock_guard<std::mutex> lock(mu);
+  StagedTables& t = (*kept)[opts.device()];
+  if (!t.blocks.defined()) {
+    const int64_t nb = 2 * elems / sig::kBlockWords;
+    at::Tensor blocks = at::empty({nb, 2}, at::TensorOptions().dtype(at::kInt));
+    int32_t* bv = blocks.mutable_data_ptr<int32_t>();
+    for (int64_t i = 0; i < nb; ++i) {
+      const uint32_t key = sig::block_key(static_cast<uint64_t>(i) * sig::kBlockWords) & ~1u;
+      bv[2 * i] = static_cast<int32_t>(key & 0xffff);
+      bv[2 * i + 1] = static_cast<int32_t>(key >> 16);
+    }
+    at::Tensor lanes = at::empty({sig::kBlockWords, 2}, at::TensorOptions().dtype(at::kInt));
+    int32_t* lv = lanes.mutable_data_ptr<int32_t>();
+    for (int j = 0; j < sig::kBlockWords; ++j) {
+      const uint32_t key = sig::kLaneKeys.k[j] | 1u;
+      lv[2 * j] = static_cast<int32_t>(key & 0xffff);
+      lv[2 * j + 1] = static_cast<int32_t>(key >> 16);
+    }
+    at::Tensor buckets = at::empty({elems}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* uv = buckets.mutable_data_ptr<uint8_t>();
+    const int lg = __builtin_ctz(static_cast<unsigned>(k));
+    for (int64_t e = 0; e < elems; ++e) {
+      const uint32_t g = static_cast<uint32_t>(e >> lg) * sig::kGolden;
+      const uint32_t r = static_cast<uint32_t>(e) & static_cast<uint32_t>(k - 1);
+      const uint32_t a = sig::fmix32(g + sig::kSignSeed);
+      const uint32_t c = sig::fmix32(g + sig::kProjSeed) & static_cast<uint32_t>(k - 1);
+      uv[e] = static_cast<uint8_t>((r ^ c) + static_cast<uint32_t>(k) * ((a >> r) & 1u));
+    }
+    t.blocks = blocks.to(opts.device());
+    t.lanes = lanes.to(opts.device());
+    t.buckets = buckets.to(opts.device());
+  }
+  return t;
+}
+
+// The fingerprint's words of rows `x` ([n, width] float64, values of a
+// tensor of `dtype`, NaN canonical), [n, width * words per element] int64.
+at::Tensor staged_words(const at::Tensor& x, at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: {
+      const at::Tensor v = x.view(at::kLong);
+      const at::Tensor lo = at::bitwise_and(v, kLow32), hi = at::bitwise_and(v.__rshift__(32), kLow32);
+      return at::stack({lo, hi}, 2).view({x.size(0), -1});
+    }
+    case at::kFloat:
+    case at::kBFloat16:
+    case at::kHalf: {
+      // A NaN converted keeps no canonical form (vectorised conversions to
+      // bfloat16 give 0xffff, CUDA's to float32 0x7fffffff): the one a fill
+      // writes, as words_of's.
+      at::Tensor y = x.to(dtype);
+      y.masked_fill_(at::ne(y, y), std::numeric_limits<double>::quiet_NaN());
+      if (dtype == at::kFloat) return at::bitwise_and(y.view(at::kInt).to(at::kLong), kLow32);
+      return at::bitwise_and(y.view(at::kShort).to(at::kLong), 0xffff);
+    }
+    case at::kInt:
+      // The padding (NaN) as 0: an integer has no NaN to convert to.
+      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype).view(at::kInt).to(at::kLong), kLow32);
+    case at::kShort:
+      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype).to(at::kLong), 0xffff);
+    default:  // kBool, kByte, kChar
+      return at::nan_to_num(x, 0.0).to(dtype).view(at::kByte).to(at::kLong);
+  }
+}
+
+}  // namespace
+
+bool staged_signature_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble:
+    case at::kFloat:
+    case at::kBFloat16:
+    case at::kHalf:
+    case at::kInt:
+    case at::kShort:
+    case at::kChar:
+    case at::kByte:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
+                                 int64_t elems) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  const auto longs = x.options().dtype(at::kLong);
+  const StagedTables& tab = staged_tables(longs, k, elems);
+  const at::Tensor q = meta.narrow(0, 0, rows);
+  // One NaN for every NaN, as the fingerprint's words take it; the padding
+  // and the statistics are unchanged by it.
+  const double inf = std::numeric_limits<double>::infinity();
+  x.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), inf, -inf);
+  // The fingerprint sums (rows of no group: left as they are, unread) in
+  // chunks of at most 2^20 words: a chunk's words,
+  // keys and products take about 28 bytes a word.
+  at::Tensor f = at::empty({rows, 2}, longs);
+  for (const auto& g : groups) {
+    const bool all = g.rows_at < 0;
+    const int64_t per = g.dtype == at::kDouble ? 2 : 1;
+    const int64_t most = std::max<int64_t>(1, (int64_t{1} << 20) / (width * per));
+    for (int64_t r0 = 0; r0 < g.count; r0 += most) {
+      const int64_t c = std::min(most, g.count - r0);
+      const at::Tensor idx = all ? at::Tensor() : meta.narrow(0, g.rows_at + r0, c);
+      const at::Tensor xd = all ? x.narrow(0, r0, c) : x.index_select(0, idx);
+      const at::Tensor qd = all ? q.narrow(0, r0, c) : meta.narrow(0, g.q_at + r0, c);
+      const at::Tensor u = staged_words(xd, g.dtype);
+      const int64_t per_row = u.size(1) / sig::kBlockWords;
+      const at::Tensor blocks = tab.blocks.view({-1, per_row, 2}).index_select(0, qd);
+      // Word times key in two 16-bit limbs of the key, each product below
+      // 2^48 and their sum over a row of at most 2^11 words below 2^59.
+      std::array<at::Tensor, 2> s;
+      for (int64_t j = 0; j < 2; ++j) {
+        const at::Tensor key =
+            at::bitwise_xor(blocks.select(2, j).unsqueeze(2), tab.lanes.select(1, j).view({1, 1, -1}));
+        s[j] = u.mul(key.view({c, -1})).sum(1);
+      }
+      if (all) {
+        at::Tensor part = f.narrow(0, r0, c);
+        at::stack_out(part, {s[0], s[1]}, 1);
+      } else {
+        f.index_copy_(0, idx, at::stack({s[0], s[1]}, 1));
+      }
+    }
+  }
+  // Sketch: element e of its tensor adds its value (NaN and infinities as 0)
+  // to its row's bucket b, or to b + k when its sign flips.
+  const at::Tensor z = at::nan_to_num(x, 0.0, 0.0, 0.0);
+  const at::Tensor base = iota(longs, rows, rows).mul(2 * k).unsqueeze(1);
+  const at::Tensor at_bucket = at::add(tab.buckets.view({-1, width}).index_select(0, q), base);
+  const at::Tensor y = at::zeros({rows * 2 * k}, x.options()).index_add_(0, at_bucket.view({-1}), z.view({-1}));
+  return at::cat({f.view(at::kDouble), y.view({rows, 2 * k})}, 1);
+}
+
+uint64_t staged_padding_fingerprint(at::ScalarType dtype, int64_t n) {
+  // The padding's canonical NaN as the fingerprint's words (integers: 0).
+  uint32_t words[2] = {0, 0};
+  int per = 1;
+  switch (dtype) {
+    case at::kDouble:
+      per = 2;
+      words[1] = 0x7ff80000u;
+      break;
+    case at::kFloat:
+      words[0] = 0x7fc00000u;
+      break;
+    case at::kBFloat16:
+      words[0] = 0x7fc0u;
+      break;
+    case at::kHalf:
+      words[0] = 0x7e00u;
+      break;
+    default:
+      return 0;
+  }
+  const int64_t padded = (n + kStagedRowWidth - 1) / kStagedRowWidth * kStagedRowWidth;
+  uint64_t f = 0;
+  for (int64_t w = n * per; w < padded * per; ++w) {
+    const uint64_t key = (sig::block_key(static_cast<uint64_t>(w)) ^ sig::kLaneKeys.k[w & (sig::kBlockWords - 1)]) | 1u;
+    f += key * words[w % per];
+  }
+  return f;
 }
 
 void signature_finish_row(const double* v, int k, sig::Signature& s) {
