@@ -2,6 +2,7 @@
 //! LayerNorm. No aligned op introduced it, yet every later output differs;
 //! it must not read as "no divergence".
 
+use opdump_format::Phase;
 use opdump_judge::{OpVerdict, Outcome};
 use opdump_testkit::scenarios::extra_op_in_b;
 use opdump_testkit::synth::{input, output, DumpWriter};
@@ -164,4 +165,86 @@ fn a_cast_only_in_b_is_never_an_introducer_by_itself() {
     // A cast by its dtype's rounding is no divergence at all.
     let c = compare_sides(|w, side_b| cast_only_in_b(w, side_b, 1.0 + 2e-3));
     assert_eq!(c.outcome(), Outcome::Agree);
+}
+
+/// Two steps' worth of a training run's gradients (synth's 10M pair,
+/// steps 3 and 4), without a fault in between: step 3's last layer-norm
+/// backward, then step 4's forward, then step 4's first `gelu_backward`,
+/// whose gradient the loss's backward made (no op in the dump). A's two
+/// gradients have the very same statistics, so A's side alone takes the
+/// step-3 tensor for the producer; on B each carries its own step's
+/// rounding drift, 4.7e-7 above and 6.2e-7 below A's, 1.1e-6 apart: more
+/// than one tolerance between the two, within it from A. Then a 1% fault
+/// in an `addmm`, which must be the headline.
+fn drift_across_steps(w: &mut DumpWriter, side_b: bool) {
+    let act = [64, 128];
+    let drift = |e: f64| if side_b { 1.0 + e } else { 1.0 };
+    let (up, down) = (drift(4.7e-7), drift(-6.2e-7));
+    w.step = 3;
+    w.phase = Phase::Backward;
+    w.leaf(
+        "aten::native_layer_norm_backward",
+        "default",
+        "normalized_shape=[128]",
+        vec![
+            input("grad_out", "float32", &act, 2e-3 * up),
+            input("input", "float32", &act, 0.5),
+        ],
+        vec![output(0, "float32", &act, 1e-3 * up)],
+    )
+    .unwrap();
+    w.step = 4;
+    w.phase = Phase::Forward;
+    w.leaf(
+        "aten::gelu",
+        "default",
+        "approximate='none'",
+        vec![input("self", "float32", &act, 0.7 * down)],
+        vec![output(0, "float32", &act, 0.5 * down)],
+    )
+    .unwrap();
+    if side_b {
+        // A call only in B between the two, as B's decomposed layer_norm.
+        w.leaf(
+            "aten::mean",
+            "dim",
+            "dim=[-1], keepdim=True",
+            vec![input("self", "float32", &act, 0.5 * down)],
+            vec![output(0, "float32", &[64, 1], 0.05 * down)],
+        )
+        .unwrap();
+    }
+    w.phase = Phase::Backward;
+    w.leaf(
+        "aten::gelu_backward",
+        "default",
+        "approximate='none'",
+        vec![
+            input("grad_output", "float32", &act, 1e-3 * down),
+            input("self", "float32", &act, 0.5 * down),
+        ],
+        vec![output(0, "float32", &act, 1.01e-3 * down)],
+    )
+    .unwrap();
+    let fault = if side_b { 1.01 } else { 1.0 };
+    w.leaf(
+        "aten::addmm",
+        "default",
+        "beta=1, alpha=1",
+        vec![
+            input("self", "float32", &[128], 0.02),
+            input("mat1", "float32", &act, 1.01e-3 * down),
+            input("mat2", "float32", &[128, 128], 0.02),
+        ],
+        vec![output(0, "float32", &act, 0.3e-3 * down * fault)],
+    )
+    .unwrap();
+}
+
+#[test]
+fn drift_of_another_steps_tensor_is_no_change_only_in_b() {
+    let c = compare_sides(drift_across_steps);
+    assert_eq!(c.first_unmatched_change, None);
+    assert_eq!(op_of(&c, c.headline), Some("aten::addmm"));
+    assert_eq!(c.outcome(), Outcome::Introduced);
 }
