@@ -130,34 +130,27 @@ impl Sink {
     /// Hands one record to the writer, waiting at most the configured bound.
     pub fn send(&self, rec: OpRecord) {
         let result = match self.policy {
+            // A queue with room takes the record without the clock reading
+            // that a deadline costs; only a full one waits.
             QueueFull::Block if !self.stalled.load(Ordering::Relaxed) => {
-                // A queue with room takes the record without the clock
-                // reading that a deadline costs.
-                let rec = match self.tx.try_send(Msg::Record(rec)) {
-                    Ok(()) => {
-                        self.counters.enqueued.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                    Err(TrySendError::Full(rec)) => rec,
-                    Err(TrySendError::Disconnected(_)) => {
-                        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                };
-                match self.tx.send_timeout(rec, self.wait) {
+                match self.tx.try_send(Msg::Record(rec)) {
                     Ok(()) => Ok(()),
-                    Err(SendTimeoutError::Timeout(_)) => {
-                        if !self.stalled.swap(true, Ordering::Relaxed) {
-                            eprintln!(
-                                "opdump: the writer has not taken a record for {} ms (a slow or hung disk?); \
-                                 records are dropped and counted until it catches up. Point OPDUMP_DIR at a faster disk, \
-                                 or wait longer with OPDUMP_QUEUE_WAIT_MS",
-                                self.wait.as_millis()
-                            );
+                    Err(TrySendError::Disconnected(_)) => Err(()),
+                    Err(TrySendError::Full(msg)) => match self.tx.send_timeout(msg, self.wait) {
+                        Ok(()) => Ok(()),
+                        Err(SendTimeoutError::Timeout(_)) => {
+                            if !self.stalled.swap(true, Ordering::Relaxed) {
+                                eprintln!(
+                                    "opdump: the writer has not taken a record for {} ms (a slow or hung disk?); \
+                                     records are dropped and counted until it catches up. Point OPDUMP_DIR at a faster disk, \
+                                     or wait longer with OPDUMP_QUEUE_WAIT_MS",
+                                    self.wait.as_millis()
+                                );
+                            }
+                            Err(())
                         }
-                        Err(())
-                    }
-                    Err(SendTimeoutError::Disconnected(_)) => Err(()),
+                        Err(SendTimeoutError::Disconnected(_)) => Err(()),
+                    },
                 }
             }
             _ => match self.tx.try_send(Msg::Record(rec)) {
