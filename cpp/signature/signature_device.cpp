@@ -73,6 +73,22 @@ at::Tensor lane_keys(const at::TensorOptions& opts) {
   return t;
 }
 
+// The sketch's place of the element at `e` (of k buckets, a power of two;
+// signature_kernels.inc defines it): its bucket, and whether its sign is
+// negative. The place tables encode it, each in its own way.
+struct SketchPlace {
+  uint32_t bucket;
+  uint32_t negative;
+};
+SketchPlace sketch_place(int64_t e, int k) {
+  const int lg = __builtin_ctz(static_cast<unsigned>(k));
+  const uint32_t g = static_cast<uint32_t>(e >> lg) * sig::kGolden;
+  const uint32_t r = static_cast<uint32_t>(e) & static_cast<uint32_t>(k - 1);
+  const uint32_t a = sig::fmix32(g + sig::kSignSeed);
+  const uint32_t c = sig::fmix32(g + sig::kProjSeed) & static_cast<uint32_t>(k - 1);
+  return {r ^ c, (a >> r) & 1u};
+}
+
 // What the fingerprint and sketch give an element by its place alone, for
 // the first `elems` elements of a tensor (2 * elems words), computed once on
 // the host with the definition's own functions and kept on `device` for the
@@ -95,13 +111,9 @@ const PlaceTables& place_tables(const at::TensorOptions& opts, int k, int64_t el
       kv[w] = (sig::block_key(static_cast<uint64_t>(w)) ^ sig::kLaneKeys.k[w & (sig::kBlockWords - 1)]) | 1u;
     at::Tensor bucket = at::empty({elems}, at::TensorOptions().dtype(at::kLong));
     int64_t* bv = bucket.mutable_data_ptr<int64_t>();
-    const int lg = __builtin_ctz(static_cast<unsigned>(k));
     for (int64_t e = 0; e < elems; ++e) {
-      const uint32_t g = static_cast<uint32_t>(e >> lg) * sig::kGolden;
-      const uint32_t r = static_cast<uint32_t>(e) & static_cast<uint32_t>(k - 1);
-      const uint32_t a = sig::fmix32(g + sig::kSignSeed);
-      const uint32_t c = sig::fmix32(g + sig::kProjSeed) & static_cast<uint32_t>(k - 1);
-      bv[e] = static_cast<int64_t>(r ^ c) | (static_cast<int64_t>((a >> r) & 1u) << 8);
+      const SketchPlace p = sketch_place(e, k);
+      bv[e] = static_cast<int64_t>(p.bucket) | (static_cast<int64_t>(p.negative) << 8);
     }
     t.key = key.to(opts.device());
     t.bucket = bucket.to(opts.device());
@@ -265,13 +277,9 @@ const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t 
     }
     at::Tensor buckets = at::empty({elems}, at::TensorOptions().dtype(at::kByte));
     uint8_t* uv = buckets.mutable_data_ptr<uint8_t>();
-    const int lg = __builtin_ctz(static_cast<unsigned>(k));
     for (int64_t e = 0; e < elems; ++e) {
-      const uint32_t g = static_cast<uint32_t>(e >> lg) * sig::kGolden;
-      const uint32_t r = static_cast<uint32_t>(e) & static_cast<uint32_t>(k - 1);
-      const uint32_t a = sig::fmix32(g + sig::kSignSeed);
-      const uint32_t c = sig::fmix32(g + sig::kProjSeed) & static_cast<uint32_t>(k - 1);
-      uv[e] = static_cast<uint8_t>((r ^ c) + static_cast<uint32_t>(k) * ((a >> r) & 1u));
+      const SketchPlace p = sketch_place(e, k);
+      uv[e] = static_cast<uint8_t>(p.bucket + static_cast<uint32_t>(k) * p.negative);
     }
     t.blocks = blocks.to(opts.device());
     t.lanes = lanes.to(opts.device());
