@@ -140,15 +140,23 @@ at::Tensor row_stats(at::Tensor& x) {
   return at::stack({count, nans, pinf, zeros, lo, hi, sum, var}, 1);
 }
 
+// The counts of a row of row_stats or piece_row (the finite, NaN, +inf
+// and zero counts lead both) over its `n` elements, `padding` of them NaN
+// added by opdump; -inf is what is left. Returns the finite count.
+int64_t row_counts(const double* v, int64_t n, int64_t padding, Acc& a) {
+  const auto count = static_cast<int64_t>(v[0]);
+  a.nan = static_cast<int64_t>(v[1]) - padding;
+  a.posinf = static_cast<int64_t>(v[2]);
+  a.neginf = n - padding - count - a.nan - a.posinf;
+  a.zero = static_cast<int64_t>(v[3]);
+  return count;
+}
+
 // The statistics of `valid` elements from their row of row_stats, whose
 // other kRowWidth - valid elements were NaN padding.
 Acc row_acc(const double* v, int64_t valid) {
   Acc a;
-  const auto count = static_cast<int64_t>(v[0]);
-  a.nan = static_cast<int64_t>(v[1]) - (kRowWidth - valid);
-  a.posinf = static_cast<int64_t>(v[2]);
-  a.neginf = valid - count - a.nan - a.posinf;
-  a.zero = static_cast<int64_t>(v[3]);
+  const int64_t count = row_counts(v, kRowWidth, kRowWidth - valid, a);
   if (count > 0) {
     a.finite = count;
     a.min = v[4];
@@ -166,11 +174,7 @@ Acc row_acc(const double* v, int64_t valid) {
 // The statistics of one piece from its row.
 Acc piece_acc(const double* v, int64_t n) {
   Acc a;
-  const auto count = static_cast<int64_t>(v[0]);
-  a.nan = static_cast<int64_t>(v[1]);
-  a.posinf = static_cast<int64_t>(v[2]);
-  a.neginf = n - count - a.nan - a.posinf;
-  a.zero = static_cast<int64_t>(v[3]);
+  const int64_t count = row_counts(v, n, 0, a);
   if (count > 0) {
     a.finite = count;
     a.min = v[4];
