@@ -267,7 +267,10 @@ pub mod ffi {
         /// exists (ask again), else 0 or 1.
         fn op_selected(op: &str, overload: &str) -> i32;
         /// `selected`: what `op_selected` said; when false, `op` and
-        /// `overload` are not looked at (C++ passes them empty).
+        /// `overload` are not looked at (C++ passes them empty). `depth`:
+        /// the calls the thread is inside, entered or not. A call of an op
+        /// the regexes leave out is entered only at the top level, and only
+        /// while `every_top_level_call` says so.
         fn op_enter(
             op: &str,
             overload: &str,
@@ -275,7 +278,12 @@ pub mod ffi {
             phase: Phase,
             node_thread: i64,
             node_seq_nr: i64,
+            depth: i32,
         ) -> OpTicket;
+        /// Whether a top-level call of an op the regexes leave out must
+        /// still be entered (online compare's step ends, a stop): two
+        /// relaxed loads.
+        fn every_top_level_call() -> bool;
         /// After the op ran, before its exit: it made the autograd nodes
         /// `first..end` of forward thread `thread`.
         fn op_made_nodes(thread: i64, first: i64, end: i64);
@@ -540,17 +548,18 @@ fn op_enter(
     p: ffi::Phase,
     node_thread: i64,
     node_seq_nr: i64,
+    depth: i32,
 ) -> ffi::OpTicket {
     let node = (node_seq_nr >= 0).then_some(recorder::Node {
         thread: node_thread,
         seq_nr: node_seq_nr,
     });
     let t = match phase(p) {
-        Ok(p) => entry::op_enter(op, overload, selected, p, node),
+        Ok(p) => entry::op_enter(op, overload, selected, p, node, depth),
         Err(why) => {
             runtime::fail(&format!("internal error at an op's entry ({why})"));
             // Entry and exit stay paired: push a frame that records nothing.
-            entry::op_enter(op, overload, false, format::Phase::Forward, None)
+            entry::op_enter(op, overload, false, format::Phase::Forward, None, depth)
         }
     };
     let Ticket {
@@ -575,6 +584,10 @@ fn op_enter(
         check_on_cpu,
         check,
     }
+}
+
+fn every_top_level_call() -> bool {
+    recorder::every_top_level_call()
 }
 
 fn op_leave() {

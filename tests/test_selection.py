@@ -34,6 +34,25 @@ def test_include_steps_and_ranks_end_to_end(run):
     assert not list(other.dump_dir.rglob("*.parquet"))
 
 
+def test_narrowed_selection_keeps_depth_and_parents(run):
+    # Calls of ops the regexes leave out never reach Rust: the hook counts
+    # them itself, so a selected call nested in them keeps its depth, and
+    # its parent is the nearest selected call.
+    full = calls(run(JOB))
+    only = calls(run(JOB, OPDUMP_INCLUDE=r"aten::(linear|mm|relu)\b"))
+    assert set(only.op) == {"aten::linear", "aten::mm", "aten::relu"}
+    for op in only.op.unique():
+        want = full[full.op == op].sort_values("seq").depth.tolist()
+        assert only[only.op == op].sort_values("seq").depth.tolist() == want, op
+    assert (full[(full.op == "aten::mm") & (full.phase == "forward")].depth > 0).all()
+    by_seq = only.set_index("seq")
+    for _, mm in only[(only.op == "aten::mm") & (only.phase == "forward")].iterrows():
+        assert by_seq.loc[mm.parent_seq].op == "aten::linear"
+    bare = calls(run(JOB, OPDUMP_INCLUDE=r"aten::mm\b"))
+    assert bare.parent_seq.isna().all()
+    assert bare.sort_values("seq").depth.tolist() == full[full.op == "aten::mm"].sort_values("seq").depth.tolist()
+
+
 def test_max_depth_and_inputs(run):
     t = run(JOB, OPDUMP_MAX_DEPTH="0", OPDUMP_INPUTS="0").table()
     assert set(t.depth) == {0}

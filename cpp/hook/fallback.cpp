@@ -378,6 +378,16 @@ void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFact
   }
 }
 
+// The calls this thread is inside, counted by the hook (Rust's stack holds
+// only those it was asked about): each call's depth, on every path out.
+thread_local int32_t tl_depth = 0;
+struct Deeper {
+  Deeper() { ++tl_depth; }
+  ~Deeper() { --tl_depth; }
+  Deeper(const Deeper&) = delete;
+  Deeper& operator=(const Deeper&) = delete;
+};
+
 // Pairs op_leave with op_enter for a call that is not recorded, on every
 // path out, the user's exceptions included.
 struct LeaveGuard {
@@ -389,20 +399,27 @@ struct LeaveGuard {
   }
 };
 
+// A call that is not recorded: `entered` when Rust was asked (op_enter),
+// which then pairs it with op_leave.
+void run_not_recorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::DispatchKeySet next,
+                      torch::jit::Stack* stack, const OpTicket& ticket, bool entered) {
+  // No RowBuilder: its OpCall's strings and vectors are Rust's, each made
+  // and dropped across the bridge.
+  std::optional<LeaveGuard> leave;
+  if (entered) leave.emplace();
+  // OPDUMP_ON_DIVERGENCE=stop raises the job's own error where its op would
+  // run; the guard pairs the entry as for any error.
+  if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
+  const bool versioned = from_above_autograd();
+  if (ticket.depth == 0 || versioned) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+  run_unrecorded(op, facts, next, stack, versioned);
+}
+
 void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::DispatchKeySet next,
                     torch::jit::Stack* stack, const OpTicket& ticket) {
-  // OPDUMP_ON_DIVERGENCE=stop raises the job's own error where its op would
-  // run; the guards pair the entry as for any error.
+  if (!ticket.record) return run_not_recorded(op, facts, next, stack, ticket, true);
   const bool versioned = from_above_autograd();
   const bool above_autograd = ticket.depth == 0 || versioned;
-  if (!ticket.record) {
-    // No RowBuilder: its OpCall's strings and vectors are Rust's, each made
-    // and dropped across the bridge.
-    LeaveGuard leave;
-    if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
-    if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
-    return run_unrecorded(op, facts, next, stack, versioned);
-  }
   // Every op_enter is paired with op_exit: the guard comes first.
   RowBuilder rec;
   ExitGuard exit_guard{&rec};
@@ -488,17 +505,24 @@ void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     return;
   }
   python_hooks_tick();
-  // A call of an op the regexes leave out is never recorded: its phase,
-  // node and names are of no use to Rust (`selected` -1, not had yet,
-  // counts as selected: Rust decides).
+  const int32_t depth = tl_depth;
+  Deeper deeper;
+  // A call of an op the regexes leave out is never recorded: Rust is not
+  // asked about it, except at the top level while it asks for every call
+  // there (`selected` -1, not had yet, counts as selected: Rust decides).
+  if (facts.selected == 0 && (depth > 0 || !every_top_level_call())) {
+    OpTicket ticket{};
+    ticket.depth = depth;
+    return run_not_recorded(op, facts, next, stack, ticket, false);
+  }
   OpTicket ticket;
   if (facts.selected != 0) {
     int64_t node_thread = -1, node_seq_nr = -1;
     current_backward_node(node_thread, node_seq_nr);
     ticket = op_enter(rust::Str(facts.name), rust::Str(facts.shown_overload), true, current_phase(), node_thread,
-                      node_seq_nr);
+                      node_seq_nr, depth);
   } else {
-    ticket = op_enter(rust::Str(), rust::Str(), false, Phase::Forward, -1, -1);
+    ticket = op_enter(rust::Str(), rust::Str(), false, Phase::Forward, -1, -1, depth);
   }
   record_and_run(op, facts, next, stack, ticket);
 }

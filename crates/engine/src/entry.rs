@@ -14,16 +14,18 @@ use crate::runtime;
 
 /// At an op's entry: assigns its seq, pushes the thread's nesting stack and
 /// decides whether it is recorded.
-/// `selected`: what [`op_selected`] said of the op.
+/// `selected`: what [`op_selected`] said of the op; `depth`: the calls the
+/// thread is inside, entered or not.
 pub fn op_enter(
     op: &str,
     overload: &str,
     selected: bool,
     phase: Phase,
     node: Option<Node>,
+    depth: i32,
 ) -> Ticket {
     catch_unwind(AssertUnwindSafe(|| {
-        recorder::enter(op, overload, selected, phase, node)
+        recorder::enter(op, overload, selected, phase, node, depth)
     }))
     .unwrap_or_else(|_| {
         runtime::fail("internal error at an op's entry");
@@ -162,7 +164,7 @@ mod tests {
     fn exit_without_runtime_never_takes_the_record() {
         // Recording is off and no runtime exists: the record is never built,
         // and entry and exit stay paired.
-        let t = op_enter("aten::mm", "default", true, Phase::Forward, None);
+        let t = op_enter("aten::mm", "default", true, Phase::Forward, None, 0);
         assert!(!t.record);
         let mut taken = false;
         op_exit(|| {

@@ -267,20 +267,23 @@ pub struct Node {
 
 /// `selected`: the regexes select the op ([`op_selected`]); when false, the
 /// call is not recorded and `op` and `overload` are not looked at (the hook
-/// passes them empty).
+/// passes them empty). `depth`: the calls the thread is inside, counted by
+/// the hook, which enters a call of an op the regexes leave out only where
+/// [`every_top_level_call`] asks for it: the stack holds the calls entered.
 pub(crate) fn enter(
     op: &str,
     overload: &str,
     selected: bool,
     phase: Phase,
     node: Option<Node>,
+    depth: i32,
 ) -> Ticket {
     let rt = runtime::get();
     STACK.with(|cell| {
         let ended = {
             let mut stack = cell.borrow_mut();
             match stack.ended {
-                Some(_) if stack.frames.is_empty() => stack.ended.take(),
+                Some(_) if depth == 0 => stack.ended.take(),
                 _ => None,
             }
         };
@@ -290,7 +293,7 @@ pub(crate) fn enter(
             at_step_end(ended);
         }
         let mut stack = cell.borrow_mut();
-        let (depth, step) = (stack.depth(), current_step());
+        let step = current_step();
         let record = selected
             && runtime::RECORDING.load(Ordering::Relaxed)
             && rt.is_some_and(|rt| decide(rt, op, overload, depth, step));
@@ -344,6 +347,14 @@ pub(crate) fn enter(
             check: record && rt.is_some_and(|rt| checks_op(rt, op, overload)),
         }
     })
+}
+
+/// Whether the hook must enter every top-level call, those of ops the
+/// regexes leave out included: at a step's end online compare may wait
+/// there ([`at_step_end`]), and a stop raises there. Otherwise such calls
+/// never reach the engine.
+pub fn every_top_level_call() -> bool {
+    crate::online::boundary::active() || crate::online::stop::pending()
 }
 
 /// Whether OPDUMP_CHECK selects the op, in the process that installed the

@@ -29,6 +29,11 @@ pub fn take(ready: impl FnOnce() -> bool) -> bool {
     PENDING.swap(false, Ordering::SeqCst)
 }
 
+/// Whether a stop waits to be raised: one relaxed load.
+pub fn pending() -> bool {
+    PENDING.load(Ordering::Relaxed)
+}
+
 /// Whether a stop was asked for in this process.
 pub fn requested() -> bool {
     REQUESTED.load(Ordering::SeqCst)
