@@ -167,6 +167,14 @@ pub mod ffi {
         list_index: i32,
         /// As Python prints it without `torch.`: `float32`.
         dtype_id: u32,
+        /// The sizes and strides of a tensor of at most `INLINE_DIMS`
+        /// dimensions, filled without an allocation or a call across the
+        /// bridge per dimension: `dims[..rank]` the sizes,
+        /// `dims[INLINE_DIMS..INLINE_DIMS + rank]` the strides (when
+        /// `strided`). -1: more dimensions, in `shape` and `stride`.
+        rank: i32,
+        dims: [i64; 16],
+        strided: bool,
         shape: Vec<i64>,
         stride: Vec<i64>,
         /// As torch prints it: `cpu`, `cuda:0`.
@@ -478,14 +486,38 @@ fn name(id: u32, what: &str) -> Result<Name, String> {
         .ok_or_else(|| format!("unknown {what} name id {id}"))
 }
 
+/// `TensorRow::dims` holds the sizes and the strides of tensors of up to
+/// this many dimensions (`INLINE_DIMS` in C++).
+const INLINE_DIMS: usize = 8;
+
+/// The sizes and strides of a row, wherever C++ put them.
+fn shape_and_stride(row: &mut ffi::TensorRow) -> Result<(Vec<i64>, Vec<i64>), String> {
+    let Ok(rank) = usize::try_from(row.rank) else {
+        return Ok((
+            std::mem::take(&mut row.shape),
+            std::mem::take(&mut row.stride),
+        ));
+    };
+    if rank > INLINE_DIMS {
+        return Err(format!("a row of rank {rank} in {INLINE_DIMS} places"));
+    }
+    let stride = if row.strided {
+        row.dims[INLINE_DIMS..INLINE_DIMS + rank].to_vec()
+    } else {
+        Vec::new()
+    };
+    Ok((row.dims[..rank].to_vec(), stride))
+}
+
 fn tensor(row: &mut ffi::TensorRow) -> Result<TensorRecord, String> {
+    let (shape, stride) = shape_and_stride(row)?;
     Ok(TensorRecord {
         role: role(row.role)?,
         arg: name(row.arg_id, "argument")?,
         list_index: (row.list_index >= 0).then_some(row.list_index),
         dtype: name(row.dtype_id, "dtype")?,
-        shape: std::mem::take(&mut row.shape),
-        stride: std::mem::take(&mut row.stride),
+        shape,
+        stride,
         device: name(row.device_id, "device")?,
         numel: row.numel,
         name: (!row.name.is_empty()).then(|| std::mem::take(&mut row.name)),
@@ -507,6 +539,17 @@ fn saved(t: &mut ffi::SavedTensor) -> format::CapturedTensor {
     }
 }
 
+/// The rows of a call, in a vector of their number: collected through
+/// `Result`, the vector would start small and grow (and be copied) row by
+/// row.
+fn tensors(rows: &mut [ffi::TensorRow]) -> Result<Vec<TensorRecord>, String> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        out.push(tensor(row)?);
+    }
+    Ok(out)
+}
+
 /// Moves the strings and rows out of C++'s record.
 fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
     Ok(Call {
@@ -517,11 +560,7 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
         duration_ns: call.duration_ns,
         error: call.has_error.then(|| std::mem::take(&mut call.error)),
         source: (!call.source.is_empty()).then(|| std::mem::take(&mut call.source)),
-        tensors: call
-            .tensors
-            .iter_mut()
-            .map(tensor)
-            .collect::<Result<_, _>>()?,
+        tensors: tensors(&mut call.tensors)?,
         capture: call.captured.then(|| format::Capture {
             selector: String::new(), // the engine names it
             args: std::mem::take(&mut call.capture_args),

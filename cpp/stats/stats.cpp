@@ -292,15 +292,34 @@ bool values_unreadable(const at::Tensor& t) {
 
 namespace {
 
+// Sizes and strides of up to kInlineDims dimensions go in the row's
+// array (TensorRow::dims in the bridge): a push onto a rust::Vec is four
+// calls into Rust, a dozen or so per row.
+constexpr size_t kInlineDims = 8;
+static_assert(sizeof(TensorRow::dims) == 2 * kInlineDims * sizeof(int64_t));
+
+int64_t concrete(const c10::SymInt& s) { return s.is_symbolic() ? -1 : s.as_int_unchecked(); }
+
 void fill_metadata(const at::Tensor& t, TensorRow& row) {
   row.dtype_id = dtype_name_id(t.scalar_type());
   const auto sizes = t.sym_sizes();
-  row.shape.reserve(sizes.size());
-  for (auto s : sizes) row.shape.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
-  if (t.layout() == at::kStrided && !t.is_nested()) {
-    const auto strides = t.sym_strides();
-    row.stride.reserve(strides.size());
-    for (auto s : strides) row.stride.push_back(s.is_symbolic() ? -1 : s.as_int_unchecked());
+  row.strided = t.layout() == at::kStrided && !t.is_nested();
+  if (sizes.size() <= kInlineDims) {
+    row.rank = static_cast<int32_t>(sizes.size());
+    for (size_t d = 0; d < sizes.size(); ++d) row.dims[d] = concrete(sizes[d]);
+    if (row.strided) {
+      const auto strides = t.sym_strides();
+      for (size_t d = 0; d < strides.size() && d < kInlineDims; ++d) row.dims[kInlineDims + d] = concrete(strides[d]);
+    }
+  } else {
+    row.rank = -1;
+    row.shape.reserve(sizes.size());
+    for (auto s : sizes) row.shape.push_back(concrete(s));
+    if (row.strided) {
+      const auto strides = t.sym_strides();
+      row.stride.reserve(strides.size());
+      for (auto s : strides) row.stride.push_back(concrete(s));
+    }
   }
   row.device_id = device_name_id(t.device());
   row.numel = t.sym_numel().is_symbolic() ? -1 : t.sym_numel().as_int_unchecked();
