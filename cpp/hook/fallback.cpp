@@ -46,10 +46,16 @@ std::atomic<bool> g_hook_only{false};
 
 namespace {
 
-int64_t epoch_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+// Epoch time of a steady-clock reading: the wall clock is read once, so a
+// call reads one clock at its start and one at its end (on a virtual
+// machine a clock read can cost as much as a small op's bookkeeping). A
+// later step of the wall clock (NTP) does not move the calls' times.
+int64_t epoch_ns(std::chrono::steady_clock::time_point t) {
+  using std::chrono::nanoseconds;
+  static const int64_t offset =
+      std::chrono::duration_cast<nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      std::chrono::duration_cast<nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return offset + std::chrono::duration_cast<nanoseconds>(t.time_since_epoch()).count();
 }
 
 std::string error_text(const std::exception& e) {
@@ -316,8 +322,8 @@ void run_timed(RowBuilder& rec, const c10::OperatorHandle& op, const OpFacts& fa
                torch::jit::Stack* stack) {
   std::optional<WriteScope> writing;
   if (facts.write_scope) writing.emplace(op.schema(), *stack);
-  rec.call.start_ns = epoch_ns();
   const auto t0 = std::chrono::steady_clock::now();
+  rec.call.start_ns = epoch_ns(t0);
   try {
     op.redispatchBoxed(next, stack);
   } catch (const std::exception& e) {
