@@ -324,8 +324,8 @@ fn align_lists(
     let mut prev = (0usize, 0usize);
     let loose_gap = |a0: usize, a1: usize, b0: usize, b1: usize, out: &mut Vec<Pair>| {
         if a1 - a0 == b1 - b0 && a1 > a0 {
-            let same_names = (0..a1 - a0)
-                .all(|k| pa.loose(a, xa[a0 + k]) == pb.loose(b, xb[b0 + k]));
+            let same_names =
+                (0..a1 - a0).all(|k| pa.loose(a, xa[a0 + k]) == pb.loose(b, xb[b0 + k]));
             if same_names {
                 for k in 0..a1 - a0 {
                     out.push(Pair::whole(xa[a0 + k], xb[b0 + k], true));

@@ -72,6 +72,12 @@ pub fn key_of_rows(
 /// identity that a later producer of the same A tensor displaced (same
 /// statistics in A, other ones in B) moves to `displaced`, which stays
 /// tiny: an exact answer, as two tables gave.
+///
+/// The taint and the producing pair matter only where the taint is not 0
+/// (consumers of a clean output record no path), and almost every output
+/// upstream of a divergence is clean: an entry holds an index into
+/// `tainted` instead, 24 bytes a bucket, not 32 (200 MB at the synthetic
+/// 10M pair's 6.3M outputs, not 264).
 #[derive(Default)]
 pub struct Provenance {
     /// A's side identity -> the latest producer of such a tensor.
@@ -79,7 +85,12 @@ pub struct Provenance {
     /// Pair identity -> taint and producer, for pairs whose A side's entry
     /// in `by_a` now holds a later producer's pair.
     displaced: FxMap<u64, (f32, u32)>,
+    /// The taint and the producer of each tainted registration.
+    tainted: Vec<(f32, u32)>,
 }
+
+/// `Produced::tainted` of a clean output.
+const CLEAN: u32 = u32::MAX;
 
 /// The latest registration of an A tensor.
 #[derive(Clone, Copy)]
@@ -87,16 +98,15 @@ struct Produced {
     /// The pair identity it was registered with.
     pair: u64,
     /// Its taint when produced (0 when nothing upstream diverged, else the
-    /// size of the error upstream).
-    taint: f32,
+    /// size of the error upstream) and the aligned pair that produced it:
+    /// an index into `Provenance::tainted`, [`CLEAN`] for taint 0.
+    tainted: u32,
     /// B's tensor as produced (`NONE` when unknown). B may feed an op a
     /// tensor that went through calls A does not make (copies to and from
     /// a device, another decomposition); A's tensor still names the
     /// producer, and B's tensor as produced tells whether those calls
     /// changed its values.
     b_tensor: u32,
-    /// The aligned pair that produced it.
-    producer: u32,
 }
 
 /// Where an input came from, as far as the statistics tell.
@@ -110,7 +120,9 @@ pub struct Found {
     pub by_pair: bool,
     /// See `by_pair`.
     pub b_produced: u32,
-    /// The aligned pair (index into the alignment's pairs) that produced it.
+    /// The aligned pair (index into the alignment's pairs) that produced
+    /// it, where the taint is not 0 (where it is, `NONE`: a clean output
+    /// leaves no path to follow).
     pub producer: u32,
 }
 
@@ -120,6 +132,15 @@ impl Provenance {
         Provenance {
             by_a: FxMap::with_capacity_and_hasher(n, Default::default()),
             displaced: FxMap::default(),
+            tainted: Vec::new(),
+        }
+    }
+
+    /// The taint and producer an entry's `tainted` names.
+    fn tainted(&self, k: u32) -> (f32, u32) {
+        match k {
+            CLEAN => (0.0, NONE),
+            k => self.tainted[k as usize],
         }
     }
 
@@ -138,18 +159,26 @@ impl Provenance {
         } else {
             0.0
         };
+        let tainted = if t > 0.0 {
+            self.tainted.push((t, producer));
+            // Registrations are outputs of A, and a dump holds fewer than
+            // u32::MAX tensors (the loader refuses more).
+            (self.tainted.len() - 1) as u32
+        } else {
+            CLEAN
+        };
         let new = Produced {
             pair,
-            taint: t,
+            tainted,
             b_tensor: b_tensor.unwrap_or(NONE),
-            producer,
         };
         if let Some(old) = self.by_a.insert(side_a, new) {
             // The pair identity folds in A's side, so the entry replaced
             // was the latest producer of its pair too: it is still that
             // pair's answer.
             if old.pair != pair {
-                self.displaced.insert(old.pair, (old.taint, old.producer));
+                let v = self.tainted(old.tainted);
+                self.displaced.insert(old.pair, v);
             }
         }
     }
@@ -159,7 +188,7 @@ impl Provenance {
     pub fn find(&self, (pair, side_a): (u64, u64)) -> Option<Found> {
         let latest = self.by_a.get(&side_a);
         let by_pair = match latest {
-            Some(p) if p.pair == pair => Some((p.taint, p.producer)),
+            Some(p) if p.pair == pair => Some(self.tainted(p.tainted)),
             _ if self.displaced.is_empty() => None,
             _ => self.displaced.get(&pair).copied(),
         };
@@ -171,11 +200,14 @@ impl Provenance {
                 producer,
             });
         }
-        latest.map(|p| Found {
-            taint: p.taint as f64,
-            by_pair: false,
-            b_produced: p.b_tensor,
-            producer: p.producer,
+        latest.map(|p| {
+            let (t, producer) = self.tainted(p.tainted);
+            Found {
+                taint: t as f64,
+                by_pair: false,
+                b_produced: p.b_tensor,
+                producer,
+            }
         })
     }
 }
@@ -194,6 +226,8 @@ mod tests {
 
     impl TwoTables {
         fn register(&mut self, (pair, a): (u64, u64), t: f32, b: u32, producer: u32) {
+            // A clean output's producer is not kept (see `Found::producer`).
+            let producer = if t > 0.0 { producer } else { NONE };
             self.by_pair.insert(pair, (t, producer));
             self.by_a.insert(a, (t, b, producer));
         }
@@ -228,7 +262,7 @@ mod tests {
         // The same A tensor, another B tensor: the later producer of A's.
         p.register(key(1, 11), 0.5, Some(6), 1);
         let first = p.find(key(1, 10)).unwrap();
-        assert!(first.by_pair && first.producer == 0 && first.taint == 0.0);
+        assert!(first.by_pair && first.producer == NONE && first.taint == 0.0);
         let second = p.find(key(1, 11)).unwrap();
         assert!(second.by_pair && second.producer == 1 && second.taint == 0.5);
         // B fed a tensor no aligned op made: found by A's side, the latest.
