@@ -9,6 +9,8 @@ use opdump_format::Role;
 use crate::align::{align, Alignment, Filter, Pair};
 use crate::drift::{drift_source, DriftSource};
 use crate::dump::{Dump, NONE};
+use crate::input_taints::InputTaints;
+use crate::introduced::Introduced;
 use crate::metrics::{Ctx, OpCmp, Taint, TensorCmp};
 use crate::observer::Observer;
 use crate::one_sided::OneSided;
@@ -50,12 +52,10 @@ pub struct Compared {
     pub verdict: Vec<OpVerdict>,
     /// Per pair: the largest relative error of an output.
     pub out_err: Vec<f32>,
-    /// Per tensor of A: the taint an input had (see `provenance`), so a
+    /// Per tensor of A: the taint an input had (see `provenance`), and
+    /// whether it was the input's own error (see [`Taint::own`]), so a
     /// report recomputes the same verdicts.
-    pub input_taint: Vec<f32>,
-    /// Per tensor of A: that taint was the input's own error (see
-    /// [`Taint::own`]).
-    pub input_taint_own: Vec<bool>,
+    pub input_taint: InputTaints,
     /// Tensor pairs by verdict (index: `TensorVerdict as usize`).
     pub tensor_counts: [u64; TensorVerdict::ALL.len()],
     /// Pairs by verdict (index: `OpVerdict as usize`).
@@ -133,10 +133,8 @@ impl Compared {
         let p = self.alignment.pairs[pair];
         ctx.measure_pair(p, cmp);
         ctx.judge(cmp, |tc| {
-            tc.ta.map_or(Taint::default(), |x| Taint {
-                size: self.input_taint[x as usize] as f64,
-                own: self.input_taint_own[x as usize],
-            })
+            tc.ta
+                .map_or(Taint::default(), |x| self.input_taint.taint(x))
         });
     }
 
@@ -209,13 +207,18 @@ pub const HEADLINE_DOMINANCE: f64 = 10.0;
 /// (where that fault first showed). Infinite excess (NaN or Inf from
 /// finite inputs, a shape change) dominates any finite one; against an
 /// infinite first, nothing does.
-pub fn headline(first: Option<usize>, leaves: &[usize], excess: &[f32]) -> Option<usize> {
+/// `excess` gives each introduced pair's.
+pub fn headline(
+    first: Option<usize>,
+    leaves: &[usize],
+    excess: impl Fn(usize) -> f32,
+) -> Option<usize> {
     let first = first?;
-    let bar = HEADLINE_DOMINANCE * excess[first] as f64;
+    let bar = HEADLINE_DOMINANCE * excess(first) as f64;
     let dominant = leaves
         .iter()
         .copied()
-        .filter(|&k| excess[k] > excess[first] && excess[k] as f64 >= bar)
+        .filter(|&k| excess(k) > excess(first) && excess(k) as f64 >= bar)
         .min();
     Some(dominant.unwrap_or(first))
 }
@@ -268,7 +271,6 @@ pub fn compare_dumps(
         verdict: j.verdict,
         out_err: j.out_err,
         input_taint: j.input_taint,
-        input_taint_own: j.input_taint_own,
         tensor_pairs: j.tensor_counts.iter().sum(),
         tensor_counts: j.tensor_counts,
         op_counts: j.op_counts,
@@ -353,12 +355,14 @@ fn check_alignment(
 struct Judged {
     verdict: Vec<OpVerdict>,
     out_err: Vec<f32>,
-    amplification: Vec<f32>,
-    /// Output error over the allowed error, for the headline.
-    excess: Vec<f32>,
+    /// The pairs judged introduced, in order, with their amplification and
+    /// their output error over the allowed error: what the top list and
+    /// the headline rank them by. Only introduced pairs are ranked (a
+    /// verdict changes afterwards only to absorbed), so the rest keep
+    /// none: 8 bytes per pair saved.
+    introduced: Introduced,
     /// Per tensor of A: the taint an input had.
-    input_taint: Vec<f32>,
-    input_taint_own: Vec<bool>,
+    input_taint: InputTaints,
     /// Outputs compared and found to agree, nothing upstream diverged.
     verified: Vec<bool>,
     /// The first pair that read an input over its tolerance that no
@@ -385,10 +389,9 @@ pub struct Judgement {
     pub verdict: Vec<OpVerdict>,
     /// Per pair: the largest relative error of an output.
     pub out_err: Vec<f32>,
-    /// Per tensor of A: the taint an input had.
-    pub input_taint: Vec<f32>,
-    /// Per tensor of A: that taint was the input's own error.
-    pub input_taint_own: Vec<bool>,
+    /// Per tensor of A: the taint an input had, and whether it was the
+    /// input's own error.
+    pub input_taint: InputTaints,
     /// Tensor pairs by verdict.
     pub tensor_counts: [u64; TensorVerdict::ALL.len()],
     /// Pairs by verdict.
@@ -478,10 +481,8 @@ impl<'d> Judge<'d> {
             judged: Judged {
                 verdict: vec![OpVerdict::Ok; n],
                 out_err: vec![0f32; n],
-                amplification: vec![0f32; n],
-                excess: vec![0f32; n],
-                input_taint: vec![0f32; a.tensors.len()],
-                input_taint_own: vec![false; a.tensors.len()],
+                introduced: Introduced::default(),
+                input_taint: InputTaints::new(a.tensors.len()),
                 verified: vec![false; n],
                 first_diverged_input: None,
                 tensor_counts: [0u64; TensorVerdict::ALL.len()],
@@ -612,10 +613,8 @@ impl<'d> Judge<'d> {
         let Judged {
             mut verdict,
             out_err,
-            amplification,
-            excess,
+            introduced,
             input_taint,
-            input_taint_own,
             verified,
             first_diverged_input,
             tensor_counts,
@@ -661,8 +660,11 @@ impl<'d> Judge<'d> {
         });
         let first_introduced_outer = verdict.iter().position(|&v| v == OpVerdict::Introduced);
         let first_introduced = first_introduced_outer.map(|k| tree.deepest_introduced(&verdict, k));
-        let mut top_introduced = introduced_leaves(&tree, &verdict, &amplification);
-        let headline = headline(first_introduced, &top_introduced, &excess);
+        let mut top_introduced =
+            introduced_leaves(&tree, &verdict, |k| introduced.of(k).amplification);
+        let headline = headline(first_introduced, &top_introduced, |k| {
+            introduced.of(k).excess
+        });
         top_introduced.truncate(top);
         let first_unmatched_change = unmatched_change
             .filter(|ch| is_first_cause(ch, first_divergence, first_introduced_outer))
@@ -678,7 +680,6 @@ impl<'d> Judge<'d> {
             verdict,
             out_err,
             input_taint,
-            input_taint_own,
             tensor_counts,
             op_counts,
             dtype_differs,
@@ -837,16 +838,17 @@ impl Judged {
                     prov.register(tc.key, taint, tc.tb, k as u32);
                 }
             } else {
-                self.input_taint[x as usize] = tc.taint as f32;
-                self.input_taint_own[x as usize] = tc.taint_own;
+                self.input_taint.set(x, tc.taint as f32, tc.taint_own);
             }
         }
         let v = cmp.verdict.unwrap_or(OpVerdict::Ok);
         self.verdict[k] = v;
         self.verified[k] = outputs_verified(v, cmp);
         self.out_err[k] = cmp.out_err as f32;
-        self.amplification[k] = cmp.amplification as f32;
-        self.excess[k] = cmp.excess as f32;
+        if v == OpVerdict::Introduced {
+            self.introduced
+                .push(k, cmp.amplification as f32, cmp.excess as f32);
+        }
     }
 }
 
@@ -986,7 +988,7 @@ fn divergence_travels(
 fn introduced_leaves(
     tree: &PairTree<'_>,
     verdict: &[OpVerdict],
-    amplification: &[f32],
+    amplification: impl Fn(usize) -> f32,
 ) -> Vec<usize> {
     let introduced = |k: &usize| verdict[*k] == OpVerdict::Introduced;
     let mut has_introduced_below = vec![false; verdict.len()];
@@ -1004,8 +1006,8 @@ fn introduced_leaves(
         .filter(|&k| !has_introduced_below[k])
         .collect();
     top_list.sort_by(|&x, &y| {
-        amplification[y]
-            .total_cmp(&amplification[x])
+        amplification(y)
+            .total_cmp(&amplification(x))
             .then(x.cmp(&y))
     });
     top_list

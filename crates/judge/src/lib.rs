@@ -26,7 +26,9 @@ pub mod dump;
 pub mod evidence;
 pub mod exact;
 mod from_records;
+pub mod input_taints;
 pub mod intern;
+pub mod introduced;
 pub mod list_call;
 pub mod metrics;
 pub mod observer;
@@ -52,6 +54,7 @@ pub use compare::{
 pub use dtype::DType;
 pub use dump::{full_op_name, Dump, Tensors, NONE};
 pub use from_records::RecordsError;
+pub use input_taints::InputTaints;
 pub use intern::{Interner, ShapeInterner, NO_ID};
 pub use observer::{Observer, Silent};
 pub use op_row::{OpRow, NO_SEQ};
