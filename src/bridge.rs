@@ -550,6 +550,16 @@ fn tensors(rows: &mut [ffi::TensorRow]) -> Result<Vec<TensorRecord>, String> {
     Ok(out)
 }
 
+/// C++'s rows, made into records on the writer's thread.
+struct HookRows(Vec<ffi::TensorRow>);
+
+impl opdump_engine::sink::LaterRows for HookRows {
+    fn into_records(self: Box<Self>) -> Result<Vec<TensorRecord>, String> {
+        let mut rows = self.0;
+        tensors(&mut rows)
+    }
+}
+
 /// Moves the strings and rows out of C++'s record.
 fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
     Ok(Call {
@@ -560,7 +570,8 @@ fn take_call(call: &mut ffi::OpCall) -> Result<Call, String> {
         duration_ns: call.duration_ns,
         error: call.has_error.then(|| std::mem::take(&mut call.error)),
         source: (!call.source.is_empty()).then(|| std::mem::take(&mut call.source)),
-        tensors: tensors(&mut call.tensors)?,
+        tensors: Vec::new(),
+        later: Some(Box::new(HookRows(std::mem::take(&mut call.tensors)))),
         capture: call.captured.then(|| format::Capture {
             selector: String::new(), // the engine names it
             args: std::mem::take(&mut call.capture_args),

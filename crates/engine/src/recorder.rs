@@ -17,6 +17,7 @@ use crate::capture;
 use crate::modules::{self, Forward, ModuleId};
 use crate::runtime;
 use crate::selection::{self, CallSite, Cap, OpVerdicts, RecordCap};
+use crate::sink::LaterRows;
 
 /// The engine's answer at an op's entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +62,7 @@ impl Ticket {
 }
 
 /// What the hook knows of a recorded call at its exit.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Default)]
 pub struct Call {
     pub op: Name,
     pub overload: Name,
@@ -72,6 +73,8 @@ pub struct Call {
     /// `file.py:123 in forward`, when the ticket asked for it.
     pub source: Option<String>,
     pub tensors: Vec<TensorRecord>,
+    /// Rows made on the writer's thread, in place of `tensors`.
+    pub later: Option<Box<dyn LaterRows>>,
     /// The saved tensors and arguments, when the ticket asked for them
     /// (the selector is filled in at submit).
     pub capture: Option<Capture>,
@@ -489,27 +492,42 @@ pub(crate) fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) 
         Ok(call) => call,
         Err(why) => return runtime::fail(&format!("internal error at an op's exit ({why})")),
     };
+    if d.capture.is_some() {
+        // The rows name their tensors in the capture file: made here.
+        if let Some(rows) = call.later.take() {
+            match rows.into_records() {
+                Ok(tensors) => call.tensors = tensors,
+                Err(why) => {
+                    return runtime::fail(&format!("internal error at an op's exit ({why})"))
+                }
+            }
+        }
+    }
     finish_capture(d.capture, &mut call);
-    sink.send(OpRecord {
-        seq: d.seq,
-        parent_seq: d.parent_seq,
-        depth: d.depth,
-        pid: runtime::pid(),
-        thread: d.thread,
-        step: d.step,
-        phase: d.phase,
-        op: call.op,
-        overload: call.overload,
-        args: call.args,
-        start_ns: call.start_ns,
-        duration_ns: call.duration_ns,
-        error: call.error,
-        module: d.module.and_then(modules::path).map(Name::Borrowed),
-        fwd_seq: d.fwd_seq,
-        source: call.source,
-        tensors: call.tensors,
-        capture: call.capture,
-    });
+    let later = call.later;
+    sink.send(
+        OpRecord {
+            seq: d.seq,
+            parent_seq: d.parent_seq,
+            depth: d.depth,
+            pid: runtime::pid(),
+            thread: d.thread,
+            step: d.step,
+            phase: d.phase,
+            op: call.op,
+            overload: call.overload,
+            args: call.args,
+            start_ns: call.start_ns,
+            duration_ns: call.duration_ns,
+            error: call.error,
+            module: d.module.and_then(modules::path).map(Name::Borrowed),
+            fwd_seq: d.fwd_seq,
+            source: call.source,
+            tensors: call.tensors,
+            capture: call.capture,
+        },
+        later,
+    );
 }
 
 pub(crate) fn exit(take: impl FnOnce() -> Result<Call, String>) {

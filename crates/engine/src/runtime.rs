@@ -204,6 +204,7 @@ fn setup(rt: &Runtime, forked_from: Option<i32>) -> SinkSetup {
             let _ = (host::get().device_flush)(5_000);
         },
         on_failure: writer_failed,
+        on_internal_error: fail,
         forked_from,
         file_mode: rt.config.file_mode,
         dir_mode: rt.config.dir_mode(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError, TrySendError};
 use opdump_format::schema::meta;
-use opdump_format::{OpRecord, Role, RotateOptions, RotatingWriter};
+use opdump_format::{OpRecord, Role, RotateOptions, RotatingWriter, TensorRecord};
 
 use crate::config::{Config, QueueFull};
 use crate::online::Feed;
@@ -43,11 +43,21 @@ pub struct Counters {
     pub captures_failed: AtomicU64,
 }
 
+/// The tensor rows of a record still in the hook's own form: made into
+/// [`TensorRecord`]s on the writer's thread. On the job's thread they would
+/// be copied once more, and each row's sizes and strides allocated there:
+/// memory the writer frees on its own core, which the job's core then
+/// writes cold at its next call.
+pub trait LaterRows: Send {
+    fn into_records(self: Box<Self>) -> Result<Vec<TensorRecord>, String>;
+}
+
 // Nearly every message is a record: boxing it would add an allocation per op
 // call to spare the rare Flush and Stop their unused bytes.
 #[allow(clippy::large_enum_variant)]
 enum Msg {
-    Record(OpRecord),
+    /// A record, with its tensor rows still to make when they are given.
+    Record(OpRecord, Option<Box<dyn LaterRows>>),
     /// Complete every open file, then answer.
     Flush(Sender<()>),
     /// The job ended this step and waits for its verdict against
@@ -74,6 +84,9 @@ pub struct SinkSetup {
     pub before_terminating: fn(),
     /// Called once from the writer thread when writing fails for good.
     pub on_failure: fn(),
+    /// Called from the writer thread when a record's rows cannot be made
+    /// (an opdump bug): says so and switches opdump off.
+    pub on_internal_error: fn(&str),
     /// The parent's pid, for a forked child that records.
     pub forked_from: Option<i32>,
     pub file_mode: u32,
@@ -128,12 +141,12 @@ impl Sink {
     }
 
     /// Hands one record to the writer, waiting at most the configured bound.
-    pub fn send(&self, rec: OpRecord) {
+    pub fn send(&self, rec: OpRecord, later: Option<Box<dyn LaterRows>>) {
         let result = match self.policy {
             // A queue with room takes the record without the clock reading
             // that a deadline costs; only a full one waits.
             QueueFull::Block if !self.stalled.load(Ordering::Relaxed) => {
-                match self.tx.try_send(Msg::Record(rec)) {
+                match self.tx.try_send(Msg::Record(rec, later)) {
                     Ok(()) => Ok(()),
                     Err(TrySendError::Disconnected(_)) => Err(()),
                     Err(TrySendError::Full(msg)) => match self.tx.send_timeout(msg, self.wait) {
@@ -153,7 +166,7 @@ impl Sink {
                     },
                 }
             }
-            _ => match self.tx.try_send(Msg::Record(rec)) {
+            _ => match self.tx.try_send(Msg::Record(rec, later)) {
                 Ok(()) => {
                     self.stalled.store(false, Ordering::Relaxed);
                     Ok(())
@@ -244,8 +257,8 @@ impl Worker {
                 // the channel has room again), then that.
                 for pass in 0..2 {
                     while let Ok(msg) = rx.try_recv() {
-                        if let Msg::Record(rec) = msg {
-                            self.write(rec);
+                        if let Msg::Record(rec, later) = msg {
+                            self.write(rec, later);
                         }
                     }
                     if pass == 0 {
@@ -262,9 +275,9 @@ impl Worker {
             // per op on the job's thread. Sleeping between polls leaves sends
             // lock-free; a flush waits at most IDLE_MAX longer.
             match rx.try_recv() {
-                Ok(Msg::Record(rec)) => {
+                Ok(Msg::Record(rec, later)) => {
                     idle = IDLE_MIN;
-                    self.write(rec);
+                    self.write(rec, later);
                 }
                 Ok(Msg::Flush(reply)) => {
                     idle = IDLE_MIN;
@@ -280,8 +293,8 @@ impl Worker {
                 Ok(Msg::Stop) | Err(TryRecvError::Disconnected) => {
                     // Take the records still queued, then stop.
                     while let Ok(msg) = rx.try_recv() {
-                        if let Msg::Record(rec) = msg {
-                            self.write(rec);
+                        if let Msg::Record(rec, later) = msg {
+                            self.write(rec, later);
                         }
                     }
                     self.close_all();
@@ -335,10 +348,21 @@ impl Worker {
         })
     }
 
-    fn write(&mut self, mut rec: OpRecord) {
+    fn write(&mut self, mut rec: OpRecord, later: Option<Box<dyn LaterRows>>) {
         if self.failed {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             return;
+        }
+        if let Some(rows) = later {
+            match rows.into_records() {
+                Ok(tensors) => rec.tensors = tensors,
+                Err(why) => {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    return (self.setup.on_internal_error)(&format!(
+                        "internal error at an op's exit ({why})"
+                    ));
+                }
+            }
         }
         let device = partition_of(&rec).to_string();
         let w = self.writer_for(&device);
@@ -449,6 +473,7 @@ mod tests {
             on_terminated: || {},
             before_terminating: || {},
             on_failure: || {},
+            on_internal_error: |_| {},
             forked_from: None,
             file_mode: 0o600,
             dir_mode: 0o700,
@@ -519,7 +544,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let sink = Sink::start(&Config::default(), setup(tmp.path())).unwrap();
         for s in 0..10 {
-            sink.send(record(s, if s % 2 == 0 { "cpu" } else { "cuda:1" }));
+            sink.send(record(s, if s % 2 == 0 { "cpu" } else { "cuda:1" }), None);
         }
         assert!(sink.flush(Duration::from_secs(10)));
         assert_eq!(sink.counters.written.load(Ordering::Relaxed), 10);
@@ -535,7 +560,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let sink = Sink::start(&Config::default(), setup(tmp.path())).unwrap();
         for s in 0..2000 {
-            sink.send(record(s, "cpu"));
+            sink.send(record(s, "cpu"), None);
         }
         assert!(sink.shutdown(Duration::from_secs(30)));
         assert_eq!(
@@ -558,7 +583,7 @@ mod tests {
         let config = Config { queue: 1, ..config };
         let sink = Sink::start(&config, setup(tmp.path())).unwrap();
         for s in 0..5000 {
-            sink.send(record(s, "cpu"));
+            sink.send(record(s, "cpu"), None);
         }
         assert!(sink.shutdown(Duration::from_secs(30)));
         let c = &sink.counters;
