@@ -52,11 +52,10 @@ class WatchingAllocator;  // held_memory.cpp
 // from the batch's first read to its close, beside the job's memory the batch
 // holds for it (stage_held_bytes), within kDeviceScratchBytes: 30 + 24 MiB.
 // At the close the held memory is back and row_stats adds 8 bytes an
-// element (60 MiB). With the sketch, staged_signature_rows takes about 28
-// bytes a word of a chunk of 1M words and 16 bytes an element for the
+// element (60 MiB). With the sketch, staged_signature_rows takes about 20
+// bytes a word of a chunk of 2M words and 16 bytes an element for the
 // sketch, beside the buffer: 16 MiB of buffer, 16 held.
 constexpr int64_t kRowWidth = kStagedRowWidth;
-static_assert(kRowWidth <= 2048, "a row's fingerprint sums stay below 2^59 (staged_signature_rows)");
 inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{2} << 20 : int64_t{15} << 18; }
 inline int64_t stage_held_bytes(bool sketch) { return sketch ? int64_t{16} << 20 : int64_t{24} << 20; }
 // A tensor's elements rounded up to whole rows.
