@@ -50,20 +50,19 @@ class WatchingAllocator;  // held_memory.cpp
 // the NaN count. One reduction per statistic then covers every row of the
 // batch (row_stats), and the host merges each tensor's rows. The buffer lives
 // from the batch's first read to its close, beside the job's memory the batch
-// holds for it (stage_held_bytes), within kDeviceScratchBytes: 40 + 24 MiB.
-// At the close the held memory is back and row_stats adds 2 bytes an
-// element (50 MiB). With the sketch, staged_signature_rows takes about 28
-// bytes a word of a chunk of 1M words and 16 bytes an element for the
+// holds for it (stage_held_bytes), within kDeviceScratchBytes: 30 + 24 MiB.
+// At the close the held memory is back and row_stats adds 8 bytes an
+// element (60 MiB). With the sketch, staged_signature_rows takes about 20
+// bytes a word of a chunk of 2M words and 16 bytes an element for the
 // sketch, beside the buffer: 16 MiB of buffer, 16 held.
 constexpr int64_t kRowWidth = kStagedRowWidth;
-static_assert(kRowWidth <= 2048, "row counts are summed in float16, exact up to 2048");
-inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{2} << 20 : int64_t{5} << 20; }
+inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{2} << 20 : int64_t{15} << 18; }
 inline int64_t stage_held_bytes(bool sketch) { return sketch ? int64_t{16} << 20 : int64_t{24} << 20; }
 // A tensor's elements rounded up to whole rows.
 inline int64_t row_padded(int64_t numel) { return (numel + kRowWidth - 1) / kRowWidth * kRowWidth; }
 // The largest tensor a batch holds; a larger one is reduced at once, in
 // pieces.
-inline int64_t stage_max_elements(bool sketch) { return stage_elements(sketch) / 4; }
+inline int64_t stage_max_elements(bool sketch) { return sketch ? int64_t{1} << 19 : int64_t{5} << 18; }
 constexpr int64_t kHoldBytes = kDeviceScratchBytes / 4;
 constexpr size_t kBatchResults = 1024;
 constexpr size_t kMaxInFlight = 4;

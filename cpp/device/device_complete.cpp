@@ -111,17 +111,16 @@ void complete_batch(Batch& b) {
     if (part.sig_staged && b.stage_sig_at >= 0) {
       // Its rows of staged_signature_rows, less what its padding added.
       const int k = b.sig_k;
-      const int64_t width = 2 + 2 * k;
+      const int64_t width = 1 + 2 * k;
       const int64_t n = part.piece_numel.empty() ? 0 : part.piece_numel[0];
       const double* row = v + b.stage_sig_at + part.stage_row * width;
       uint64_t f = 0;
       double head[kSignatureHead + sig::kMaxSketch] = {};
       for (int64_t done = 0; done < n; done += kRowWidth, row += width) {
-        uint64_t lo, hi;
-        std::memcpy(&lo, row, sizeof lo);
-        std::memcpy(&hi, row + 1, sizeof hi);
-        f += lo + (hi << 16);
-        for (int j = 0; j < k; ++j) head[kSignatureHead + j] += row[2 + j] - row[2 + k + j];
+        uint64_t sum;
+        std::memcpy(&sum, row, sizeof sum);
+        f += sum;
+        for (int j = 0; j < k; ++j) head[kSignatureHead + j] += row[1 + j] - row[1 + k + j];
       }
       f -= staged_padding_fingerprint(part.sig_dtype, n);
       head[0] = static_cast<double>(f & 0xffffffffu);

@@ -3,6 +3,7 @@
 
 #include "opdump/cpp/device/device_reduce.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <limits>
@@ -101,43 +102,84 @@ at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc) {
   return at::stack({count, at::ne(x, x).sum(acc), at::eq(x, inf).sum(acc), at::eq(x, 0).sum(acc), lo, hi, mu, m2});
 }
 
+namespace {
+
+// What row_stats keeps on each device for the process (never freed: torch
+// may be gone at exit): the boundaries that sort a float64 value into its
+// class, the counts each class adds, and the start of every row of a
+// staging buffer, for the bags of embedding_bag.
+struct RowTables {
+  at::Tensor bounds, counts, starts;
+};
+const RowTables& row_tables(const at::TensorOptions& opts, int64_t rows) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::pair<c10::Device, RowTables>>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = std::find_if(kept->begin(), kept->end(), [&](const auto& e) { return e.first == opts.device(); });
+  if (it == kept->end()) {
+    kept->push_back({opts.device(), RowTables{}});
+    it = std::prev(kept->end());
+  }
+  RowTables& t = it->second;
+  if (!t.bounds.defined()) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const double tiny = std::numeric_limits<double>::denorm_min();
+    const double most = std::numeric_limits<double>::max();
+    // bucketize gives each value the first boundary not below it: -inf 0,
+    // negative 1, zero (either sign) 2, positive 3, +inf 4, NaN (below
+    // nothing) 5.
+    t.bounds = at::tensor(std::vector<double>{-inf, -tiny, 0.0, most, inf}, at::kDouble).to(opts.device());
+    // Class -> (finite, NaN, +inf, zero): the first four fields of a row.
+    t.counts = at::tensor(std::vector<double>{0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0},
+                          at::kDouble)
+                   .view({6, 4})
+                   .to(opts.device());
+  }
+  if (!t.starts.defined() || t.starts.numel() < rows) {
+    const int64_t n = std::max<int64_t>(rows, kDeviceScratchBytes / 8 / kRowWidth);
+    t.starts = at::arange(0, n * kRowWidth, kRowWidth, opts.dtype(at::kInt));
+  }
+  return t;
+}
+
+}  // namespace
+
 // The rows of the staging buffer `x` ([rows, kRowWidth], float64, padded
 // with NaN; it is overwritten), [rows, kFields]: finite, NaN and +inf
 // counts, zero count, and over the finite values min, max, sum, and their
 // sum of squared deviations from their mean divided by kRowWidth. One
-// launch per statistic for the whole batch, at 3 bytes an element beside
-// `x`: the counts are float16 (exact up to 2048), summed from a float16 mask
-// that each count reuses; non-finite values are then replaced in place by
-// their row's finite mean, which leaves the extremes, the mean and the
-// spread of the finite values as they are, so one aminmax and, over the
-// deviations from that mean, one var_mean serve every row.
+// launch per statistic for the whole batch (eleven):
+// - the counts: each value's class (bucketize, int32) and one embedding_bag
+//   that sums each row's classes as (finite, NaN, +inf, zero), exact in
+//   float64. The classes and embedding_bag's own index of bags (4 bytes an
+//   element each, on CUDA as on the CPU) are the most alive beside `x`: 16
+//   bytes an element in all;
+// - non-finite values are then replaced in place by their row's finite
+//   mean (a one-byte mask), which leaves the extremes, the mean and the
+//   spread of the finite values as they are, so one aminmax and, over the
+//   deviations from that mean, one var_mean serve every row.
 at::Tensor row_stats(at::Tensor& x) {
-  const auto inf = std::numeric_limits<double>::infinity();
+  const int64_t rows = x.size(0);
   const auto nan = std::numeric_limits<double>::quiet_NaN();
-  at::Tensor zeros, nans, pinf;
+  const RowTables& tab = row_tables(x.options(), rows);
+  at::Tensor counts;
   {
-    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kHalf));
-    zeros = at::eq_out(mask, x, 0).sum(1);
-    nans = at::ne_out(mask, x, x).sum(1);
-    pinf = at::eq_out(mask, x, inf).sum(1);
+    const at::Tensor cls = at::bucketize(x, tab.bounds, /*out_int32=*/true, /*right=*/false);
+    counts = std::get<0>(at::_embedding_bag_forward_only(tab.counts, cls.view({-1}), tab.starts.narrow(0, 0, rows),
+                                                         false, /*mode=sum*/ 0));
   }
   x.nan_to_num_(nan, nan, nan);
-  at::Tensor count, sum, mean;
-  {
-    const at::Tensor finite = at::eq(x, x);
-    count = finite.sum(at::IntArrayRef{1}, false, at::kHalf);
-    sum = at::nansum(x, 1);
-    // NaN in a row with nothing finite: its extremes and spread are NaN.
-    mean = at::div(sum, count).unsqueeze(1);
-    at::where_out(x, finite, x, mean);
-  }
+  const at::Tensor sum = at::nansum(x, 1);
+  // NaN in a row with nothing finite: its extremes and spread are NaN.
+  const at::Tensor mean = at::div(sum, counts.select(1, 0)).unsqueeze(1);
+  at::where_out(x, at::isnan(x), mean, x);
   auto [lo, hi] = at::aminmax(x, 1, false);
   // The spread from the deviations: var_mean along a dimension updates a
   // running mean (Welford), whose rounding grows with the mean against the
   // spread (2e-12 relative for values 1e6 +- 1).
   x.sub_(mean);
   auto [var, mu] = at::var_mean(x, at::IntArrayRef{1}, std::optional<at::Scalar>(at::Scalar(0)), false);
-  return at::stack({count, nans, pinf, zeros, lo, hi, sum, var}, 1);
+  return at::cat({counts, lo.unsqueeze(1), hi.unsqueeze(1), sum.unsqueeze(1), var.unsqueeze(1)}, 1);
 }
 
 // The counts of a row of row_stats or piece_row (the finite, NaN, +inf

@@ -56,10 +56,10 @@ at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& lengths_on_d
 // ([rows, kStagedRowWidth] float64, each tensor from the start of a row,
 // NaN after its end; its NaNs are made canonical), from the values
 // themselves for tensors whose dtype float64 holds exactly
-// (staged_signature_dtype), at most `elems` elements each: [rows, 2 + 2k],
-// per row two int64 (their bits) A and B with the row's fingerprint sum
-// A + 2^16 B (mod 2^64), then the row's sketch before its Hadamard
-// transform as y_b = acc_b - acc_{k+b}. `meta` (int64, on the device): each
+// (staged_signature_dtype), at most `elems` elements each: [rows, 1 + 2k],
+// per row the row's fingerprint sum (mod 2^64) as the bits of an int64,
+// then the row's sketch before its Hadamard transform as
+// y_b = acc_b - acc_{k+b}. `meta` (int64, on the device): each
 // row's index in its tensor, then for each group that is not every row its
 // rows and their indexes (StagedGroup).
 constexpr int64_t kStagedRowWidth = 1024;

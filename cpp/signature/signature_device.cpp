@@ -10,7 +10,6 @@
 // The hashes run in int64 on values below 2^32. A 32-bit product is formed
 // from two 16-bit halves so that no int64 product overflows.
 
-#include <array>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
@@ -248,11 +247,12 @@ namespace {
 // word's place, on `device`, made once on the host for tensors of up to
 // `elems` elements and kept for the process (never freed: torch may be gone
 // at exit). The key of word w is (B[w / 64] XOR L[w mod 64]) OR 1, which is
-// (B & ~1) XOR (L | 1), and a 16-bit limb of it the XOR of the two tables'
-// limbs: blocks [2 * elems / 64, 2] and lanes [64, 2], int32. An element's
-// sketch bucket b and sign s as one index b + k * (s is -1), uint8 [elems].
+// (B & ~1) XOR (L | 1): blocks [2 * elems / 64] and lanes [64], int64
+// below 2^32. An element's sketch bucket b and sign s as one index
+// b + k * (s is -1), uint8 [elems]. `low32` and `low16`: one-element masks
+// whose int64 type widens the int32 or int16 words they are applied to.
 struct StagedTables {
-  at::Tensor blocks, lanes, buckets;
+  at::Tensor blocks, lanes, buckets, low32, low16;
 };
 const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t elems) {
   static std::mutex mu;
@@ -261,58 +261,55 @@ const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t 
   StagedTables& t = (*kept)[opts.device()];
   if (!t.blocks.defined()) {
     const int64_t nb = 2 * elems / sig::kBlockWords;
-    at::Tensor blocks = at::empty({nb, 2}, at::TensorOptions().dtype(at::kInt));
-    int32_t* bv = blocks.mutable_data_ptr<int32_t>();
-    for (int64_t i = 0; i < nb; ++i) {
-      const uint32_t key = sig::block_key(static_cast<uint64_t>(i) * sig::kBlockWords) & ~1u;
-      bv[2 * i] = static_cast<int32_t>(key & 0xffff);
-      bv[2 * i + 1] = static_cast<int32_t>(key >> 16);
-    }
-    at::Tensor lanes = at::empty({sig::kBlockWords, 2}, at::TensorOptions().dtype(at::kInt));
-    int32_t* lv = lanes.mutable_data_ptr<int32_t>();
-    for (int j = 0; j < sig::kBlockWords; ++j) {
-      const uint32_t key = sig::kLaneKeys.k[j] | 1u;
-      lv[2 * j] = static_cast<int32_t>(key & 0xffff);
-      lv[2 * j + 1] = static_cast<int32_t>(key >> 16);
-    }
+    at::Tensor blocks = at::empty({nb}, at::TensorOptions().dtype(at::kLong));
+    int64_t* bv = blocks.mutable_data_ptr<int64_t>();
+    for (int64_t i = 0; i < nb; ++i) bv[i] = sig::block_key(static_cast<uint64_t>(i) * sig::kBlockWords) & ~1u;
+    at::Tensor lanes = at::empty({sig::kBlockWords}, at::TensorOptions().dtype(at::kLong));
+    int64_t* lv = lanes.mutable_data_ptr<int64_t>();
+    for (int j = 0; j < sig::kBlockWords; ++j) lv[j] = sig::kLaneKeys.k[j] | 1u;
     at::Tensor buckets = at::empty({elems}, at::TensorOptions().dtype(at::kByte));
     uint8_t* uv = buckets.mutable_data_ptr<uint8_t>();
     for (int64_t e = 0; e < elems; ++e) {
       const SketchPlace p = sketch_place(e, k);
       uv[e] = static_cast<uint8_t>(p.bucket + static_cast<uint32_t>(k) * p.negative);
     }
+    const at::Tensor masks = at::tensor(std::vector<int64_t>{kLow32, 0xffff}, at::TensorOptions().dtype(at::kLong));
     t.blocks = blocks.to(opts.device());
     t.lanes = lanes.to(opts.device());
     t.buckets = buckets.to(opts.device());
+    const at::Tensor m = masks.to(opts.device());
+    t.low32 = m.narrow(0, 0, 1);
+    t.low16 = m.narrow(0, 1, 1);
   }
   return t;
 }
 
 // The fingerprint's words of rows `x` ([n, width] float64, values of a
-// tensor of `dtype`, NaN canonical), [n, width * words per element] int64.
-at::Tensor staged_words(const at::Tensor& x, at::ScalarType dtype) {
+// tensor of `dtype`, NaN canonical), [n, width * words per element] int64,
+// each below 2^32.
+at::Tensor staged_words(const at::Tensor& x, at::ScalarType dtype, const StagedTables& tab) {
   switch (dtype) {
-    case at::kDouble: {
-      const at::Tensor v = x.view(at::kLong);
-      const at::Tensor lo = at::bitwise_and(v, kLow32), hi = at::bitwise_and(v.__rshift__(32), kLow32);
-      return at::stack({lo, hi}, 2).view({x.size(0), -1});
-    }
+    case at::kDouble:
+      // The two 32-bit halves of each value, low first (little-endian).
+      return at::bitwise_and(x.view(at::kInt), tab.low32);
     case at::kFloat:
     case at::kBFloat16:
     case at::kHalf: {
       // A NaN converted keeps no canonical form (vectorised conversions to
-      // bfloat16 give 0xffff, CUDA's to float32 0x7fffffff): the one a fill
-      // writes, as words_of's.
+      // bfloat16 give 0xffff, CUDA's to float32 0x7fffffff): the one
+      // nan_to_num writes (the NaN scalar converted on the host), as
+      // words_of's fill.
+      const double inf = std::numeric_limits<double>::infinity();
       at::Tensor y = x.to(dtype);
-      y.masked_fill_(at::ne(y, y), std::numeric_limits<double>::quiet_NaN());
-      if (dtype == at::kFloat) return at::bitwise_and(y.view(at::kInt).to(at::kLong), kLow32);
-      return at::bitwise_and(y.view(at::kShort).to(at::kLong), 0xffff);
+      y.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), inf, -inf);
+      if (dtype == at::kFloat) return at::bitwise_and(y.view(at::kInt), tab.low32);
+      return at::bitwise_and(y.view(at::kShort), tab.low16);
     }
     case at::kInt:
       // The padding (NaN) as 0: an integer has no NaN to convert to.
-      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype).view(at::kInt).to(at::kLong), kLow32);
+      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype), tab.low32);
     case at::kShort:
-      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype).to(at::kLong), 0xffff);
+      return at::bitwise_and(at::nan_to_num(x, 0.0).to(dtype), tab.low16);
     default:  // kBool, kByte, kChar
       return at::nan_to_num(x, 0.0).to(dtype).view(at::kByte).to(at::kLong);
   }
@@ -347,35 +344,31 @@ at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const st
   // and the statistics are unchanged by it.
   const double inf = std::numeric_limits<double>::infinity();
   x.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), inf, -inf);
-  // The fingerprint sums (rows of no group: left as they are, unread) in
-  // chunks of at most 2^20 words: a chunk's words,
-  // keys and products take about 28 bytes a word.
-  at::Tensor f = at::empty({rows, 2}, longs);
+  // The fingerprint sums (rows of no group: left as they are, unread), in
+  // int64 arithmetic, which wraps modulo 2^64 as the fingerprint does:
+  // word times key, each below 2^32, summed per row. In chunks of at most
+  // 2^21 words (2^20 when the group's rows are gathered first), whose words
+  // and keys take 16 bytes a word (20 while a float32 copy converts).
+  at::Tensor f = at::empty({rows}, longs);
   for (const auto& g : groups) {
     const bool all = g.rows_at < 0;
     const int64_t per = g.dtype == at::kDouble ? 2 : 1;
-    const int64_t most = std::max<int64_t>(1, (int64_t{1} << 20) / (width * per));
+    const int64_t chunk_words = all ? int64_t{1} << 21 : int64_t{1} << 20;
+    const int64_t most = std::max<int64_t>(1, chunk_words / (width * per));
     for (int64_t r0 = 0; r0 < g.count; r0 += most) {
       const int64_t c = std::min(most, g.count - r0);
       const at::Tensor idx = all ? at::Tensor() : meta.narrow(0, g.rows_at + r0, c);
       const at::Tensor xd = all ? x.narrow(0, r0, c) : x.index_select(0, idx);
       const at::Tensor qd = all ? q.narrow(0, r0, c) : meta.narrow(0, g.q_at + r0, c);
-      const at::Tensor u = staged_words(xd, g.dtype);
+      at::Tensor u = staged_words(xd, g.dtype, tab);
       const int64_t per_row = u.size(1) / sig::kBlockWords;
-      const at::Tensor blocks = tab.blocks.view({-1, per_row, 2}).index_select(0, qd);
-      // Word times key in two 16-bit limbs of the key, each product below
-      // 2^48 and their sum over a row of at most 2^11 words below 2^59.
-      std::array<at::Tensor, 2> s;
-      for (int64_t j = 0; j < 2; ++j) {
-        const at::Tensor key =
-            at::bitwise_xor(blocks.select(2, j).unsqueeze(2), tab.lanes.select(1, j).view({1, 1, -1}));
-        s[j] = u.mul(key.view({c, -1})).sum(1);
-      }
+      const at::Tensor blocks = tab.blocks.view({-1, per_row}).index_select(0, qd);
+      u.view({c, per_row, sig::kBlockWords}).mul_(at::bitwise_xor(blocks.unsqueeze(2), tab.lanes.view({1, 1, -1})));
       if (all) {
         at::Tensor part = f.narrow(0, r0, c);
-        at::stack_out(part, {s[0], s[1]}, 1);
+        at::sum_out(part, u, 1);
       } else {
-        f.index_copy_(0, idx, at::stack({s[0], s[1]}, 1));
+        f.index_copy_(0, idx, u.sum(1));
       }
     }
   }
@@ -385,7 +378,7 @@ at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const st
   const at::Tensor base = iota(longs, rows, rows).mul(2 * k).unsqueeze(1);
   const at::Tensor at_bucket = at::add(tab.buckets.view({-1, width}).index_select(0, q), base);
   const at::Tensor y = at::zeros({rows * 2 * k}, x.options()).index_add_(0, at_bucket.view({-1}), z.view({-1}));
-  return at::cat({f.view(at::kDouble), y.view({rows, 2 * k})}, 1);
+  return at::cat({f.view(at::kDouble).unsqueeze(1), y.view({rows, 2 * k})}, 1);
 }
 
 uint64_t staged_padding_fingerprint(at::ScalarType dtype, int64_t n) {
