@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int32Type, Int64Type, UInt64Type};
@@ -29,7 +30,8 @@ use opdump_format::schema::{col, meta};
 use opdump_format::SCHEMA_VERSION;
 use opdump_format::{Phase, Role, StatsStatus};
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowFilter,
+    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowFilter,
 };
 use parquet::arrow::ProjectionMask;
 
@@ -246,17 +248,29 @@ fn load_with(
     // The footers count every step: a few steps reserve nothing ahead.
     let mut b = Builder::new(if steps.is_some() { 0 } else { ops as usize });
     b.steps = steps;
-    for (n, f) in files.iter().enumerate() {
-        progress.update(&|| {
-            format!(
-                "reading {label}: file {}/{} ({} op calls)",
-                n + 1,
-                files.len(),
-                b.seq.len()
-            )
-        });
-        panic_guard::run(&f.path, || b.read_file(&f.path))?;
-    }
+    // One thread decodes the Parquet pages, this one builds the rows from
+    // the decoded batches, file by file in order: the two halves of a
+    // dump's reading run on two cores (B, the larger dump, takes about
+    // three times A's time, so the cores would otherwise idle while it
+    // is read).
+    let steps = b.steps.clone();
+    let steps = steps.as_ref();
+    std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Piece>>(DECODED_AHEAD);
+        s.spawn(move || decode_files(files, steps, &tx));
+        for (n, f) in files.iter().enumerate() {
+            progress.update(&|| {
+                format!(
+                    "reading {label}: file {}/{} ({} op calls)",
+                    n + 1,
+                    files.len(),
+                    b.seq.len()
+                )
+            });
+            panic_guard::run(&f.path, || b.read_decoded(&f.path, &rx))?;
+        }
+        Ok(())
+    })?;
     let accumulate = if files
         .iter()
         .any(|f| f.stats_accumulate.as_deref() == Some("float32"))
@@ -813,6 +827,90 @@ fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut 
     }
 }
 
+/// Decoded batches a dump's decoding thread may hold ready, ahead of the
+/// thread building the rows (each of [`BATCH_ROWS`] rows, about 10 MB).
+const DECODED_AHEAD: usize = 2;
+
+/// What the decoding thread sends: a file's batches, then its end.
+enum Piece {
+    Batch(RecordBatch),
+    End,
+}
+
+/// Decodes `files` in order into `tx`, each file's batches followed by
+/// [`Piece::End`]; stops at the first error (sent) or when the receiver
+/// is gone.
+fn decode_files(
+    files: &[&FileInfo],
+    steps: Option<&RangeInclusive<i64>>,
+    tx: &SyncSender<Result<Piece>>,
+) {
+    for f in files {
+        let sent = panic_guard::run(&f.path, || -> Result<bool> {
+            for batch in open_reader(&f.path, steps)? {
+                let batch = batch.map_err(|e| Error::new(format!("{}: {e}", f.path.display())))?;
+                if tx.send(Ok(Piece::Batch(batch))).is_err() {
+                    return Ok(false);
+                }
+            }
+            Ok(tx.send(Ok(Piece::End)).is_ok())
+        });
+        match sent {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// The reader of the columns comparison needs in the file `path` (its
+/// chunks checked against their sums), of the rows in `steps` when given.
+fn open_reader(
+    path: &Path,
+    steps: Option<&RangeInclusive<i64>>,
+) -> Result<ParquetRecordBatchReader> {
+    let (builder, arrow_schema) = open_dictionaries(path)?;
+    let required = REQUIRED.iter().chain(FLOAT_STATS).chain(COUNT_STATS);
+    let mut roots = required_roots(path, &arrow_schema, required)?;
+    let metadata = builder.metadata().clone();
+    let absent = |n: &str| {
+        NULL_AS_ABSENT.contains(&n)
+            && all_null(&metadata, n)
+            // A file with capture files but no keys reads as it did.
+            && (n != col::CAPTURE_KEY || all_null(&metadata, col::CAPTURE_FILE))
+    };
+    roots.extend(
+        OPTIONAL
+            .iter()
+            .filter(|n| !absent(n))
+            .filter_map(|n| arrow_schema.index_of(n).ok()),
+    );
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    // A step filter reads only `step`, which the mask holds.
+    crate::chunks::check(path, &metadata, &mask, None)?;
+    let builder = match steps {
+        Some(steps) => {
+            let step = arrow_schema.index_of(col::STEP).map_err(|_| {
+                Error::new(format!("{}: column \"step\" is missing", path.display()))
+            })?;
+            let filter = step_filter(
+                ProjectionMask::roots(builder.parquet_schema(), [step]),
+                steps.clone(),
+            );
+            builder.with_row_filter(filter)
+        }
+        None => builder,
+    };
+    builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|e| Error::new(format!("{}: {e}", path.display())))
+}
+
 impl Builder {
     fn new(ops: usize) -> Self {
         let t = Tensors {
@@ -840,50 +938,24 @@ impl Builder {
         }
     }
 
-    fn read_file(&mut self, path: &Path) -> Result<()> {
-        let (builder, arrow_schema) = open_dictionaries(path)?;
-        let required = REQUIRED.iter().chain(FLOAT_STATS).chain(COUNT_STATS);
-        let mut roots = required_roots(path, &arrow_schema, required)?;
-        let metadata = builder.metadata().clone();
-        let absent = |n: &str| {
-            NULL_AS_ABSENT.contains(&n)
-                && all_null(&metadata, n)
-                // A file with capture files but no keys reads as it did.
-                && (n != col::CAPTURE_KEY || all_null(&metadata, col::CAPTURE_FILE))
-        };
-        roots.extend(
-            OPTIONAL
-                .iter()
-                .filter(|n| !absent(n))
-                .filter_map(|n| arrow_schema.index_of(n).ok()),
-        );
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        // A step filter reads only `step`, which the mask holds.
-        crate::chunks::check(path, &metadata, &mask, None)?;
-        let builder = match &self.steps {
-            Some(steps) => {
-                let step = arrow_schema.index_of(col::STEP).map_err(|_| {
-                    Error::new(format!("{}: column \"step\" is missing", path.display()))
-                })?;
-                let filter = step_filter(
-                    ProjectionMask::roots(builder.parquet_schema(), [step]),
-                    steps.clone(),
-                );
-                builder.with_row_filter(filter)
-            }
-            None => builder,
-        };
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(BATCH_ROWS)
-            .build()
-            .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+    /// Appends the batches of the file `path` as the decoding thread sends
+    /// them, up to the file's end.
+    fn read_decoded(&mut self, path: &Path, rx: &Receiver<Result<Piece>>) -> Result<()> {
         // An op's rows never span two files (the writer rotates between
         // records), so the op boundary restarts with each file.
         let mut last_seq: Option<i64> = None;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
-            self.read_batch(path, &batch, &mut last_seq)?;
+        loop {
+            match rx.recv() {
+                Ok(Ok(Piece::Batch(batch))) => self.read_batch(path, &batch, &mut last_seq)?,
+                Ok(Ok(Piece::End)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(Error::new(format!(
+                        "{}: the thread decoding the dump's files stopped",
+                        path.display()
+                    )))
+                }
+            }
         }
         self.spill_complete_calls(0)
     }
