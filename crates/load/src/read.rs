@@ -9,9 +9,10 @@
 //! Every file goes through `opdump_format::reader::open_batches`, which checks
 //! the schema version and says clearly when a dump is too old or too new.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int32Type, Int64Type, UInt64Type};
@@ -29,7 +30,8 @@ use opdump_format::schema::{col, meta};
 use opdump_format::SCHEMA_VERSION;
 use opdump_format::{Phase, Role, StatsStatus};
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowFilter,
+    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowFilter,
 };
 use parquet::arrow::ProjectionMask;
 
@@ -246,17 +248,29 @@ fn load_with(
     // The footers count every step: a few steps reserve nothing ahead.
     let mut b = Builder::new(if steps.is_some() { 0 } else { ops as usize });
     b.steps = steps;
-    for (n, f) in files.iter().enumerate() {
-        progress.update(&|| {
-            format!(
-                "reading {label}: file {}/{} ({} op calls)",
-                n + 1,
-                files.len(),
-                b.seq.len()
-            )
-        });
-        panic_guard::run(&f.path, || b.read_file(&f.path))?;
-    }
+    // One thread decodes the Parquet pages, this one builds the rows from
+    // the decoded batches, file by file in order: the two halves of a
+    // dump's reading run on two cores (B, the larger dump, takes about
+    // three times A's time, so the cores would otherwise idle while it
+    // is read).
+    let steps = b.steps.clone();
+    let steps = steps.as_ref();
+    std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Piece>>(DECODED_AHEAD);
+        s.spawn(move || decode_files(files, steps, &tx));
+        for (n, f) in files.iter().enumerate() {
+            progress.update(&|| {
+                format!(
+                    "reading {label}: file {}/{} ({} op calls)",
+                    n + 1,
+                    files.len(),
+                    b.seq.len()
+                )
+            });
+            panic_guard::run(&f.path, || b.read_decoded(&f.path, &rx))?;
+        }
+        Ok(())
+    })?;
     let accumulate = if files
         .iter()
         .any(|f| f.stats_accumulate.as_deref() == Some("float32"))
@@ -308,8 +322,15 @@ struct Builder {
     /// The seqs and parents' seqs, until the call tree is built.
     seq: Vec<i64>,
     parent_seq: Vec<i64>,
-    /// The rest of each call, out of memory.
+    /// The rest of each call, out of memory, in seq order when
+    /// `ops_in_order`.
     ops: Spill<OpRow>,
+    /// Complete calls on their way to `ops`, in seq order.
+    ready: VecDeque<OpRow>,
+    /// The seq of the last call in `ops`.
+    last_spilled: Option<i64>,
+    /// Every call went to `ops` after those of smaller seqs.
+    ops_in_order: bool,
     /// The calls whose tensors may not all be read yet (the last of a batch
     /// goes on into the next), their signatures still being folded: spilled
     /// once complete.
@@ -813,6 +834,117 @@ fn push_nonfinite(counts: [&Int64Array; 3], rows: &[u32], first: usize, t: &mut 
     }
 }
 
+/// The indices of `seq` in the order of their values. A dump's calls come
+/// a few places from seq order, which an insertion sort puts right in a
+/// few moves a call; past a bound on the moves, a full sort.
+fn seq_order(seq: &[i64]) -> Vec<u32> {
+    let mut perm: Vec<u32> = (0..seq.len() as u32).collect();
+    let mut moves = 8 * seq.len() + 64;
+    for i in 1..perm.len() {
+        let mut j = i;
+        while j > 0 && seq[perm[j - 1] as usize] > seq[perm[j] as usize] {
+            if moves == 0 {
+                perm.sort_unstable_by_key(|&k| seq[k as usize]);
+                return perm;
+            }
+            moves -= 1;
+            perm.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    perm
+}
+
+/// Calls the reorder buffer puts in seq order before they are spilled
+/// ([`Builder::push_ready`]): a dump's calls come a few places from seq
+/// order (at most 4 in the synthetic benchmark's). Each call is moved
+/// at most this many places.
+const REORDER: usize = 128;
+
+/// Decoded batches a dump's decoding thread may hold ready, ahead of the
+/// thread building the rows (each of [`BATCH_ROWS`] rows, about 10 MB).
+const DECODED_AHEAD: usize = 1;
+
+/// What the decoding thread sends: a file's batches, then its end.
+enum Piece {
+    Batch(RecordBatch),
+    End,
+}
+
+/// Decodes `files` in order into `tx`, each file's batches followed by
+/// [`Piece::End`]; stops at the first error (sent) or when the receiver
+/// is gone.
+fn decode_files(
+    files: &[&FileInfo],
+    steps: Option<&RangeInclusive<i64>>,
+    tx: &SyncSender<Result<Piece>>,
+) {
+    for f in files {
+        let sent = panic_guard::run(&f.path, || -> Result<bool> {
+            for batch in open_reader(&f.path, steps)? {
+                let batch = batch.map_err(|e| Error::new(format!("{}: {e}", f.path.display())))?;
+                if tx.send(Ok(Piece::Batch(batch))).is_err() {
+                    return Ok(false);
+                }
+            }
+            Ok(tx.send(Ok(Piece::End)).is_ok())
+        });
+        match sent {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// The reader of the columns comparison needs in the file `path` (its
+/// chunks checked against their sums), of the rows in `steps` when given.
+fn open_reader(
+    path: &Path,
+    steps: Option<&RangeInclusive<i64>>,
+) -> Result<ParquetRecordBatchReader> {
+    let (builder, arrow_schema) = open_dictionaries(path)?;
+    let required = REQUIRED.iter().chain(FLOAT_STATS).chain(COUNT_STATS);
+    let mut roots = required_roots(path, &arrow_schema, required)?;
+    let metadata = builder.metadata().clone();
+    let absent = |n: &str| {
+        NULL_AS_ABSENT.contains(&n)
+            && all_null(&metadata, n)
+            // A file with capture files but no keys reads as it did.
+            && (n != col::CAPTURE_KEY || all_null(&metadata, col::CAPTURE_FILE))
+    };
+    roots.extend(
+        OPTIONAL
+            .iter()
+            .filter(|n| !absent(n))
+            .filter_map(|n| arrow_schema.index_of(n).ok()),
+    );
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    // A step filter reads only `step`, which the mask holds.
+    crate::chunks::check(path, &metadata, &mask, None)?;
+    let builder = match steps {
+        Some(steps) => {
+            let step = arrow_schema.index_of(col::STEP).map_err(|_| {
+                Error::new(format!("{}: column \"step\" is missing", path.display()))
+            })?;
+            let filter = step_filter(
+                ProjectionMask::roots(builder.parquet_schema(), [step]),
+                steps.clone(),
+            );
+            builder.with_row_filter(filter)
+        }
+        None => builder,
+    };
+    builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|e| Error::new(format!("{}: {e}", path.display())))
+}
+
 impl Builder {
     fn new(ops: usize) -> Self {
         let t = Tensors {
@@ -826,6 +958,9 @@ impl Builder {
             seq: reserved(ops),
             parent_seq: reserved(ops),
             ops: Spill::default(),
+            ready: VecDeque::with_capacity(REORDER + 1),
+            last_spilled: None,
+            ops_in_order: true,
             open: Vec::new(),
             t_rows: Spill::default(),
             has_modules: false,
@@ -840,61 +975,71 @@ impl Builder {
         }
     }
 
-    fn read_file(&mut self, path: &Path) -> Result<()> {
-        let (builder, arrow_schema) = open_dictionaries(path)?;
-        let required = REQUIRED.iter().chain(FLOAT_STATS).chain(COUNT_STATS);
-        let mut roots = required_roots(path, &arrow_schema, required)?;
-        let metadata = builder.metadata().clone();
-        let absent = |n: &str| {
-            NULL_AS_ABSENT.contains(&n)
-                && all_null(&metadata, n)
-                // A file with capture files but no keys reads as it did.
-                && (n != col::CAPTURE_KEY || all_null(&metadata, col::CAPTURE_FILE))
-        };
-        roots.extend(
-            OPTIONAL
-                .iter()
-                .filter(|n| !absent(n))
-                .filter_map(|n| arrow_schema.index_of(n).ok()),
-        );
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        // A step filter reads only `step`, which the mask holds.
-        crate::chunks::check(path, &metadata, &mask, None)?;
-        let builder = match &self.steps {
-            Some(steps) => {
-                let step = arrow_schema.index_of(col::STEP).map_err(|_| {
-                    Error::new(format!("{}: column \"step\" is missing", path.display()))
-                })?;
-                let filter = step_filter(
-                    ProjectionMask::roots(builder.parquet_schema(), [step]),
-                    steps.clone(),
-                );
-                builder.with_row_filter(filter)
-            }
-            None => builder,
-        };
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(BATCH_ROWS)
-            .build()
-            .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+    /// Appends the batches of the file `path` as the decoding thread sends
+    /// them, up to the file's end.
+    fn read_decoded(&mut self, path: &Path, rx: &Receiver<Result<Piece>>) -> Result<()> {
         // An op's rows never span two files (the writer rotates between
         // records), so the op boundary restarts with each file.
         let mut last_seq: Option<i64> = None;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
-            self.read_batch(path, &batch, &mut last_seq)?;
+        loop {
+            match rx.recv() {
+                Ok(Ok(Piece::Batch(batch))) => self.read_batch(path, &batch, &mut last_seq)?,
+                Ok(Ok(Piece::End)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(Error::new(format!(
+                        "{}: the thread decoding the dump's files stopped",
+                        path.display()
+                    )))
+                }
+            }
         }
         self.spill_complete_calls(0)
     }
 
-    /// Spills the open calls but the last `keep` (whose rows may go on).
+    /// Spills the open calls but the last `keep` (whose rows may go on),
+    /// through the reorder buffer.
     fn spill_complete_calls(&mut self, keep: usize) -> Result<()> {
         let done = self.open.len().saturating_sub(keep);
-        for row in self.open.drain(..done) {
-            self.ops.push(row)?;
+        for k in 0..done {
+            let row = self.open[k];
+            self.push_ready(row)?;
+        }
+        self.open.drain(..done);
+        Ok(())
+    }
+
+    /// Puts a complete call into the reorder buffer, in seq order, and
+    /// spills the one of smallest seq when the buffer is full. A dump's
+    /// calls come in the order they ended (a call after the calls it
+    /// made), a few places from seq order; when one comes later than
+    /// [`REORDER`] calls of larger seq, `ops` is out of order and
+    /// [`Builder::finish`] sorts it (from then on no call is moved here).
+    fn push_ready(&mut self, row: OpRow) -> Result<()> {
+        self.ready.push_back(row);
+        if self.ops_in_order {
+            let mut k = self.ready.len() - 1;
+            while k > 0 && self.ready[k - 1].seq > row.seq {
+                self.ready.swap(k - 1, k);
+                k -= 1;
+            }
+        }
+        if self.ready.len() > REORDER {
+            self.spill_first_ready()?;
         }
         Ok(())
+    }
+
+    /// Spills the first call of the reorder buffer.
+    fn spill_first_ready(&mut self) -> Result<()> {
+        let Some(row) = self.ready.pop_front() else {
+            return Ok(());
+        };
+        if self.last_spilled.is_some_and(|l| row.seq <= l) {
+            self.ops_in_order = false;
+        }
+        self.last_spilled = Some(row.seq);
+        self.ops.push(row)
     }
 
     /// Appends one batch: its op calls (a call's rows are consecutive, and
@@ -1186,12 +1331,14 @@ impl Builder {
         skipped_other_pids: u64,
     ) -> Result<Dump> {
         self.spill_complete_calls(0)?;
+        while !self.ready.is_empty() {
+            self.spill_first_ready()?;
+        }
         let n = self.seq.len();
         // Files of different partitions (devices) interleave in seq: sort the
         // op columns; tensors stay where they are, ops point at them.
         if self.seq.windows(2).any(|w| w[0] >= w[1]) {
-            let mut perm: Vec<u32> = (0..n as u32).collect();
-            perm.sort_unstable_by_key(|&i| self.seq[i as usize]);
+            let perm = seq_order(&self.seq);
             fn apply<T: Copy>(v: &mut Vec<T>, perm: &[u32]) {
                 let sorted: Vec<T> = perm.iter().map(|&i| v[i as usize]).collect();
                 *v = sorted;
@@ -1209,6 +1356,15 @@ impl Builder {
                     w[0]
                 )));
             }
+        }
+        if !self.ops_in_order {
+            // Calls far from seq order (files of different partitions that
+            // interleave): rebuild the spilled calls in seq order, which
+            // the sorted columns above follow.
+            let seqs: Vec<i64> = (0..n).map(|i| self.ops.get(i).seq).collect();
+            let mut perm: Vec<u32> = (0..n as u32).collect();
+            perm.sort_unstable_by_key(|&i| seqs[i as usize]);
+            drop(seqs);
             let mut sorted = Spill::default();
             for &i in &perm {
                 sorted.push(self.ops.get(i as usize))?;
@@ -1257,6 +1413,22 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Near seq order or far from it, the same order.
+    #[test]
+    fn seq_order_sorts_near_and_far() {
+        let near: Vec<i64> = (0..1000)
+            .map(|i| i + if i % 3 == 0 { 2 } else { -1 })
+            .collect();
+        let far: Vec<i64> = (0..1000).rev().collect();
+        for seq in [near, far, vec![], vec![5]] {
+            let perm = seq_order(&seq);
+            let sorted: Vec<i64> = perm.iter().map(|&i| seq[i as usize]).collect();
+            let mut want = seq.clone();
+            want.sort_unstable();
+            assert_eq!(sorted, want);
+        }
+    }
 
     /// `push_tensors` takes the statistics apart by position, so the
     /// table's order must be the one it names.

@@ -3,7 +3,8 @@
 //! Records are appended in order; every full chunk of [`CHUNK`] records is
 //! written to an unlinked temporary file and dropped from memory, so a dump
 //! of any size holds one partial chunk while it is read. A chunk is written
-//! Snappy-compressed: repeated values and ids take a fraction of their
+//! Snappy-compressed, unless its record type says otherwise
+//! ([`Record::COMPRESS`]): repeated values and ids take a fraction of their
 //! size, and the disk writes shrink with them (the kernel throttles a
 //! process that dirties gigabytes of page cache: uncompressed, the spill of
 //! 10 million op calls took twice as long to read). Byte-shuffling each
@@ -36,6 +37,9 @@ pub const CACHED_CHUNKS: usize = 32;
 pub trait Record: Copy + Default + 'static {
     /// Bytes of one record.
     const SIZE: usize;
+    /// Whether chunks are written Snappy-compressed; records read back in
+    /// many passes and that compress less are cheaper written as they are.
+    const COMPRESS: bool = true;
     /// Writes the record into `out` (`SIZE` bytes).
     fn put(&self, out: &mut [u8]);
     /// Reads one record from `b` (`SIZE` bytes).
@@ -176,12 +180,18 @@ impl<T: Record> Spill<T> {
         for (r, out) in self.tail.iter().zip(self.rows.chunks_exact_mut(T::SIZE)) {
             r.put(out);
         }
-        self.packed
-            .resize(snap::raw::max_compress_len(self.rows.len()), 0);
-        let n = self
-            .encoder
-            .compress(&self.rows, &mut self.packed)
-            .map_err(|e| Error::new(format!("cannot compress a chunk of the dump: {e}")))?;
+        let bytes = if T::COMPRESS {
+            self.packed
+                .resize(snap::raw::max_compress_len(self.rows.len()), 0);
+            let n = self
+                .encoder
+                .compress(&self.rows, &mut self.packed)
+                .map_err(|e| Error::new(format!("cannot compress a chunk of the dump: {e}")))?;
+            &self.packed[..n]
+        } else {
+            &self.rows[..]
+        };
+        let n = bytes.len();
         let file = match &mut self.file {
             Some(f) => f,
             None => self.file.insert(tempfile::tempfile().map_err(|e| {
@@ -191,7 +201,7 @@ impl<T: Record> Spill<T> {
                 ))
             })?),
         };
-        file.write_all(&self.packed[..n]).map_err(|e| {
+        file.write_all(bytes).map_err(|e| {
             Error::new(format!(
                 "cannot write the temporary file that holds the dump's tensors: {e}; free space under TMPDIR or point it at a larger disk"
             ))
@@ -239,23 +249,30 @@ impl<T: Record> Spill<T> {
     /// through the scratch buffers.
     fn load(&self, c: usize, scratch: &mut Scratch, out: &mut Vec<T>) {
         let (s, e) = (self.at[c], self.at[c + 1]);
-        scratch.packed.resize((e - s) as usize, 0);
         scratch.rows.resize(CHUNK * T::SIZE, 0);
+        let into = if T::COMPRESS {
+            scratch.packed.resize((e - s) as usize, 0);
+            &mut scratch.packed
+        } else {
+            &mut scratch.rows
+        };
         // The file is ours and was written whole (a spilled chunk implies
         // it): only the system failing (an I/O error of the disk, memory
         // corrupted) gets past these.
         let read = match &self.file {
-            Some(file) => file.read_exact_at(&mut scratch.packed, s),
+            Some(file) => file.read_exact_at(into, s),
             None => Err(std::io::Error::other("no file holds the spilled chunks")),
         };
         if let Err(e) = read {
             panic!("reading back the temporary file that holds the dump's tensors: {e}");
         }
-        if let Err(e) = scratch
-            .decoder
-            .decompress(&scratch.packed, &mut scratch.rows)
-        {
-            panic!("decompressing the temporary file that holds the dump's tensors: {e}");
+        if T::COMPRESS {
+            if let Err(e) = scratch
+                .decoder
+                .decompress(&scratch.packed, &mut scratch.rows)
+            {
+                panic!("decompressing the temporary file that holds the dump's tensors: {e}");
+            }
         }
         out.clear();
         out.extend(scratch.rows.chunks_exact(T::SIZE).map(T::take));
@@ -434,5 +451,43 @@ mod tests {
             assert_eq!(s.get(i).0, i as u64);
         }
         assert_eq!(cached_chunks::<R>(), CACHED_CHUNKS);
+    }
+
+    /// Written as they are, not compressed.
+    #[derive(Clone, Copy, Default, Debug, PartialEq)]
+    struct Raw(u64);
+
+    impl Record for Raw {
+        const SIZE: usize = 8;
+        const COMPRESS: bool = false;
+        fn put(&self, out: &mut [u8]) {
+            out.copy_from_slice(&self.0.to_le_bytes());
+        }
+        fn take(b: &[u8]) -> Self {
+            Raw(u64::from_le_bytes(b.try_into().unwrap()))
+        }
+        chunk_cache!(Raw);
+    }
+
+    #[test]
+    fn uncompressed_records_read_back_as_written() {
+        let n = CHUNK * 3 + 5;
+        let mut s = Spill::<Raw>::default();
+        for i in 0..n {
+            s.push(Raw(i as u64 * 7)).unwrap();
+        }
+        assert_eq!(s.spilled_chunks(), 3);
+        // Each chunk takes its records' bytes in the file.
+        assert_eq!(s.at, [0, 1, 2, 3].map(|k| (k * CHUNK * Raw::SIZE) as u64));
+        for i in (0..n).rev().chain(0..n) {
+            assert_eq!(s.get(i), Raw(i as u64 * 7));
+        }
+        let mut out = Vec::new();
+        s.get_range(CHUNK - 2..2 * CHUNK + 3, &mut out);
+        assert_eq!(out.len(), CHUNK + 5);
+        assert!(out
+            .iter()
+            .zip(CHUNK - 2..)
+            .all(|(r, i)| r.0 == i as u64 * 7));
     }
 }

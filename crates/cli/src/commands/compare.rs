@@ -99,6 +99,14 @@ pub(crate) fn run_scanned(
         Err(e) => std::panic::resume_unwind(e),
     };
     let b = b?;
+    // Each dump's decoding thread allocated the batches that the reading
+    // thread freed: glibc keeps that memory in the decoding threads'
+    // arenas, free but resident, unless told to give it back.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     timing("read", t0);
     for d in [&a, &b] {
         notes.extend(d.schema_note());

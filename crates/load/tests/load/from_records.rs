@@ -334,3 +334,46 @@ fn a_call_across_two_batches_reads_as_one() {
         &Dump::from_records(dir.path(), 0, &recs).unwrap(),
     );
 }
+
+/// Calls `0..n`, one output each.
+fn calls(n: i64) -> Vec<OpRecord> {
+    (0..n)
+        .map(|s| {
+            let mut r = call(s, None, ["aten::add", "aten::mul"][s as usize % 2]);
+            r.tensors = vec![output(0, "float32", &[s % 5 + 1], s as f64)];
+            r
+        })
+        .collect()
+}
+
+/// The loader spills the calls in seq order as it reads them, through a
+/// buffer of a hundred: calls a few places out of order (a call
+/// written after the calls it made) are put in order there, and calls
+/// further out of order (the first file read holding the later calls)
+/// are sorted at the end. Either way the dump is the one of the records.
+#[test]
+fn calls_out_of_seq_order_read_as_the_records() {
+    // Each run of 7 calls written backwards, over several buffers' worth.
+    let dir = tempfile::tempdir().unwrap();
+    let mut near: Vec<OpRecord> = Vec::new();
+    for run in calls(20_000).chunks(7) {
+        near.extend(run.iter().rev().cloned());
+    }
+    write(dir.path(), "cpu", &near, 3000);
+    assert_same(
+        &loaded(dir.path()),
+        &Dump::from_records(dir.path(), 0, &near).unwrap(),
+    );
+
+    // Two partitions, the one read first holding the later half.
+    let dir = tempfile::tempdir().unwrap();
+    let (late, early): (Vec<_>, Vec<_>) = calls(20_000).into_iter().partition(|r| r.seq >= 10_000);
+    write(dir.path(), "cpu", &late, 3000);
+    write(dir.path(), "meta", &early, 3000);
+    let mut file_order = late;
+    file_order.extend(early);
+    assert_same(
+        &loaded(dir.path()),
+        &Dump::from_records(dir.path(), 0, &file_order).unwrap(),
+    );
+}
