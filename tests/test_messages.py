@@ -64,6 +64,8 @@ INTERNAL = {
     "printed JSON that is no report": "opdump.compare() raises it only when the command printed no report at all",
     "an invalid number of": "a value filling the 'corrupt footer' line, not a line of its own",
     "call.json": "serde_json failing on a struct of plain values it serialises; no input reaches it",
+    "the thread decoding the dump's files stopped":
+        "the loader's decoding thread ended without sending an error or the file's end: only a panic in it (a bug)",
 }
 
 
