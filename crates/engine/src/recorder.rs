@@ -151,7 +151,9 @@ pub struct CallStack {
 }
 
 impl CallStack {
-    /// The depth a call entered now gets.
+    /// The entered calls the thread is inside (the hook counts the calls
+    /// it did not enter too, and passes a call's depth to [`enter`]).
+    #[cfg(test)]
     pub fn depth(&self) -> i32 {
         i32::try_from(self.frames.len()).unwrap_or(i32::MAX)
     }
@@ -488,21 +490,18 @@ fn finish_capture(chosen: capture::Chosen, call: &mut Call) {
 
 pub(crate) fn submit(d: Departure, take: impl FnOnce() -> Result<Call, String>) {
     let Some(sink) = runtime::sink() else { return };
-    let mut call = match take() {
+    // A captured call's rows name their tensors in the capture file: they
+    // are made here rather than on the writer's thread.
+    let taken = take().and_then(|mut call| {
+        if let Some(rows) = call.later.take_if(|_| d.capture.is_some()) {
+            call.tensors = rows.into_records()?;
+        }
+        Ok(call)
+    });
+    let mut call = match taken {
         Ok(call) => call,
         Err(why) => return runtime::fail(&format!("internal error at an op's exit ({why})")),
     };
-    if d.capture.is_some() {
-        // The rows name their tensors in the capture file: made here.
-        if let Some(rows) = call.later.take() {
-            match rows.into_records() {
-                Ok(tensors) => call.tensors = tensors,
-                Err(why) => {
-                    return runtime::fail(&format!("internal error at an op's exit ({why})"))
-                }
-            }
-        }
-    }
     finish_capture(d.capture, &mut call);
     let later = call.later;
     sink.send(
