@@ -8,6 +8,7 @@
 #include <atomic>
 #include <limits>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 #include <tuple>
 
@@ -113,14 +114,9 @@ struct RowTables {
 };
 const RowTables& row_tables(const at::TensorOptions& opts, int64_t rows) {
   static std::mutex mu;
-  static auto* kept = new std::vector<std::pair<c10::Device, RowTables>>;
+  static auto* kept = new std::unordered_map<c10::Device, RowTables>;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = std::find_if(kept->begin(), kept->end(), [&](const auto& e) { return e.first == opts.device(); });
-  if (it == kept->end()) {
-    kept->push_back({opts.device(), RowTables{}});
-    it = std::prev(kept->end());
-  }
-  RowTables& t = it->second;
+  RowTables& t = (*kept)[opts.device()];
   if (!t.bounds.defined()) {
     const double inf = std::numeric_limits<double>::infinity();
     const double tiny = std::numeric_limits<double>::denorm_min();
