@@ -63,6 +63,13 @@ struct Entry {
 constexpr size_t kMaxSpans = 64;
 
 constexpr size_t kMaxEntries = 1 << 16;
+// Entries of storages freed since are dropped whenever the map has doubled
+// since the last sweep (and has at least this many): a job that makes
+// `empty` memory and frees it without a write the dispatcher shows would
+// otherwise fill the map to kMaxEntries, and every produced tensor would
+// look its storage up in a table larger than the caches (11,712 entries
+// after a few seconds of GPT-2 `generate`).
+constexpr size_t kFirstSweep = 256;
 // Beyond this many tensors set_ onto one storage, the newest one replaces
 // them all (the others then count as written: never the other way round).
 constexpr size_t kMaxFamilies = 4;
@@ -70,6 +77,7 @@ constexpr size_t kMaxFamilies = 4;
 std::mutex g_mutex;
 std::unordered_map<const c10::StorageImpl*, Entry> g_entries;
 std::atomic<size_t> g_size{0};
+size_t g_sweep_at = kFirstSweep;  // with g_mutex held
 
 bool trackable(const at::Tensor& t) {
   return t.defined() && t.has_storage() && !t.is_inference() && t.layout() == at::kStrided &&
@@ -138,9 +146,10 @@ bool uninitialized_tracking() { return g_size.load(std::memory_order_relaxed) !=
 void remember_uninitialized(const at::Tensor& t) {
   if (!trackable(t)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_entries.size() >= kMaxEntries) {
+  if (g_entries.size() >= g_sweep_at) {
     std::erase_if(g_entries, [](const auto& kv) { return kv.second.storage.expired(); });
     if (g_entries.size() >= kMaxEntries) g_entries.clear();
+    g_sweep_at = std::max(kFirstSweep, 2 * g_entries.size());
   }
   const auto& storage = t.storage();
   const auto* key = storage.unsafeGetStorageImpl();

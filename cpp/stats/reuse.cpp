@@ -52,6 +52,11 @@ struct Cached {
 };
 
 constexpr size_t kMaxEntries = 1 << 15;
+// Entries of tensors freed since are dropped whenever the cache has doubled
+// since the last sweep (and has at least this many), not only at
+// kMaxEntries: a cache full of dead entries makes every lookup and every
+// write's forget_storage a walk through memory larger than the caches.
+constexpr size_t kFirstSweep = 256;
 
 std::mutex g_mutex;
 std::unordered_map<const c10::TensorImpl*, Cached> g_cache;
@@ -60,6 +65,7 @@ std::unordered_map<const c10::StorageImpl*, c10::SmallVector<const c10::TensorIm
 // Whether g_by_storage holds anything: a write with nothing cached (no op
 // selected, OPDUMP_REUSE=0) takes no lock.
 std::atomic<bool> g_any{false};
+size_t g_sweep_at = kFirstSweep;  // with g_mutex held
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
   return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
@@ -137,7 +143,7 @@ void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr p
            repeat,
            pending_signature};
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_cache.size() >= kMaxEntries) {
+  if (g_cache.size() >= g_sweep_at) {
     for (auto it = g_cache.begin(); it != g_cache.end();) {
       auto next = std::next(it);
       if (it->second.impl.expired()) erase_entry(it);
@@ -147,6 +153,7 @@ void reuse_remember(const at::Tensor& t, const TensorRow& row, DeviceResultPtr p
       g_cache.clear();
       g_by_storage.clear();
     }
+    g_sweep_at = std::max(kFirstSweep, 2 * g_cache.size());
   }
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   auto [it, fresh] = g_cache.try_emplace(impl, std::move(c));
