@@ -54,9 +54,10 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
   if (!out.empty()) out += ", ";
   out += arg.name();
   out += '=';
-  auto type = arg.real_type();
+  // A plain pointer: copying the TypePtr is two atomic operations a value.
+  const c10::Type* type = arg.real_type().get();
   if (type->kind() == c10::TypeKind::OptionalType)
-    type = type->expectRef<c10::OptionalType>().getElementType();
+    type = type->expectRef<c10::OptionalType>().getElementType().get();
   if (v.isInt() && type->kind() == c10::TypeKind::ScalarTypeType) {
     out += c10::getDtypeNames(static_cast<c10::ScalarType>(v.toInt())).first;
     return;

@@ -5,11 +5,13 @@
 namespace opdump {
 
 bool holds_tensors(const c10::IValue& v) {
-  if (v.isTensor() || v.isTensorList()) return true;
-  if (v.isList()) {
-    for (const auto& e : v.toListRef())
-      if (e.isTensor()) return true;
-  }
+  // The tag checks first: most arguments are numbers, and isTensorList()
+  // is a call that asks the list's element type.
+  if (v.isTensor()) return true;
+  if (!v.isList()) return false;
+  if (v.isTensorList()) return true;
+  for (const auto& e : v.toListRef())
+    if (e.isTensor()) return true;
   return false;
 }
 

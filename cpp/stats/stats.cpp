@@ -209,21 +209,34 @@ bool signed_block(const T* p, int64_t s, int64_t b, Acc& acc, SignatureRun& r) {
 }
 
 template <typename T>
-Measured accumulate(const T* p, int64_t n, const SignatureSpec* spec) {
+Measured accumulate(const T* p, int64_t n, const SignatureSpec& spec) {
   Measured total;
-  if (spec != nullptr) total.sig.k = spec->k;
+  total.sig.k = spec.k;
   return chunked(n, total, [&](int64_t first, int64_t len) {
     Measured m;
-    std::optional<SignatureRun> r;
-    if (spec != nullptr) r.emplace(spec->words, spec->per_element, spec->k);
+    SignatureRun r(spec.words, spec.per_element, spec.k);
     for (int64_t s = first; s < first + len; s += kBlock) {
       const int64_t b = std::min(kBlock, first + len - s);
-      if (r && signed_block(p, s, b, m.acc, *r)) continue;
+      if (signed_block(p, s, b, m.acc, r)) continue;
       if (!fast_block(p + s, b, m.acc)) add_block(p + s, b, m.acc);
-      if (r) r->add(p, s, b);
+      r.add(p, s, b);
     }
-    if (r) m.sig = r->finish();
+    m.sig = r.finish();
     return m;
+  });
+}
+
+// The statistics alone: no Measured, whose signature (a sketch of up to 32
+// doubles) would be zeroed and copied for every tensor and chunk.
+template <typename T>
+Acc accumulate_stats(const T* p, int64_t n) {
+  return chunked(n, Acc{}, [&](int64_t first, int64_t len) {
+    Acc acc;
+    for (int64_t s = first; s < first + len; s += kBlock) {
+      const int64_t b = std::min(kBlock, first + len - s);
+      if (!fast_block(p + s, b, acc)) add_block(p + s, b, acc);
+    }
+    return acc;
   });
 }
 
@@ -256,15 +269,18 @@ void measure_cpu(const at::Tensor& t, TensorRow& row) {
   spec.k = k;
   const bool fused = k > 0 && src.is_contiguous() && !src.is_conj() &&
                      signature_words(src.scalar_type(), spec.words, spec.per_element);
-  Measured m;
   AT_DISPATCH_V2(src.scalar_type(), "opdump_stats", AT_WRAP([&] {
-    m = accumulate(static_cast<const scalar_t*>(src.const_data_ptr()), n, fused ? &spec : nullptr);
+    const auto* p = static_cast<const scalar_t*>(src.const_data_ptr());
+    if (fused) {
+      const Measured m = accumulate(p, n, spec);
+      row.stats = stats_of(m.acc);
+      signature_to_row(m.sig, row);
+    } else {
+      row.stats = stats_of(accumulate_stats(p, n));
+    }
   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
       AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kComplexHalf);
-  row.stats = stats_of(m.acc);
-  if (fused) {
-    signature_to_row(m.sig, row);
-  } else if (k > 0) {
+  if (!fused && k > 0) {
     if (src.is_conj()) src = src.resolve_conj();
     measure_signature_cpu(src.is_contiguous() ? src : contiguous_copy(src), k, row);
   }
