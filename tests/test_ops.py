@@ -92,6 +92,44 @@ def test_user_error_unchanged(run):
     assert on.result() == off.result()
 
 
+def test_argument_text_of_layouts_memory_formats_and_devices(run):
+    """The args column names layouts, memory formats and devices as torch
+    prints them, at an op's first call and at its later ones (the hook keeps
+    their text per thread after the first)."""
+    job = run("""
+    torch.ops.opdump.enable()
+    for _ in range(3):
+        torch.empty(2, 3, layout=torch.strided, device="cpu")
+        torch.empty(1, 2, 3, 4, memory_format=torch.channels_last)
+        torch.zeros(2, dtype=torch.float64, layout=torch.strided, device=torch.device("cpu"))
+        torch.ones(2, 3).contiguous(memory_format=torch.preserve_format)
+        torch.ones(4).to_sparse()
+    torch.ops.opdump.flush()
+    """)
+    assert job.returncode == 0, job.stderr
+    calls = job.table().drop_duplicates("seq").sort_values("seq")
+    texts = {}
+    for op, args in zip(calls.op, calls.args):
+        texts.setdefault((op, args), 0)
+        texts[(op, args)] += 1
+    expected = [
+        ("aten::empty", "size=[2, 3], dtype=None, layout=Strided, device=cpu, pin_memory=False, memory_format=None"),
+        (
+            "aten::empty",
+            "size=[1, 2, 3, 4], dtype=None, layout=None, device=cpu, pin_memory=False, memory_format=ChannelsLast",
+        ),
+        ("aten::empty", "size=[2], dtype=float64, layout=Strided, device=cpu, pin_memory=False, memory_format=None"),
+        ("aten::clone", "memory_format=Preserve"),
+        (
+            "aten::_sparse_coo_tensor_with_dims_and_tensors",
+            "sparse_dim=1, dense_dim=0, size=[4], dtype=float32, layout=Sparse, device=cpu, pin_memory=None, "
+            "is_coalesced=None",
+        ),
+    ]
+    for key in expected:
+        assert texts.get(key) == 3, (key, sorted(t for t in texts if t[0] == key[0]))
+
+
 # Passes each tensor of a dict through aten::alias under opdump: its input
 # row holds opdump's statistics of that tensor.
 ALIAS_EACH = """

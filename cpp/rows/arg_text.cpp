@@ -5,7 +5,11 @@
 #include <charconv>
 #include <cmath>
 #include <sstream>
+#include <string>
 #include <string_view>
+#include <utility>
+
+#include <c10/util/SmallVector.h>
 
 namespace opdump {
 namespace {
@@ -48,6 +52,22 @@ bool append_plain(std::string& out, const c10::IValue& v) {
   return true;
 }
 
+// The text `operator<<` gives, through one stream per thread:
+// constructing an ostringstream per value costs more than the rest of the
+// record.
+std::string streamed(const c10::IValue& v, const c10::Type* type) {
+  thread_local std::ostringstream s;
+  s.str(std::string());
+  s.clear();
+  if (v.isInt() && type->kind() == c10::TypeKind::MemoryFormatType)
+    s << static_cast<c10::MemoryFormat>(v.toInt());
+  else if (v.isInt() && type->kind() == c10::TypeKind::LayoutType)
+    s << static_cast<c10::Layout>(v.toInt());
+  else
+    s << v;
+  return s.str();
+}
+
 }  // namespace
 
 void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IValue& v) {
@@ -69,18 +89,24 @@ void append_arg_text(std::string& out, const c10::Argument& arg, const c10::IVal
   const bool enum_int = v.isInt() && (type->kind() == c10::TypeKind::MemoryFormatType ||
                                       type->kind() == c10::TypeKind::LayoutType);
   if (!enum_int && append_plain(out, v)) return;
-  // Everything else through one stream per thread: constructing an
-  // ostringstream per value costs more than the rest of the record.
-  thread_local std::ostringstream s;
-  s.str(std::string());
-  s.clear();
-  if (v.isInt() && type->kind() == c10::TypeKind::MemoryFormatType)
-    s << static_cast<c10::MemoryFormat>(v.toInt());
-  else if (v.isInt() && type->kind() == c10::TypeKind::LayoutType)
-    s << static_cast<c10::Layout>(v.toInt());
-  else
-    s << v;
-  out += s.view();
+  // Layouts, memory formats and devices: few values, each printed through
+  // the stream once per thread (every `empty` names its layout and device).
+  if (enum_int || v.isDevice()) {
+    const int64_t key = v.isDevice() ? (int64_t{1} << 40) | (static_cast<int64_t>(v.toDevice().type()) << 8) |
+                                           static_cast<uint8_t>(v.toDevice().index())
+                                     : (static_cast<int64_t>(type->kind()) << 32) | (v.toInt() & 0xffffffff);
+    thread_local c10::SmallVector<std::pair<int64_t, std::string>, 8> known;
+    for (const auto& [k, text] : known)
+      if (k == key) {
+        out += text;
+        return;
+      }
+    std::string text = streamed(v, type);
+    out += text;
+    if (known.size() < 64) known.emplace_back(key, std::move(text));
+    return;
+  }
+  out += streamed(v, type);
 }
 
 }  // namespace opdump
