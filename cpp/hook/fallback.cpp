@@ -146,16 +146,24 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
 // arguments it writes are kept out of the reuse cache inside it (reuse.cpp).
 // This runs for unrecorded calls too, so that recorded calls nested in them
 // see the right memory.
-void note_call_from_above_autograd(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, bool top_level) {
-  if (top_level) provenance_begin_top_level();
+void note_known_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  provenance_begin_top_level();
+  const size_t first = stack.size() - schema.arguments().size();
+  for (size_t i = first; i < stack.size(); ++i) provenance_note_all(stack[i]);
+  provenance_arguments_noted();
+}
+
+// A recorded call notes the arguments it writes after its inputs are
+// measured: until its kernel runs they hold what the cache says, so an
+// in-place op's `self` is taken from the cache like any other input (the
+// optimizer's in-place ops read a ninth of a TinyLM step's bytes again
+// otherwise).
+void note_written_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   reuse_begin_call();
   const auto& args = schema.arguments();
   const size_t first = stack.size() - args.size();
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (top_level) provenance_note_all(stack[first + i]);
+  for (size_t i = 0; i < args.size(); ++i)
     if (is_written(args[i])) reuse_note_written(stack[first + i]);
-  }
-  if (top_level) provenance_arguments_noted();
 }
 
 // What the hook needs to know of an op apart from any one call: judged from
@@ -417,7 +425,8 @@ void run_not_recorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::
   // run; the guard pairs the entry as for any error.
   if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
   const bool versioned = from_above_autograd();
-  if (ticket.depth == 0 || versioned) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+  if (ticket.depth == 0) note_known_arguments(op.schema(), *stack);
+  if (ticket.depth == 0 || versioned) note_written_arguments(op.schema(), *stack);
   run_unrecorded(op, facts, next, stack, versioned);
 }
 
@@ -430,7 +439,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   RowBuilder rec;
   ExitGuard exit_guard{&rec};
   if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
-  if (above_autograd) note_call_from_above_autograd(op.schema(), *stack, ticket.depth == 0);
+  if (ticket.depth == 0) note_known_arguments(op.schema(), *stack);
 
   rec.nested = ticket.depth > 0;
   rec.above_autograd = above_autograd;
@@ -448,6 +457,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   }
   if (ticket.source) rec.call.source = rust::String(python_source());
   record_inputs(rec, op, facts, *stack, ticket, written);
+  if (above_autograd) note_written_arguments(op.schema(), *stack);
   // The autograd nodes the op makes take the next sequence numbers of this
   // thread: the call claims them for its backward calls (fwd_seq).
   CpuCheckGuard cpu_check;
