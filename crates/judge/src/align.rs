@@ -262,7 +262,7 @@ fn prepare(d: &Dump, filter: &Filter, by_module: bool) -> Prepared {
         // One regex test per distinct (op, overload), not per call.
         let mut cache: FxMap<(u32, u32), bool> = FxMap::default();
         for (i, ig) in ignored.iter_mut().enumerate() {
-            let key = (d.op[i], d.overload[i]);
+            let key = d.calls.kind(i as u32);
             *ig = *cache
                 .entry(key)
                 .or_insert_with(|| ignores(re, d.names.get(key.0), d.names.get(key.1)));

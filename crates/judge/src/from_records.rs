@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use opdump_format::{OpRecord, Role, TensorRecord};
 
+use crate::calls::CallColumns;
 use crate::captured::NoCaptures;
 use crate::dtype::DType;
 use crate::dump::{signature_start, signature_step, Dump, Tensors, NONE};
@@ -304,10 +305,7 @@ impl Builder {
             dtypes: self.dtypes,
             ops: Box::new(MemRows(self.ops)),
             parent: tree.parent,
-            op: self.op,
-            overload: self.overload,
-            t_start: self.t_start,
-            t_len: self.t_len,
+            calls: CallColumns::new(&self.op, &self.overload, self.t_start, &self.t_len),
             child_start: tree.child_start,
             children: tree.children,
             roots: tree.roots,

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod align;
+pub mod calls;
 pub mod captured;
 pub mod check;
 pub mod compare;

@@ -471,7 +471,7 @@ impl<'a> Ctx<'a> {
                 _ => b.tensors.rows_of(b.tensors_of(ib), &mut rows_b),
             }
         }
-        let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
+        let (start_a, start_b) = (a.calls.t_start(ia), b.calls.t_start(ib));
         let call_a = CallRows::new(&rows_a, start_a, &ids_a);
         let call_b = CallRows::new(&rows_b, start_b, &ids_b);
         if let Some(ts) = fused {
@@ -581,7 +581,7 @@ impl<'a> Ctx<'a> {
         let a = self.a;
         let class = self
             .classes
-            .get(a.op[ia as usize] as usize)
+            .get(a.op_id(ia) as usize)
             .copied()
             .unwrap_or(OpClass::Plain);
         discontinuous_by_args(a, ia, class)

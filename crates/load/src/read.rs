@@ -35,6 +35,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use opdump_judge::calls::CallColumns;
 use opdump_judge::dump::{signature_start, signature_step};
 use opdump_judge::tree::{call_tree, NO_PARENT};
 use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
@@ -1395,10 +1396,7 @@ impl Builder {
             dtypes: self.dtypes,
             ops: Box::new(self.ops),
             parent: tree.parent,
-            op: self.op,
-            overload: self.overload,
-            t_start: self.t_start,
-            t_len: self.t_len,
+            calls: CallColumns::new(&self.op, &self.overload, self.t_start, &self.t_len),
             child_start: tree.child_start,
             children: tree.children,
             roots: tree.roots,

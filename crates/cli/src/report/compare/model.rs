@@ -150,9 +150,7 @@ pub const LIST_LIMIT: usize = 20;
 fn only_in(d: &Dump, roots: &[u32], calls: u64, steps: &[i64]) -> OnlyIn {
     let mut counts: FxMap<(u32, u32), u64> = FxMap::default();
     for &r in roots {
-        *counts
-            .entry((d.op[r as usize], d.overload[r as usize]))
-            .or_default() += 1;
+        *counts.entry((d.op_id(r), d.overload_id(r))).or_default() += 1;
     }
     let mut by_op: Vec<OpCount> = counts
         .into_iter()

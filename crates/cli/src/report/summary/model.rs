@@ -257,7 +257,7 @@ pub fn summarize(d: &Dump) -> RankSummary {
     // Calls outside any module: all, NaN out, Inf out.
     let mut outside = (0u64, 0u64, 0u64);
     for i in 0..d.len() as u32 {
-        let key = (d.op[i as usize], d.overload[i as usize]);
+        let key = (d.op_id(i), d.overload_id(i));
         *per_op.entry(key).or_default() += 1;
         *per_phase.entry(d.phase(i).as_str()).or_default() += 1;
         *per_step.entry(d.step(i)).or_default() += 1;
