@@ -514,7 +514,9 @@ impl<'d> Judge<'d> {
         let pairs = &self.alignment.pairs[self.next..];
         let (a, b, tol) = (self.ctx.a, self.ctx.b, self.ctx.tol);
         let fused = &self.alignment.fused[..];
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
+        // Two batches queued keep the judging thread fed; each batch more
+        // held about 10 MB at the 10M pair's peak (8 queued: 40 MB more).
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(2);
         let (back, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
         scope.spawn(move || {
             let ctx = Ctx::new(a, b, tol).with_fused(fused);
