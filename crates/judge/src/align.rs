@@ -349,7 +349,7 @@ fn align_lists(
 /// its casts) is replaced by its children, as if it were not there.
 fn children(d: &Dump, p: &Prepared, parent: u32, out: &mut Vec<u32>, depth: u32) {
     let name = d.name_signature(parent);
-    for &c in d.children_of(parent) {
+    for c in d.children_of(parent) {
         if p.ignored(c) {
             continue;
         }
@@ -369,7 +369,7 @@ fn subtree_calls(d: &Dump, p: &Prepared, root: u32) -> u64 {
             continue;
         }
         n += 1;
-        stack.extend_from_slice(d.children_of(i));
+        stack.extend(d.children_of(i));
     }
     n
 }
@@ -384,7 +384,7 @@ fn ignored_calls(d: &Dump, p: &Prepared) -> u64 {
                 n += 1;
                 break;
             }
-            match d.parent[cur as usize] {
+            match d.parent.get(cur) {
                 NONE => break,
                 q => cur = q,
             }

@@ -911,18 +911,13 @@ impl PairTree<'_> {
     /// to the first introduced pair.
     fn first_introduced_below(&self, verdict: &[OpVerdict], k: usize) -> Option<usize> {
         let a = self.a;
-        let mut stack: Vec<u32> = a
-            .children_of(self.pairs[k].a)
-            .iter()
-            .rev()
-            .copied()
-            .collect();
+        let mut stack: Vec<u32> = a.children_of(self.pairs[k].a).rev().collect();
         while let Some(i) = stack.pop() {
             let pk = self.pair_of_a[i as usize];
             if pk != NONE && verdict[pk as usize] == OpVerdict::Introduced {
                 return Some(pk as usize);
             }
-            stack.extend(a.children_of(i).iter().rev());
+            stack.extend(a.children_of(i).rev());
         }
         None
     }

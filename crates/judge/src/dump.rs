@@ -3,7 +3,7 @@
 //! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
 //! order they were read, and each op points at its contiguous run of tensors.
 //! Strings, dtypes and shapes are interned. What the call tree and alignment
-//! walk all the time stays in memory (about 19 bytes per op call); the rest
+//! walk all the time stays in memory (about 13 bytes per op call); the rest
 //! of each call ([`OpRow`]) and every tensor ([`TensorRow`]) live in
 //! [`Rows`], which a loader may keep out of memory.
 
@@ -16,6 +16,7 @@ use crate::captured::CapturedValues;
 use crate::dtype::DType;
 use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
 use crate::op_row::{OpRow, NO_SEQ};
+use crate::packed::{PackedU32, Parents};
 use crate::rows::{MemRows, Rows};
 use crate::tensor_row::TensorRow;
 
@@ -207,17 +208,17 @@ pub struct Dump {
     /// kept out of memory (see [`OpRow`]).
     pub ops: Box<dyn Rows<OpRow>>,
     /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
-    /// that is not in the dump).
-    pub parent: Vec<u32>,
+    /// that is not in the dump); packed, see [`Parents`].
+    pub parent: Parents,
     /// Per call: the ids of its op's and overload's names in `names`, its
     /// first tensor and how many tensors it has (packed: see
     /// [`CallColumns`]).
     pub calls: CallColumns,
     /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
-    /// seq order.
-    pub child_start: Vec<u32>,
+    /// seq order (packed: both grow call by call).
+    pub child_start: PackedU32,
     /// See `child_start`.
-    pub children: Vec<u32>,
+    pub children: PackedU32,
     /// Op calls without a parent, in seq order.
     pub roots: Vec<u32>,
 
@@ -371,17 +372,20 @@ impl Dump {
     }
 
     /// The calls made by call `i`, in seq order.
-    pub fn children_of(&self, i: u32) -> &[u32] {
+    pub fn children_of(
+        &self,
+        i: u32,
+    ) -> impl DoubleEndedIterator<Item = u32> + ExactSizeIterator + '_ {
         let (s, e) = (
-            self.child_start[i as usize],
-            self.child_start[i as usize + 1],
+            self.child_start.get(i as usize),
+            self.child_start.get(i as usize + 1),
         );
-        &self.children[s as usize..e as usize]
+        self.children.range(s as usize..e as usize)
     }
 
     /// The call that made call `i`, when it is in the dump.
     pub fn parent_of(&self, i: u32) -> Option<u32> {
-        let p = self.parent[i as usize];
+        let p = self.parent.get(i);
         (p != NONE).then_some(p)
     }
 

@@ -36,6 +36,7 @@ pub mod observer;
 pub mod one_sided;
 pub mod op_row;
 pub mod opclass;
+pub mod packed;
 pub mod provenance;
 pub mod refusal;
 pub mod rows;

@@ -169,10 +169,7 @@ fn only_in(d: &Dump, roots: &[u32], calls: u64, steps: &[i64]) -> OnlyIn {
     OnlyIn {
         op_calls: calls,
         subtrees: roots.len() as u64,
-        top_level: roots
-            .iter()
-            .filter(|&&r| d.parent[r as usize] == NONE)
-            .count() as u64,
+        top_level: roots.iter().filter(|&&r| d.parent.get(r) == NONE).count() as u64,
         steps: steps.to_vec(),
         by_op,
         first: roots
@@ -848,7 +845,7 @@ impl CompareReport {
         let aligned_roots = al
             .pairs
             .iter()
-            .filter(|p| c.a.parent[p.a as usize] == NONE)
+            .filter(|p| c.a.parent.get(p.a) == NONE)
             .count() as u64;
         CompareReport {
             format: "opdump-compare",
@@ -971,7 +968,7 @@ impl<'a> AlignedPairs<'a> {
 
     /// Whether pair `k` is a top-level call (in A).
     pub fn is_top_level(&self, k: usize) -> bool {
-        self.c.a.parent[self.a_index(k)] == NONE
+        self.c.a.parent.get(self.a_index(k) as u32) == NONE
     }
 
     pub fn label(&self, k: usize) -> PairLabel<'a> {

@@ -162,14 +162,14 @@ fn io_flags(d: &Dump, i: u32) -> (bool, bool, bool, bool) {
 fn first_deepest(d: &Dump, p: impl Fn(u32) -> bool) -> Option<u32> {
     let mut cur = (0..d.len() as u32).find(|&i| p(i))?;
     loop {
-        let mut stack: Vec<u32> = d.children_of(cur).iter().rev().copied().collect();
+        let mut stack: Vec<u32> = d.children_of(cur).rev().collect();
         let mut found = None;
         while let Some(i) = stack.pop() {
             if p(i) {
                 found = Some(i);
                 break;
             }
-            stack.extend(d.children_of(i).iter().rev());
+            stack.extend(d.children_of(i).rev());
         }
         match found {
             Some(i) => cur = i,
