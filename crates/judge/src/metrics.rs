@@ -439,13 +439,13 @@ impl<'a> Ctx<'a> {
         );
         ids_a.clear();
         ids_b.clear();
-        let element = p.part.element_of();
+        let element = p.part().element_of();
         let fused = p
-            .part
+            .part()
             .fused_kind()
             .and_then(|_| {
                 self.fused
-                    .binary_search_by_key(&(p.a, p.b, p.part), |f| (f.a, f.b, f.part))
+                    .binary_search_by_key(&(p.a, p.b, p.part()), |f| (f.a, f.b, f.part))
                     .ok()
             })
             .map(|k| &self.fused[k].tensors);

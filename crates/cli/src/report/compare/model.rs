@@ -519,7 +519,7 @@ impl OpReport {
             explained_input_err: cmp.explained_in_err,
             diverged_input_err: cmp.diverged_in_err,
             amplification: cmp.amplification,
-            shapes_differ: p.loose,
+            shapes_differ: p.loose(),
             tensors: cmp.tensors.iter().map(|t| TensorReport::of(c, t)).collect(),
         }
     }
@@ -862,7 +862,7 @@ impl CompareReport {
             aligned: AlignedInfo {
                 op_calls: al.pairs.len() as u64,
                 top_level_calls: aligned_roots,
-                shape_differs: al.pairs.iter().filter(|p| p.loose).count() as u64,
+                shape_differs: al.pairs.iter().filter(|p| p.loose()).count() as u64,
                 tensor_pairs: c.tensor_pairs,
                 dtype_differs: c.dtype_differs,
                 ignored_a: al.ignored_a,
@@ -1143,7 +1143,7 @@ impl<'a> PairDetails<'a> {
             rel_err: self.cmp.out_err,
             amplification: self.cmp.amplification,
             excess: self.cmp.excess,
-            shapes_differ: p.loose,
+            shapes_differ: p.loose(),
             module_a: a.module_of(p.a),
             module_b: b.module_of(p.b),
             fwd_seq_a: a.fwd_seq_of(p.a),
