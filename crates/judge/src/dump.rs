@@ -3,7 +3,7 @@
 //! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
 //! order they were read, and each op points at its contiguous run of tensors.
 //! Strings, dtypes and shapes are interned. What the call tree and alignment
-//! walk all the time stays in memory (about 13 bytes per op call); the rest
+//! walk all the time stays in memory (about 11 bytes per op call); the rest
 //! of each call ([`OpRow`]) and every tensor ([`TensorRow`]) live in
 //! [`Rows`], which a loader may keep out of memory.
 
