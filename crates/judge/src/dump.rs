@@ -440,10 +440,8 @@ impl Dump {
     /// `rows` (a buffer reused across calls): what a dump's builder must
     /// have stored.
     pub fn signature_of_rows(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
-        let mut h = {
-            let (op, overload) = self.calls.kind(i);
-            signature_start(&self.names, op, overload)
-        };
+        let (op, overload) = self.calls.kind(i);
+        let mut h = signature_start(&self.names, op, overload);
         self.tensors.rows_of(self.tensors_of(i), rows);
         for r in rows.iter() {
             h = signature_step(&self.tensors.shapes, h, r.role, r.shape);
@@ -454,10 +452,8 @@ impl Dump {
     /// Op and overload only: the looser key used to pair calls whose shapes
     /// differ.
     pub fn name_signature(&self, i: u32) -> u64 {
-        {
-            let (op, overload) = self.calls.kind(i);
-            signature_start(&self.names, op, overload)
-        }
+        let (op, overload) = self.calls.kind(i);
+        signature_start(&self.names, op, overload)
     }
 
     /// What a reader should know about a dump of an older schema: said
