@@ -514,7 +514,9 @@ impl<'d> Judge<'d> {
         let pairs = &self.alignment.pairs[self.next..];
         let (a, b, tol) = (self.ctx.a, self.ctx.b, self.ctx.tol);
         let fused = &self.alignment.fused[..];
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(8);
+        // Two batches queued keep the judging thread fed; each batch more
+        // held about 10 MB at the 10M pair's peak (8 queued: 40 MB more).
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<OpCmp>>(2);
         let (back, back_rx) = std::sync::mpsc::channel::<Vec<OpCmp>>();
         scope.spawn(move || {
             let ctx = Ctx::new(a, b, tol).with_fused(fused);
@@ -909,18 +911,13 @@ impl PairTree<'_> {
     /// to the first introduced pair.
     fn first_introduced_below(&self, verdict: &[OpVerdict], k: usize) -> Option<usize> {
         let a = self.a;
-        let mut stack: Vec<u32> = a
-            .children_of(self.pairs[k].a)
-            .iter()
-            .rev()
-            .copied()
-            .collect();
+        let mut stack: Vec<u32> = a.children_of(self.pairs[k].a).rev().collect();
         while let Some(i) = stack.pop() {
             let pk = self.pair_of_a[i as usize];
             if pk != NONE && verdict[pk as usize] == OpVerdict::Introduced {
                 return Some(pk as usize);
             }
-            stack.extend(a.children_of(i).iter().rev());
+            stack.extend(a.children_of(i).rev());
         }
         None
     }

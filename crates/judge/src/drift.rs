@@ -116,7 +116,7 @@ fn optimizer_calls(d: &Dump, roots: &[u32], step: i64) -> Vec<(String, String, u
         if r == NONE || d.step(r) != step || d.phase(r) != Phase::Optimizer {
             continue;
         }
-        let key = (d.op[r as usize], d.overload[r as usize]);
+        let key = (d.op_id(r), d.overload_id(r));
         match counts.iter_mut().find(|(k, _)| *k == key) {
             Some((_, n)) => *n += 1,
             None => counts.push((key, 1)),

@@ -3,7 +3,7 @@
 //! Op calls are indexed `0..n` in `seq` order; tensors are indexed in the
 //! order they were read, and each op points at its contiguous run of tensors.
 //! Strings, dtypes and shapes are interned. What the call tree and alignment
-//! walk all the time stays in memory (about 28 bytes per op call); the rest
+//! walk all the time stays in memory (about 11 bytes per op call); the rest
 //! of each call ([`OpRow`]) and every tensor ([`TensorRow`]) live in
 //! [`Rows`], which a loader may keep out of memory.
 
@@ -11,10 +11,12 @@ use std::path::PathBuf;
 
 use opdump_format::{Phase, Role};
 
+use crate::calls::CallColumns;
 use crate::captured::CapturedValues;
 use crate::dtype::DType;
 use crate::intern::{mix, Interner, ShapeInterner, NO_ID};
 use crate::op_row::{OpRow, NO_SEQ};
+use crate::packed::{PackedU32, Parents};
 use crate::rows::{MemRows, Rows};
 use crate::tensor_row::TensorRow;
 
@@ -206,21 +208,17 @@ pub struct Dump {
     /// kept out of memory (see [`OpRow`]).
     pub ops: Box<dyn Rows<OpRow>>,
     /// Index of the parent op call, `NONE` for a root (depth 0, or a parent
-    /// that is not in the dump).
-    pub parent: Vec<u32>,
-    /// Per call: the id of its op's name in `names`.
-    pub op: Vec<u32>,
-    /// Per call: the id of its overload's name in `names`.
-    pub overload: Vec<u32>,
-    /// Per call: its first tensor.
-    pub t_start: Vec<u32>,
-    /// Per call: how many tensors it has.
-    pub t_len: Vec<u32>,
+    /// that is not in the dump); packed, see [`Parents`].
+    pub parent: Parents,
+    /// Per call: the ids of its op's and overload's names in `names`, its
+    /// first tensor and how many tensors it has (packed: see
+    /// [`CallColumns`]).
+    pub calls: CallColumns,
     /// Children of op `i`: `children[child_start[i]..child_start[i + 1]]`, in
-    /// seq order.
-    pub child_start: Vec<u32>,
+    /// seq order (packed: both grow call by call).
+    pub child_start: PackedU32,
     /// See `child_start`.
-    pub children: Vec<u32>,
+    pub children: PackedU32,
     /// Op calls without a parent, in seq order.
     pub roots: Vec<u32>,
 
@@ -279,14 +277,24 @@ impl Dump {
         (lo < self.len() && self.seq(lo as u32) == s).then_some(lo as u32)
     }
 
+    /// The id of call `i`'s op name in `names`.
+    pub fn op_id(&self, i: u32) -> u32 {
+        self.calls.kind(i).0
+    }
+
+    /// The id of call `i`'s overload name in `names`.
+    pub fn overload_id(&self, i: u32) -> u32 {
+        self.calls.kind(i).1
+    }
+
     /// `aten::add`.
     pub fn op_name(&self, i: u32) -> &str {
-        self.names.get(self.op[i as usize])
+        self.names.get(self.op_id(i))
     }
 
     /// `Tensor`; empty for the unnamed overload.
     pub fn overload_name(&self, i: u32) -> &str {
-        self.names.get(self.overload[i as usize])
+        self.names.get(self.overload_id(i))
     }
 
     /// `aten::add.Tensor` (see [`full_op_name`]).
@@ -359,22 +367,25 @@ impl Dump {
 
     /// The tensors of call `i`.
     pub fn tensors_of(&self, i: u32) -> std::ops::Range<u32> {
-        let s = self.t_start[i as usize];
-        s..s + self.t_len[i as usize]
+        let s = self.calls.t_start(i);
+        s..s + self.calls.t_len(i)
     }
 
     /// The calls made by call `i`, in seq order.
-    pub fn children_of(&self, i: u32) -> &[u32] {
+    pub fn children_of(
+        &self,
+        i: u32,
+    ) -> impl DoubleEndedIterator<Item = u32> + ExactSizeIterator + '_ {
         let (s, e) = (
-            self.child_start[i as usize],
-            self.child_start[i as usize + 1],
+            self.child_start.get(i as usize),
+            self.child_start.get(i as usize + 1),
         );
-        &self.children[s as usize..e as usize]
+        self.children.range(s as usize..e as usize)
     }
 
     /// The call that made call `i`, when it is in the dump.
     pub fn parent_of(&self, i: u32) -> Option<u32> {
-        let p = self.parent[i as usize];
+        let p = self.parent.get(i);
         (p != NONE).then_some(p)
     }
 
@@ -429,7 +440,8 @@ impl Dump {
     /// `rows` (a buffer reused across calls): what a dump's builder must
     /// have stored.
     pub fn signature_of_rows(&self, i: u32, rows: &mut Vec<TensorRow>) -> u64 {
-        let mut h = signature_start(&self.names, self.op[i as usize], self.overload[i as usize]);
+        let (op, overload) = self.calls.kind(i);
+        let mut h = signature_start(&self.names, op, overload);
         self.tensors.rows_of(self.tensors_of(i), rows);
         for r in rows.iter() {
             h = signature_step(&self.tensors.shapes, h, r.role, r.shape);
@@ -440,7 +452,8 @@ impl Dump {
     /// Op and overload only: the looser key used to pair calls whose shapes
     /// differ.
     pub fn name_signature(&self, i: u32) -> u64 {
-        signature_start(&self.names, self.op[i as usize], self.overload[i as usize])
+        let (op, overload) = self.calls.kind(i);
+        signature_start(&self.names, op, overload)
     }
 
     /// What a reader should know about a dump of an older schema: said

@@ -11,11 +11,13 @@ use std::path::PathBuf;
 
 use opdump_format::{OpRecord, Role, TensorRecord};
 
+use crate::calls::CallColumns;
 use crate::captured::NoCaptures;
 use crate::dtype::DType;
 use crate::dump::{signature_start, signature_step, Dump, Tensors, NONE};
 use crate::intern::{Interner, ShapeInterner, NO_ID};
 use crate::op_row::{OpRow, NO_SEQ};
+use crate::packed::{PackedU32, Parents};
 use crate::rows::MemRows;
 use crate::tensor_row::TensorRow;
 use crate::tree::{call_tree, NO_PARENT};
@@ -303,13 +305,10 @@ impl Builder {
             texts: self.texts,
             dtypes: self.dtypes,
             ops: Box::new(MemRows(self.ops)),
-            parent: tree.parent,
-            op: self.op,
-            overload: self.overload,
-            t_start: self.t_start,
-            t_len: self.t_len,
-            child_start: tree.child_start,
-            children: tree.children,
+            parent: Parents::new(&tree.parent),
+            calls: CallColumns::new(&self.op, &self.overload, &self.t_start, &self.t_len),
+            child_start: PackedU32::new(&tree.child_start),
+            children: PackedU32::new(&tree.children),
             roots: tree.roots,
             tensors: Tensors {
                 rows: Box::new(MemRows(self.t_rows)),

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod align;
+pub mod calls;
 pub mod captured;
 pub mod check;
 pub mod compare;
@@ -35,6 +36,7 @@ pub mod observer;
 pub mod one_sided;
 pub mod op_row;
 pub mod opclass;
+pub mod packed;
 pub mod provenance;
 pub mod refusal;
 pub mod rows;

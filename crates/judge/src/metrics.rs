@@ -439,13 +439,13 @@ impl<'a> Ctx<'a> {
         );
         ids_a.clear();
         ids_b.clear();
-        let element = p.part.element_of();
+        let element = p.part().element_of();
         let fused = p
-            .part
+            .part()
             .fused_kind()
             .and_then(|_| {
                 self.fused
-                    .binary_search_by_key(&(p.a, p.b, p.part), |f| (f.a, f.b, f.part))
+                    .binary_search_by_key(&(p.a, p.b, p.part()), |f| (f.a, f.b, f.part))
                     .ok()
             })
             .map(|k| &self.fused[k].tensors);
@@ -471,7 +471,7 @@ impl<'a> Ctx<'a> {
                 _ => b.tensors.rows_of(b.tensors_of(ib), &mut rows_b),
             }
         }
-        let (start_a, start_b) = (a.t_start[ia as usize], b.t_start[ib as usize]);
+        let (start_a, start_b) = (a.calls.t_start(ia), b.calls.t_start(ib));
         let call_a = CallRows::new(&rows_a, start_a, &ids_a);
         let call_b = CallRows::new(&rows_b, start_b, &ids_b);
         if let Some(ts) = fused {
@@ -581,7 +581,7 @@ impl<'a> Ctx<'a> {
         let a = self.a;
         let class = self
             .classes
-            .get(a.op[ia as usize] as usize)
+            .get(a.op_id(ia) as usize)
             .copied()
             .unwrap_or(OpClass::Plain);
         discontinuous_by_args(a, ia, class)

@@ -204,7 +204,7 @@ impl Side {
             calls.push(root);
             let mut c = 0;
             while c < calls.len() && calls.len() < WALK_LIMIT {
-                calls.extend_from_slice(d.children_of(calls[c]));
+                calls.extend(d.children_of(calls[c]));
                 c += 1;
             }
             for &i in &calls {

@@ -35,7 +35,9 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use opdump_judge::calls::CallColumns;
 use opdump_judge::dump::{signature_start, signature_step};
+use opdump_judge::packed::{PackedU32, Parents};
 use opdump_judge::tree::{call_tree, NO_PARENT};
 use opdump_judge::{DType, Dump, Interner, Observer, OpRow, ShapeInterner, TensorRow, Tensors};
 use opdump_judge::{NONE, NO_ID, NO_SEQ};
@@ -1394,13 +1396,10 @@ impl Builder {
             texts: self.texts,
             dtypes: self.dtypes,
             ops: Box::new(self.ops),
-            parent: tree.parent,
-            op: self.op,
-            overload: self.overload,
-            t_start: self.t_start,
-            t_len: self.t_len,
-            child_start: tree.child_start,
-            children: tree.children,
+            parent: Parents::new(&tree.parent),
+            calls: CallColumns::new(&self.op, &self.overload, &self.t_start, &self.t_len),
+            child_start: PackedU32::new(&tree.child_start),
+            children: PackedU32::new(&tree.children),
             roots: tree.roots,
             tensors: Tensors {
                 rows: Box::new(self.t_rows),

@@ -364,12 +364,7 @@ fn pair_one(
                     Side::B => (y.t, x.t),
                 })
                 .collect();
-            out.push(Pair {
-                a: pa,
-                b: pb,
-                loose: false,
-                part,
-            });
+            out.push(Pair::of_part(pa, pb, part));
             table.push(FusedTensors {
                 a: pa,
                 b: pb,

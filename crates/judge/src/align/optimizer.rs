@@ -115,12 +115,7 @@ fn pair_one_way(
                 Side::A => (lc, pc),
                 Side::B => (pc, lc),
             };
-            out.push(Pair {
-                a: ia,
-                b: ib,
-                loose: false,
-                part: Part::element(list.side, elem),
-            });
+            out.push(Pair::of_part(ia, ib, Part::element(list.side, elem)));
         }
         let pooled = names.entry(n).or_insert_with(|| vec![None; n]);
         for (p, f) in pooled.iter_mut().zip(found) {
@@ -232,7 +227,7 @@ impl Alignment {
     /// [`Part`]).
     pub fn element(&self, pair: usize) -> Option<Element> {
         let p = self.pairs.get(pair)?;
-        let (side, index) = p.part.element_of()?;
+        let (side, index) = p.part().element_of()?;
         let call = match side {
             Side::A => p.a,
             Side::B => p.b,

@@ -224,7 +224,7 @@ fn dtypes_do_not_matter_shapes_do() {
     write(t.side("b"), &[abcde()], "bfloat16");
     let (_, _, al) = t.align("a", "b");
     assert_eq!(al.pairs.len(), 5);
-    assert!(al.pairs.iter().all(|p| !p.loose));
+    assert!(al.pairs.iter().all(|p| !p.loose()));
 
     // Same op names with other shapes pair only loosely (shape mismatch).
     let mut t = Sides::default();
@@ -234,7 +234,7 @@ fn dtypes_do_not_matter_shapes_do() {
     write(t.side("b"), &[bl], "float32");
     let (_, _, al) = t.align("a", "b");
     assert_eq!(al.pairs.len(), 5);
-    assert_eq!(al.pairs.iter().filter(|p| p.loose).count(), 1);
+    assert_eq!(al.pairs.iter().filter(|p| p.loose()).count(), 1);
 }
 
 #[test]

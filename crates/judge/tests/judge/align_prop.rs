@@ -143,7 +143,7 @@ proptest! {
         }
         // Nothing else pairs exactly: what is paired beyond the common calls
         // is a loose pair (same names, other shapes).
-        let exact = al.pairs.iter().filter(|p| !p.loose).count();
+        let exact = al.pairs.iter().filter(|p| !p.loose()).count();
         prop_assert_eq!(exact, common.len());
     }
 }
@@ -164,7 +164,7 @@ proptest! {
         let a = Dump::from_records("a", 0, &ra).unwrap();
         let b = Dump::from_records("b", 0, &rb).unwrap();
         let al = align(&a, &b, &Filter::default(), &Silent);
-        let exact: Vec<_> = al.pairs.iter().filter(|p| !p.loose).collect();
+        let exact: Vec<_> = al.pairs.iter().filter(|p| !p.loose()).collect();
         for p in &exact {
             prop_assert_eq!(
                 a.signature(p.a),

@@ -30,8 +30,8 @@ fn fused_pairs(c: &opdump_judge::Compared) -> Vec<(Side, u32, Written, String, O
         .iter()
         .enumerate()
         .filter_map(|(k, p)| {
-            let kind = p.part.fused_kind()?;
-            let (side, e) = p.part.element_of()?;
+            let kind = p.part().fused_kind()?;
+            let (side, e) = p.part().element_of()?;
             let op = match side {
                 Side::A => c.b.op_name(p.b),
                 Side::B => c.a.op_name(p.a),
@@ -80,7 +80,7 @@ fn a_fault_in_element_3_is_introduced_at_the_fused_kernel() {
     let c = compare(loop_side(Twist::default()), fused_side(fault));
     let h = c.headline.expect("a headline");
     let p = c.alignment.pairs[h];
-    assert_eq!(p.part, Part::fused(Side::B, 3, Written::Param));
+    assert_eq!(p.part(), Part::fused(Side::B, 3, Written::Param));
     assert_eq!(c.b.op_name(p.b), "aten::_fused_adamw_");
     assert_eq!(c.a.op_name(p.a), "aten::addcdiv_");
     assert_eq!(c.verdict[h], OpVerdict::Introduced);
@@ -102,7 +102,7 @@ fn the_fused_kernel_on_a_is_named_too() {
     let c = compare(fused_side(fault), loop_side(Twist::default()));
     let h = c.headline.expect("a headline");
     let p = c.alignment.pairs[h];
-    assert_eq!(p.part, Part::fused(Side::A, 3, Written::ExpAvgs));
+    assert_eq!(p.part(), Part::fused(Side::A, 3, Written::ExpAvgs));
     assert_eq!(c.a.op_name(p.a), "aten::_fused_adamw_");
     assert_eq!(c.b.op_name(p.b), "aten::lerp_");
     assert_eq!(c.verdict[h], OpVerdict::Introduced);

@@ -27,7 +27,7 @@ fn element_pairs(
         .iter()
         .enumerate()
         .filter_map(|(k, p)| {
-            let (side, e) = p.part.element_of()?;
+            let (side, e) = p.part().element_of()?;
             Some((
                 k,
                 a.op_name(p.a).to_string(),
@@ -78,7 +78,7 @@ fn a_fault_in_element_3_is_introduced_at_the_list_kernel() {
     let c = compare(side(false, Twist::default()), side(true, fault));
     let h = c.headline.expect("a headline");
     let p = c.alignment.pairs[h];
-    assert_eq!(p.part, Part::element(Side::B, 3));
+    assert_eq!(p.part(), Part::element(Side::B, 3));
     assert_eq!(c.b.op_name(p.b), "aten::_foreach_lerp_");
     assert_eq!(c.verdict[h], OpVerdict::Introduced);
     let e = c.alignment.element(h).unwrap();
@@ -92,7 +92,7 @@ fn a_fault_in_element_3_is_introduced_at_the_list_kernel() {
             let p = c.alignment.pairs[k];
             (
                 c.b.op_name(p.b).to_string(),
-                p.part.element_of().unwrap().1,
+                p.part().element_of().unwrap().1,
                 c.verdict[k],
             )
         })
@@ -119,7 +119,7 @@ fn the_loop_on_b_pairs_and_names_the_list_kernel_of_a() {
     let c = compare(side(true, Twist::default()), side(false, fault));
     let h = c.headline.expect("a headline");
     let p = c.alignment.pairs[h];
-    assert_eq!(p.part, Part::element(Side::A, 3));
+    assert_eq!(p.part(), Part::element(Side::A, 3));
     assert_eq!(c.a.op_name(p.a), "aten::_foreach_lerp_");
     assert_eq!(c.b.op_name(p.b), "aten::lerp_");
     assert_eq!(c.alignment.element(h).unwrap().param.as_deref(), Some("w3"));
@@ -129,7 +129,7 @@ fn the_loop_on_b_pairs_and_names_the_list_kernel_of_a() {
         .pairs
         .iter()
         .filter(|q| q.a == p.a)
-        .map(|q| q.part.element_of().unwrap().1)
+        .map(|q| q.part().element_of().unwrap().1)
         .collect();
     assert_eq!(elems, (0..SHAPES.len() as u32).collect::<Vec<_>>());
 }
@@ -177,7 +177,7 @@ fn shapes_that_do_not_fit_leave_the_calls_unmatched() {
     }
     let reversed = dump("reversed", &w.records());
     let (_, _, al) = align_dumps(reversed, side(true, Twist::default()));
-    assert!(al.pairs.iter().all(|p| p.part == Part::WHOLE));
+    assert!(al.pairs.iter().all(|p| p.part() == Part::WHOLE));
 }
 
 #[test]
@@ -223,7 +223,7 @@ fn two_groups_of_equal_lists_are_not_paired_crosswise() {
     let lists = dump("list", &w.records());
     let (_, _, al) = align_dumps(per_param, lists);
     assert!(
-        al.pairs.iter().all(|p| p.part == Part::WHOLE),
+        al.pairs.iter().all(|p| p.part() == Part::WHOLE),
         "{:?}",
         al.pairs
     );

@@ -150,9 +150,7 @@ pub const LIST_LIMIT: usize = 20;
 fn only_in(d: &Dump, roots: &[u32], calls: u64, steps: &[i64]) -> OnlyIn {
     let mut counts: FxMap<(u32, u32), u64> = FxMap::default();
     for &r in roots {
-        *counts
-            .entry((d.op[r as usize], d.overload[r as usize]))
-            .or_default() += 1;
+        *counts.entry((d.op_id(r), d.overload_id(r))).or_default() += 1;
     }
     let mut by_op: Vec<OpCount> = counts
         .into_iter()
@@ -171,10 +169,7 @@ fn only_in(d: &Dump, roots: &[u32], calls: u64, steps: &[i64]) -> OnlyIn {
     OnlyIn {
         op_calls: calls,
         subtrees: roots.len() as u64,
-        top_level: roots
-            .iter()
-            .filter(|&&r| d.parent[r as usize] == NONE)
-            .count() as u64,
+        top_level: roots.iter().filter(|&&r| d.parent.get(r) == NONE).count() as u64,
         steps: steps.to_vec(),
         by_op,
         first: roots
@@ -524,7 +519,7 @@ impl OpReport {
             explained_input_err: cmp.explained_in_err,
             diverged_input_err: cmp.diverged_in_err,
             amplification: cmp.amplification,
-            shapes_differ: p.loose,
+            shapes_differ: p.loose(),
             tensors: cmp.tensors.iter().map(|t| TensorReport::of(c, t)).collect(),
         }
     }
@@ -850,7 +845,7 @@ impl CompareReport {
         let aligned_roots = al
             .pairs
             .iter()
-            .filter(|p| c.a.parent[p.a as usize] == NONE)
+            .filter(|p| c.a.parent.get(p.a) == NONE)
             .count() as u64;
         CompareReport {
             format: "opdump-compare",
@@ -867,7 +862,7 @@ impl CompareReport {
             aligned: AlignedInfo {
                 op_calls: al.pairs.len() as u64,
                 top_level_calls: aligned_roots,
-                shape_differs: al.pairs.iter().filter(|p| p.loose).count() as u64,
+                shape_differs: al.pairs.iter().filter(|p| p.loose()).count() as u64,
                 tensor_pairs: c.tensor_pairs,
                 dtype_differs: c.dtype_differs,
                 ignored_a: al.ignored_a,
@@ -973,7 +968,7 @@ impl<'a> AlignedPairs<'a> {
 
     /// Whether pair `k` is a top-level call (in A).
     pub fn is_top_level(&self, k: usize) -> bool {
-        self.c.a.parent[self.a_index(k)] == NONE
+        self.c.a.parent.get(self.a_index(k) as u32) == NONE
     }
 
     pub fn label(&self, k: usize) -> PairLabel<'a> {
@@ -1148,7 +1143,7 @@ impl<'a> PairDetails<'a> {
             rel_err: self.cmp.out_err,
             amplification: self.cmp.amplification,
             excess: self.cmp.excess,
-            shapes_differ: p.loose,
+            shapes_differ: p.loose(),
             module_a: a.module_of(p.a),
             module_b: b.module_of(p.b),
             fwd_seq_a: a.fwd_seq_of(p.a),

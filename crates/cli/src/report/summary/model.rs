@@ -162,14 +162,14 @@ fn io_flags(d: &Dump, i: u32) -> (bool, bool, bool, bool) {
 fn first_deepest(d: &Dump, p: impl Fn(u32) -> bool) -> Option<u32> {
     let mut cur = (0..d.len() as u32).find(|&i| p(i))?;
     loop {
-        let mut stack: Vec<u32> = d.children_of(cur).iter().rev().copied().collect();
+        let mut stack: Vec<u32> = d.children_of(cur).rev().collect();
         let mut found = None;
         while let Some(i) = stack.pop() {
             if p(i) {
                 found = Some(i);
                 break;
             }
-            stack.extend(d.children_of(i).iter().rev());
+            stack.extend(d.children_of(i).rev());
         }
         match found {
             Some(i) => cur = i,
@@ -257,7 +257,7 @@ pub fn summarize(d: &Dump) -> RankSummary {
     // Calls outside any module: all, NaN out, Inf out.
     let mut outside = (0u64, 0u64, 0u64);
     for i in 0..d.len() as u32 {
-        let key = (d.op[i as usize], d.overload[i as usize]);
+        let key = (d.op_id(i), d.overload_id(i));
         *per_op.entry(key).or_default() += 1;
         *per_phase.entry(d.phase(i).as_str()).or_default() += 1;
         *per_step.entry(d.step(i)).or_default() += 1;
