@@ -153,7 +153,11 @@ j = torch.randn(4096).half()
 k = torch.randn(400, 900)[:, ::3]
 m = torch.empty(0)
 n = torch.randn(300000, dtype=torch.float64)
-tensors = [a, b, c, d, e, f, g, h, i, j, k, m, n]
+# int64: with the sketch their words go into rows of their own after their
+# values, which must leave their statistics and their neighbours' alone.
+o = torch.randint(-(2**40), 2**40, (3000,))
+p = torch.arange(-5, 1500)
+tensors = [a, b, c, d, e, f, g, h, i, j, k, m, n, o, p]
 devs = [x.to("testdev") for x in tensors]
 devs[8] = tensors[8].t().to("testdev").t()      # dense, not contiguous, on the device too
 devs[10] = torch.randn(400, 900).to("testdev")[:, ::3]
@@ -411,10 +415,11 @@ def test_a_training_step_launches_few_kernels_per_measured_tensor(run, kernel):
     `_foreach_` ops as one kernel each (TESTDEV_FOREACH=1), as CUDA does.
     The bounds are today's figures with some room (scripts/bench/run.py
     reports them): with the batch kernel 0.024 per tensor, with ATen ops
-    0.088 for the statistics (bound: issue 47's goal of 0.1) and 0.58 with
-    the sketch."""
+    0.088 for the statistics (bound: issue 47's goal of 0.1) and 0.376 with
+    the sketch (int64 words staged as int32 rows, the sketch by one
+    embedding_bag a batch)."""
     fused = kernel["TESTDEV_FUSED_STATS"] == "1"
-    bounds = {"0": 0.04 if fused else 0.1, "16": 0.04 if fused else 0.7}
+    bounds = {"0": 0.04 if fused else 0.1, "16": 0.04 if fused else 0.42}
     for sketch, limit in bounds.items():
         r = tinylm_job(run, OPDUMP_SKETCH=sketch, TESTDEV_HIDE_FALLBACK="1", TESTDEV_FOREACH="1", **kernel).result()
         per = r["launches"]["observer"] / r["measured"]

@@ -21,6 +21,12 @@ xs = {
     "bf16": torch.randn(300).bfloat16(),
     "f16": torch.randn(300).half(),
     "i64": torch.arange(-50, 50),
+    # int64 over several rows of 1,024 (on the device path their words are
+    # staged as int32 values, two rows of words per row of values), with
+    # words of every kind: negative, beyond 2^53, the extremes.
+    "i64wide": torch.randint(-(2**62), 2**62, (5000,)) * 2 + 1,
+    "i64edges": torch.tensor([-(2**63), 2**63 - 1, -1, 0, 2**53 + 1, -(2**53) - 1] * 200),
+    "i64strided": torch.arange(-3000, 3000).view(60, 100).t(),
     "i32": torch.arange(-50, 50, dtype=torch.int32),
     "u8": torch.arange(0, 200, dtype=torch.uint8),
     "bool": torch.rand(77) > 0.5,

@@ -52,14 +52,22 @@ class WatchingAllocator;  // held_memory.cpp
 // from the batch's first read to its close, beside the job's memory the batch
 // holds for it (stage_held_bytes), within kDeviceScratchBytes: 30 + 24 MiB.
 // At the close the held memory is back and row_stats adds 8 bytes an
-// element (60 MiB). With the sketch, staged_signature_rows takes about 20
-// bytes a word of a chunk of 2M words and 16 bytes an element for the
-// sketch, beside the buffer: 16 MiB of buffer, 16 held.
+// element (60 MiB). With the sketch the buffer is 28 MiB: at the close
+// staged_fingerprints takes chunks of at most 28 MiB beside it, and the
+// sketch 9 bytes an element inside row_stats (17 in all, 60 MiB). An int64
+// tensor with the sketch also stages its words, as int32 values (exact in
+// float64), in rows of their own for its fingerprint: 3 elements each.
 constexpr int64_t kRowWidth = kStagedRowWidth;
-inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{2} << 20 : int64_t{15} << 18; }
-inline int64_t stage_held_bytes(bool sketch) { return sketch ? int64_t{16} << 20 : int64_t{24} << 20; }
+inline int64_t stage_elements(bool sketch) { return sketch ? int64_t{7} << 19 : int64_t{15} << 18; }
+inline int64_t stage_held_bytes(bool) { return int64_t{24} << 20; }
 // A tensor's elements rounded up to whole rows.
 inline int64_t row_padded(int64_t numel) { return (numel + kRowWidth - 1) / kRowWidth * kRowWidth; }
+// Whether a held tensor of `dtype` stages its words too (with the sketch).
+inline bool stages_words(at::ScalarType dtype) { return dtype == at::kLong; }
+// The elements a held tensor takes in the staging buffer.
+inline int64_t held_stage_elements(at::ScalarType dtype, int64_t numel, bool sketch) {
+  return row_padded(numel) + (sketch && stages_words(dtype) ? row_padded(2 * numel) : 0);
+}
 // The largest tensor a batch holds; a larger one is reduced at once, in
 // pieces.
 inline int64_t stage_max_elements(bool sketch) { return sketch ? int64_t{1} << 19 : int64_t{5} << 18; }
@@ -115,9 +123,10 @@ struct Batch {
     WatchingAllocator* watch = nullptr;
     uint64_t allocations = 0;
     bool held_signature = false;  // its fingerprint and sketch are made from `held` too
-    // ... from its rows of the staging buffer (staged_signature_rows), as `sig_dtype`.
+    // ... from its rows of the staging buffer (staged_fingerprints, staged_sketch), as `sig_dtype`.
     bool sig_staged = false;
     at::ScalarType sig_dtype = at::kFloat;
+    int64_t word_row = -1;        // an int64 tensor's first row of its words (-1: none)
     bool failed = false;          // reading it failed: its result fails
   };
   std::vector<Part> parts;
@@ -130,8 +139,11 @@ struct Batch {
   int64_t stats_values = 0;  // the host copy: the statistics rows, then the signature rows
   int64_t kernel_values = 0;  // then the batch kernel's rows, from here
   int sig_k = 0;
-  at::Tensor stage_sig;       // staged_signature_rows of the staging buffer, or undefined
-  int64_t stage_sig_at = -1;  // where it starts in the host copy
+  at::Tensor stage_sig;          // staged_fingerprints of the staging buffer, or undefined
+  at::Tensor stage_q;            // each row's index in its tensor, on the device, for the sketch
+  at::Tensor stage_sketch;       // staged_sketch of the staging buffer, or undefined
+  int64_t stage_sig_at = -1;     // where the fingerprints start in the host copy
+  int64_t stage_sketch_at = -1;  // and the sketches
   at::Tensor device_rows;
   at::Tensor host;
   std::optional<c10::Event> event;

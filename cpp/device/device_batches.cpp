@@ -48,41 +48,67 @@ std::vector<std::unique_ptr<Batch>>::iterator find_open(c10::Device d, c10::Stre
 
 namespace {
 
-// The fingerprints and sketches of the batch's staged rows that take them
-// (Part::sig_staged), into b.stage_sig; none when they fail (the rows then
+// The fingerprints of the batch's staged rows that take them
+// (Part::sig_staged), into b.stage_sig, and each row's index in its tensor
+// for their sketches, into b.stage_q; none when they fail (the rows then
 // have statistics without a fingerprint). Before row_stats, which
 // overwrites `x`.
 void staged_signatures(Batch& b, at::Tensor& x) {
   const int64_t rows = x.size(0);
+  // Each row's index in its tensor, for the sketch (an int64 tensor's word
+  // rows: 0, unread), and the rows of each dtype's fingerprint with their
+  // index in the tensor's words.
   std::vector<int64_t> q(static_cast<size_t>(rows), 0);
-  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> groups;
+  struct Group {
+    at::ScalarType dtype;
+    std::vector<int64_t> rows, q;
+  };
+  std::vector<Group> groups;
+  auto group = [&](at::ScalarType dt) -> Group& {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.dtype == dt; });
+    if (it != groups.end()) return *it;
+    groups.push_back({dt, {}, {}});
+    return groups.back();
+  };
   for (const auto& p : b.parts) {
     if (!p.sig_staged) continue;
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == p.sig_dtype; });
-    if (it == groups.end()) {
-      groups.push_back({p.sig_dtype, {}});
-      it = std::prev(groups.end());
-    }
     const int64_t n = p.piece_numel.empty() ? 0 : p.piece_numel[0];
-    for (int64_t r = 0; r * kRowWidth < n; ++r) {
-      q[static_cast<size_t>(p.stage_row + r)] = r;
-      it->second.push_back(p.stage_row + r);
+    for (int64_t r = 0; r * kRowWidth < n; ++r) q[static_cast<size_t>(p.stage_row + r)] = r;
+    if (p.word_row >= 0) {
+      Group& g = group(at::kInt);
+      for (int64_t r = 0; r * kRowWidth < 2 * n; ++r) {
+        g.rows.push_back(p.word_row + r);
+        g.q.push_back(r);
+      }
+    } else {
+      Group& g = group(p.sig_dtype);
+      for (int64_t r = 0; r * kRowWidth < n; ++r) {
+        g.rows.push_back(p.stage_row + r);
+        g.q.push_back(r);
+      }
     }
   }
   if (groups.empty()) return;
-  // One floating dtype: every row goes, the others' fingerprints unread.
-  const bool every = groups.size() == 1 && at::isFloatingType(groups[0].first);
+  // The floating group with the most rows takes every row, first (no
+  // gathering; the others' sums are overwritten, rows of no group unread);
+  // the others gather their rows.
+  auto every = groups.end();
+  for (auto it = groups.begin(); it != groups.end(); ++it)
+    if (at::isFloatingType(it->dtype) && (every == groups.end() || it->rows.size() > every->rows.size())) every = it;
+  if (every != groups.end()) std::rotate(groups.begin(), every, every + 1);
   std::vector<StagedGroup> staged;
   std::vector<int64_t> meta = q;
-  for (const auto& [dt, members] : groups) {
-    StagedGroup g{dt, -1, -1, every ? rows : static_cast<int64_t>(members.size())};
-    if (!every) {
-      g.rows_at = static_cast<int64_t>(meta.size());
-      meta.insert(meta.end(), members.begin(), members.end());
-      g.q_at = static_cast<int64_t>(meta.size());
-      for (int64_t r : members) meta.push_back(q[static_cast<size_t>(r)]);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& gr = groups[i];
+    const bool all = i == 0 && every != groups.end();
+    StagedGroup sg{gr.dtype, -1, -1, all ? rows : static_cast<int64_t>(gr.rows.size())};
+    if (!all) {
+      sg.rows_at = static_cast<int64_t>(meta.size());
+      meta.insert(meta.end(), gr.rows.begin(), gr.rows.end());
+      sg.q_at = static_cast<int64_t>(meta.size());
+      meta.insert(meta.end(), gr.q.begin(), gr.q.end());
     }
-    staged.push_back(g);
+    staged.push_back(sg);
   }
   try {
     at::Tensor host = at::empty({static_cast<int64_t>(meta.size())},
@@ -90,7 +116,8 @@ void staged_signatures(Batch& b, at::Tensor& x) {
     std::copy(meta.begin(), meta.end(), host.mutable_data_ptr<int64_t>());
     const at::Tensor on_device = host.to(b.device, /*non_blocking=*/true);
     b.keep.push_back(host);  // read by the copy until the batch's event
-    b.stage_sig = staged_signature_rows(x, on_device, staged, b.sig_k, stage_max_elements(true));
+    b.stage_sig = staged_fingerprints(x, on_device, staged, b.sig_k, stage_max_elements(true));
+    b.stage_q = on_device.narrow(0, 0, rows);
   } catch (const std::exception&) {
     b.stage_sig.reset();
   }
@@ -99,7 +126,9 @@ void staged_signatures(Batch& b, at::Tensor& x) {
 }
 
 // The statistics rows of batch `b` on the device, as flat blocks: the rows
-// of the pieces, then those of the staging buffer.
+// of the pieces, then those of the staging buffer; and the sketches of the
+// staged rows, into b.stage_sketch, once row_stats has made their
+// non-finite values NaN.
 std::vector<at::Tensor> stats_blocks(Batch& b) {
   std::vector<at::Tensor> blocks;
   b.piece_rows = static_cast<int64_t>(b.rows.size());
@@ -108,7 +137,21 @@ std::vector<at::Tensor> stats_blocks(Batch& b) {
   if (b.filled > 0) {
     at::Tensor x = b.stage.narrow(0, 0, b.filled).view({b.filled / kRowWidth, kRowWidth});
     if (b.sig_k > 0) staged_signatures(b, x);
-    blocks.push_back(row_stats(x));
+    RowsHook sketch;
+    if (b.stage_sig.defined())
+      sketch = [&b](const at::Tensor& nan_made, const at::Tensor& starts) {
+        try {
+          b.stage_sketch = staged_sketch(nan_made, b.stage_q, starts, b.sig_k, stage_max_elements(true));
+        } catch (const std::exception&) {
+          b.stage_sketch.reset();
+        }
+      };
+    blocks.push_back(row_stats(x, sketch));
+    b.stage_q.reset();
+    if (!b.stage_sketch.defined()) {
+      b.stage_sig.reset();
+      for (auto& p : b.parts) p.sig_staged = false;
+    }
     x.reset();
     b.stage.reset();  // back to the allocator, in stream order
   }
@@ -127,12 +170,16 @@ void copy_to_host(Batch& b, std::vector<at::Tensor> blocks) {
     b.kernel_values += blocks.back().numel();
   }
   b.sig_rows.clear();
-  if (b.stage_sig.defined()) {
+  if (b.stage_sig.defined() && b.stage_sketch.defined()) {
     b.stage_sig_at = b.kernel_values;
     blocks.push_back(b.stage_sig.reshape({-1}));
     b.kernel_values += blocks.back().numel();
-    b.stage_sig.reset();
+    b.stage_sketch_at = b.kernel_values;
+    blocks.push_back(b.stage_sketch.reshape({-1}));
+    b.kernel_values += blocks.back().numel();
   }
+  b.stage_sig.reset();
+  b.stage_sketch.reset();
   for (const auto& block : b.kernel_blocks) blocks.push_back(block.reshape({-1}));
   b.kernel_blocks.clear();
   b.device_rows = blocks.size() == 1 ? blocks[0] : at::cat(blocks);

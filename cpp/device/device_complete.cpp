@@ -109,20 +109,24 @@ void complete_batch(Batch& b) {
         acc.merge(piece_acc(v + (part.first + static_cast<int64_t>(i)) * kFields, part.piece_numel[i]));
     }
     if (part.sig_staged && b.stage_sig_at >= 0) {
-      // Its rows of staged_signature_rows, less what its padding added.
+      // Its rows of staged_fingerprints (an int64 tensor's: those of its
+      // words) less what their padding added, and of staged_sketch.
       const int k = b.sig_k;
-      const int64_t width = 1 + 2 * k;
       const int64_t n = part.piece_numel.empty() ? 0 : part.piece_numel[0];
-      const double* row = v + b.stage_sig_at + part.stage_row * width;
+      const bool words = part.word_row >= 0;
+      const int64_t fn = words ? 2 * n : n;
+      const double* frow = v + b.stage_sig_at + (words ? part.word_row : part.stage_row);
+      const double* yrow = v + b.stage_sketch_at + part.stage_row * k;
       uint64_t f = 0;
       double head[kSignatureHead + sig::kMaxSketch] = {};
-      for (int64_t done = 0; done < n; done += kRowWidth, row += width) {
+      for (int64_t done = 0; done < fn; done += kRowWidth, ++frow) {
         uint64_t sum;
-        std::memcpy(&sum, row, sizeof sum);
+        std::memcpy(&sum, frow, sizeof sum);
         f += sum;
-        for (int j = 0; j < k; ++j) head[kSignatureHead + j] += row[1 + j] - row[1 + k + j];
       }
-      f -= staged_padding_fingerprint(part.sig_dtype, n);
+      for (int64_t done = 0; done < n; done += kRowWidth, yrow += k)
+        for (int j = 0; j < k; ++j) head[kSignatureHead + j] += yrow[j];
+      f -= staged_padding_fingerprint(part.sig_dtype, n);  // 0 for integers
       head[0] = static_cast<double>(f & 0xffffffffu);
       head[2] = static_cast<double>(f >> 32);
       sig::Signature s;

@@ -79,9 +79,11 @@ void signatures(Batch& b, const std::vector<size_t>& members, const at::Tensor& 
 
 // The held tensors of `idx` copied (and converted) into the staging buffer,
 // each from the start of a row with NaN padding to the row's end: one
-// concatenation for them all. Fingerprints and sketches of int64 tensors
-// (which float64 does not hold exactly) are made from one concatenation per
-// dtype in their own dtype, which then goes into the buffer.
+// concatenation for them all. An int64 tensor (which float64 does not hold
+// exactly) adds its words as int32 values for its fingerprint. Fingerprints
+// and sketches of the other dtypes float64 does not hold (unsigned 32- and
+// 64-bit) are made from one concatenation per dtype in their own dtype,
+// which then goes into the buffer.
 void read_by_staging(Batch& b, const std::vector<size_t>& idx) {
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(b.device);
   if (!b.stage.defined()) b.stage = at::empty({stage_elements(b.sig_k > 0)}, opts);
@@ -107,19 +109,31 @@ void read_by_staging(Batch& b, const std::vector<size_t>& idx) {
     b.filled += padded;
   };
   // Fingerprints and sketches come from the rows at the close where
-  // float64 holds the values exactly; the others' (int64) from their
-  // concatenation now.
+  // float64 holds the values exactly, or their words (int64); the others'
+  // from their concatenation now.
   std::vector<size_t> now;
   for (size_t i : idx) {
     Batch::Part& p = b.parts[i];
     const auto dt = p.held.scalar_type();
-    if (p.held_signature && !staged_signature_dtype(dt)) {
+    const bool words = p.held_signature && stages_words(dt);
+    if (p.held_signature && !staged_signature_dtype(dt) && !words) {
       now.push_back(i);
       continue;
     }
     p.sig_staged = p.held_signature;
     p.sig_dtype = dt;
-    place(i, flat(i));
+    const at::Tensor run = flat(i);
+    place(i, run);
+    if (words) {
+      // Its fingerprint's words (low, then high) as int32 values, which
+      // float64 holds exactly, in rows of their own after its values.
+      const at::Tensor w = run.view(at::kInt);
+      const int64_t n = w.numel(), padded = row_padded(n);
+      list.push_back(w);
+      if (padded > n) list.push_back(row_padding(opts, padded - n));
+      p.word_row = b.filled / kRowWidth;
+      b.filled += padded;
+    }
   }
   if (!now.empty()) {
     std::vector<std::pair<at::ScalarType, std::vector<size_t>>> groups;

@@ -154,7 +154,7 @@ const RowTables& row_tables(const at::TensorOptions& opts, int64_t rows) {
 //   mean (a one-byte mask), which leaves the extremes, the mean and the
 //   spread of the finite values as they are, so one aminmax and, over the
 //   deviations from that mean, one var_mean serve every row.
-at::Tensor row_stats(at::Tensor& x) {
+at::Tensor row_stats(at::Tensor& x, const RowsHook& nan_made) {
   const int64_t rows = x.size(0);
   const auto nan = std::numeric_limits<double>::quiet_NaN();
   const RowTables& tab = row_tables(x.options(), rows);
@@ -165,6 +165,7 @@ at::Tensor row_stats(at::Tensor& x) {
                                                          false, /*mode=sum*/ 0));
   }
   x.nan_to_num_(nan, nan, nan);
+  if (nan_made) nan_made(x, tab.starts);
   const at::Tensor sum = at::nansum(x, 1);
   // NaN in a row with nothing finite: its extremes and spread are NaN.
   const at::Tensor mean = at::div(sum, counts.select(1, 0)).unsqueeze(1);

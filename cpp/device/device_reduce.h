@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -67,8 +68,11 @@ at::Tensor piece_row(const at::Tensor& piece, at::ScalarType acc);
 // staged tensor to whole rows.
 at::Tensor row_padding(const at::TensorOptions& opts, int64_t n);
 // The rows of the staging buffer `x` ([rows, kRowWidth], padded with NaN),
-// launched on the current stream; `x` is overwritten.
-at::Tensor row_stats(at::Tensor& x);
+// launched on the current stream; `x` is overwritten. `nan_made`, when
+// given, is called once its non-finite values are NaN and the others as
+// they were, with `x` and the int32 start of each row (the sketch's moment).
+using RowsHook = std::function<void(const at::Tensor& x, const at::Tensor& starts)>;
+at::Tensor row_stats(at::Tensor& x, const RowsHook& nan_made = nullptr);
 // The statistics of the first `valid` elements of a row of row_stats.
 Acc row_acc(const double* v, int64_t valid);
 // The statistics of one piece of `n` elements from its row `v`.

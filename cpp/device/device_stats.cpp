@@ -10,7 +10,7 @@
 //   one concatenation into the batch's float64 staging buffer, laid out in
 //   rows, then one reduction per statistic over all rows (row_stats), and
 //   with the sketch its fingerprints and sketches from the same rows
-//   (staged_signature_rows). A complex one, or any under
+//   (staged_fingerprints, staged_sketch). A complex one, or any under
 //   OPDUMP_DEVICE_HOLD=0, is copied into the buffer at once. A larger tensor is reduced at once, piece by piece, about
 //   fifteen launches a piece (piece_row). On a backend with a kernel for
 //   opdump::fused_stats_batch, the held tensors of a batch are one launch of
@@ -77,13 +77,14 @@ enum class Way : uint8_t {
   Now,     // reduced at once: in pieces, or by the backend's kernel
 };
 
-bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes, bool sketch) {
+// `need`: the elements it takes in the staging buffer.
+bool is_full(const Batch& b, Way way, int64_t need, int64_t nbytes, bool sketch) {
   if (b.parts.size() >= kBatchResults) return true;
   switch (way) {
     case Way::Stage:
-      return b.staged + row_padded(numel) > stage_elements(sketch);
+      return b.staged + need > stage_elements(sketch);
     case Way::Hold:
-      return b.staged + row_padded(numel) > stage_elements(sketch) ||
+      return b.staged + need > stage_elements(sketch) ||
              b.held_bytes + nbytes > stage_held_bytes(sketch);
     case Way::Kernel:
       return b.held_bytes + nbytes > kHoldBytes;
@@ -93,16 +94,16 @@ bool is_full(const Batch& b, Way way, int64_t numel, int64_t nbytes, bool sketch
   return false;
 }
 
-// The open batch of (device, stream) with room for a measurement of `numel`
-// elements: a full one is closed (waiting for room in flight under the queue
+// The open batch of (device, stream) with room for a measurement of `need`
+// elements of the staging buffer: a full one is closed (waiting for room in flight under the queue
 // rules), a missing one opened. nullptr when no room was made. g.mutex held.
 Batch* batch_with_room(std::unique_lock<std::mutex>& lock, c10::Device device, c10::Stream stream, Way way,
-                       int64_t numel, int64_t nbytes, bool sketch) {
+                       int64_t need, int64_t nbytes, bool sketch) {
   auto it = find_open(device, stream);
-  if (it != g.open.end() && is_full(**it, way, numel, nbytes, sketch)) {
+  if (it != g.open.end() && is_full(**it, way, need, nbytes, sketch)) {
     if (!make_room(lock, std::chrono::steady_clock::now() + settings().wait)) return nullptr;
     it = find_open(device, stream);  // the wait let other threads in
-    if (it != g.open.end() && is_full(**it, way, numel, nbytes, sketch)) close(it);
+    if (it != g.open.end() && is_full(**it, way, need, nbytes, sketch)) close(it);
     it = find_open(device, stream);
   }
   if (it == g.open.end()) {
@@ -166,7 +167,7 @@ void hold(const at::Tensor& t, Way way, Batch& b, Batch::Part& part) {
   watch_memory(part);
   ++b.held;
   g.held.fetch_add(1, std::memory_order_relaxed);
-  if (way == Way::Hold) b.staged += row_padded(t.numel());
+  if (way == Way::Hold) b.staged += held_stage_elements(t.scalar_type(), t.numel(), b.sig_k > 0);
   b.held_bytes += static_cast<int64_t>(t.nbytes());
 }
 
@@ -286,7 +287,9 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
       return DeviceLaunch::Queued;
     }
   }
-  Batch* batch = batch_with_room(lock, device, stream, way, t.numel(), nbytes, k > 0);
+  const int64_t need =
+      way == Way::Hold ? held_stage_elements(t.scalar_type(), t.numel(), k > 0) : row_padded(t.numel());
+  Batch* batch = batch_with_room(lock, device, stream, way, need, nbytes, k > 0);
   if (batch == nullptr) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return DeviceLaunch::Dropped;

@@ -54,14 +54,17 @@ at::Tensor signature_rows(const at::Tensor& flat, const at::Tensor& lengths_on_d
                           int64_t most);
 // The fingerprints and sketches of the rows of a staging buffer `x`
 // ([rows, kStagedRowWidth] float64, each tensor from the start of a row,
-// NaN after its end; its NaNs are made canonical), from the values
-// themselves for tensors whose dtype float64 holds exactly
-// (staged_signature_dtype), at most `elems` elements each: [rows, 1 + 2k],
-// per row the row's fingerprint sum (mod 2^64) as the bits of an int64,
-// then the row's sketch before its Hadamard transform as
-// y_b = acc_b - acc_{k+b}. `meta` (int64, on the device): each
-// row's index in its tensor, then for each group that is not every row its
-// rows and their indexes (StagedGroup).
+// NaN after its end), from the values themselves for tensors whose dtype
+// float64 holds exactly (staged_signature_dtype), at most `elems` elements
+// each, and for int64 tensors from rows of their words as int32 values.
+// staged_fingerprints gives [rows] float64, per row the row's fingerprint
+// sum (mod 2^64) as the bits of an int64 (it may make the NaNs of `x`
+// canonical). `meta` (int64, on the device): each row's index in its tensor (or
+// in its words), then for each group that is not every row its rows and
+// their indexes (StagedGroup); the group of every row, if any, first.
+// staged_sketch, once the non-finite values of `x` are NaN, gives [rows, k]:
+// each row's sketch before its Hadamard transform; `q` is the rows' indexes
+// in their tensors, `starts` (int32) the first element of each row.
 constexpr int64_t kStagedRowWidth = 1024;
 struct StagedGroup {
   at::ScalarType dtype;
@@ -70,8 +73,9 @@ struct StagedGroup {
   int64_t count = 0;     // its rows
 };
 bool staged_signature_dtype(at::ScalarType t);
-at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
-                                 int64_t elems);
+at::Tensor staged_fingerprints(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
+                               int64_t elems);
+at::Tensor staged_sketch(const at::Tensor& x, const at::Tensor& q, const at::Tensor& starts, int k, int64_t elems);
 // What the NaN padding of a tensor of `n` elements of `dtype` adds to the
 // fingerprint sum of its rows.
 uint64_t staged_padding_fingerprint(at::ScalarType dtype, int64_t n);

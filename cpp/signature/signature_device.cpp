@@ -10,6 +10,7 @@
 // The hashes run in int64 on values below 2^32. A 32-bit product is formed
 // from two 16-bit halves so that no int64 product overflows.
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
@@ -249,10 +250,13 @@ namespace {
 // at exit). The key of word w is (B[w / 64] XOR L[w mod 64]) OR 1, which is
 // (B & ~1) XOR (L | 1): blocks [2 * elems / 64] and lanes [64], int64
 // below 2^32. An element's sketch bucket b and sign s as one index
-// b + k * (s is -1), uint8 [elems]. `low32` and `low16`: one-element masks
-// whose int64 type widens the int32 or int16 words they are applied to.
+// b + k * (s is -1), int32 [elems], into `signs` ([2k + 1, k] float64: the
+// rows +e_b, then -e_b, then the zero row of the padding index 2k that
+// non-finite values take), and `pad` (int32 [1]: 2k). `low32` and `low16`:
+// one-element masks whose int64 type widens the int32 or int16 words they
+// are applied to.
 struct StagedTables {
-  at::Tensor blocks, lanes, buckets, low32, low16;
+  at::Tensor blocks, lanes, buckets, signs, pad, low32, low16;
 };
 const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t elems) {
   static std::mutex mu;
@@ -267,16 +271,24 @@ const StagedTables& staged_tables(const at::TensorOptions& opts, int k, int64_t 
     at::Tensor lanes = at::empty({sig::kBlockWords}, at::TensorOptions().dtype(at::kLong));
     int64_t* lv = lanes.mutable_data_ptr<int64_t>();
     for (int j = 0; j < sig::kBlockWords; ++j) lv[j] = sig::kLaneKeys.k[j] | 1u;
-    at::Tensor buckets = at::empty({elems}, at::TensorOptions().dtype(at::kByte));
-    uint8_t* uv = buckets.mutable_data_ptr<uint8_t>();
+    at::Tensor buckets = at::empty({elems}, at::TensorOptions().dtype(at::kInt));
+    int32_t* uv = buckets.mutable_data_ptr<int32_t>();
     for (int64_t e = 0; e < elems; ++e) {
       const SketchPlace p = sketch_place(e, k);
-      uv[e] = static_cast<uint8_t>(p.bucket + static_cast<uint32_t>(k) * p.negative);
+      uv[e] = static_cast<int32_t>(p.bucket + static_cast<uint32_t>(k) * p.negative);
+    }
+    at::Tensor signs = at::zeros({2 * k + 1, k}, at::TensorOptions().dtype(at::kDouble));
+    double* sv = signs.mutable_data_ptr<double>();
+    for (int b = 0; b < k; ++b) {
+      sv[b * k + b] = 1.0;
+      sv[(k + b) * k + b] = -1.0;
     }
     const at::Tensor masks = at::tensor(std::vector<int64_t>{kLow32, 0xffff}, at::TensorOptions().dtype(at::kLong));
     t.blocks = blocks.to(opts.device());
     t.lanes = lanes.to(opts.device());
     t.buckets = buckets.to(opts.device());
+    t.signs = signs.to(opts.device());
+    t.pad = at::tensor(std::vector<int32_t>{2 * k}, at::TensorOptions().dtype(at::kInt)).to(opts.device());
     const at::Tensor m = masks.to(opts.device());
     t.low32 = m.narrow(0, 0, 1);
     t.low16 = m.narrow(0, 1, 1);
@@ -334,26 +346,30 @@ bool staged_signature_dtype(at::ScalarType t) {
   }
 }
 
-at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
-                                 int64_t elems) {
+at::Tensor staged_fingerprints(at::Tensor& x, const at::Tensor& meta, const std::vector<StagedGroup>& groups, int k,
+                               int64_t elems) {
   const int64_t rows = x.size(0), width = x.size(1);
   const auto longs = x.options().dtype(at::kLong);
   const StagedTables& tab = staged_tables(longs, k, elems);
   const at::Tensor q = meta.narrow(0, 0, rows);
-  // One NaN for every NaN, as the fingerprint's words take it; the padding
-  // and the statistics are unchanged by it.
+  // One NaN for every NaN, as the fingerprint's words of float64 values
+  // take it (the padding and the statistics are unchanged by it); the other
+  // dtypes' words make theirs canonical after their conversion.
   const double inf = std::numeric_limits<double>::infinity();
-  x.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), inf, -inf);
+  if (std::any_of(groups.begin(), groups.end(), [](const StagedGroup& g) { return g.dtype == at::kDouble; }))
+    x.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), inf, -inf);
   // The fingerprint sums (rows of no group: left as they are, unread), in
   // int64 arithmetic, which wraps modulo 2^64 as the fingerprint does:
-  // word times key, each below 2^32, summed per row. In chunks of at most
-  // 2^21 words (2^20 when the group's rows are gathered first), whose words
-  // and keys take 16 bytes a word (20 while a float32 copy converts).
+  // word times key, each below 2^32, summed per row. The group over every
+  // row comes first; the others' rows are gathered and overwrite theirs.
+  // Words and keys take 16 bytes a word (24 when the rows are gathered
+  // first): chunks of 1,792 rows of float32 words (28 MiB) or 2^20 words
+  // (24 MiB) beside a full buffer of 28 MiB.
   at::Tensor f = at::empty({rows}, longs);
   for (const auto& g : groups) {
     const bool all = g.rows_at < 0;
     const int64_t per = g.dtype == at::kDouble ? 2 : 1;
-    const int64_t chunk_words = all ? int64_t{1} << 21 : int64_t{1} << 20;
+    const int64_t chunk_words = all ? int64_t{7} << 18 : int64_t{1} << 20;
     const int64_t most = std::max<int64_t>(1, chunk_words / (width * per));
     for (int64_t r0 = 0; r0 < g.count; r0 += most) {
       const int64_t c = std::min(most, g.count - r0);
@@ -372,13 +388,25 @@ at::Tensor staged_signature_rows(at::Tensor& x, const at::Tensor& meta, const st
       }
     }
   }
-  // Sketch: element e of its tensor adds its value (NaN and infinities as 0)
-  // to its row's bucket b, or to b + k when its sign flips.
-  const at::Tensor z = at::nan_to_num(x, 0.0, 0.0, 0.0);
-  const at::Tensor base = iota(longs, rows, rows).mul(2 * k).unsqueeze(1);
-  const at::Tensor at_bucket = at::add(tab.buckets.view({-1, width}).index_select(0, q), base);
-  const at::Tensor y = at::zeros({rows * 2 * k}, x.options()).index_add_(0, at_bucket.view({-1}), z.view({-1}));
-  return at::cat({f.view(at::kDouble).unsqueeze(1), y.view({rows, 2 * k})}, 1);
+  return f.view(at::kDouble);
+}
+
+at::Tensor staged_sketch(const at::Tensor& x, const at::Tensor& q, const at::Tensor& starts, int k, int64_t elems) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  const StagedTables& tab = staged_tables(x.options().dtype(at::kLong), k, elems);
+  // Element e of its tensor adds its value to its row's bucket b, negated
+  // when its sign flips: one embedding_bag over the rows, with the values
+  // as the per-sample weights of the rows of `signs` that its index picks
+  // (b, or b + k when negated). A non-finite value (NaN by now) counts as
+  // 0: its index is the padding index, which embedding_bag skips (NaN times
+  // a zero row would be NaN). Alive beside `x`: the indexes and
+  // embedding_bag's own index of bags, 8 bytes an element (9 while the mask
+  // lives; row_stats makes its own again after, rather than keep it: 3.5 MiB
+  // more at the peak for one launch less).
+  at::Tensor pick = tab.buckets.view({-1, width}).index_select(0, q);
+  at::where_out(pick, at::isnan(x), tab.pad, pick);
+  return std::get<0>(at::_embedding_bag_forward_only(tab.signs, pick.view({-1}), starts.narrow(0, 0, rows), false,
+                                                     /*mode=sum*/ 0, false, x.view({-1}), false, 2 * k));
 }
 
 uint64_t staged_padding_fingerprint(at::ScalarType dtype, int64_t n) {
