@@ -200,6 +200,16 @@ def test_values_vector_kernel_blocks(run, tmp_path):
         x = torch.randn(5000, generator=g, dtype=torch.float64).to(dt)
         x[1500] = float("nan"); x[1600] = float("inf"); x[4999] = -float("inf"); x[10:20] = 0
         tensors[f"{name}-nonfinite"] = x
+        # The kernels count NaN and infinities in their vectors: before a
+        # block's first finite value (its pivot), a block of them alone, in
+        # the last vectors and the scalar tail (an attention mask's -inf).
+        z = torch.randn(2100, generator=g, dtype=torch.float64) * 2 + 5
+        z[:3] = float("nan")
+        z[3] = -float("inf")
+        z[1024:2048] = -float("inf")
+        z[2050:2060:3] = float("nan")
+        z[2090:] = float("inf")
+        tensors[f"{name}-masked"] = z.to(dt)
         tensors[f"{name}-offset"] = (torch.rand(4096, generator=g, dtype=torch.float64) + 1000).to(dt)
         y = torch.rand(4100, generator=g, dtype=torch.float64) + 1000
         y[::1024] = -60000.0

@@ -151,7 +151,8 @@ void add_block(const T* p, int64_t m, Acc& acc) {
 }
 
 // The vector kernel for the floating-point types where the CPU has one;
-// false when it has none or the block holds NaN or infinities.
+// false when it has none, or for a float64 block that holds NaN or
+// infinities.
 template <typename T>
 bool fast_block(const T* p, int64_t m, Acc& acc) {
 #if STATS_HAVE_AVX2

@@ -43,9 +43,10 @@ struct Acc {
 };
 
 // Vector kernels (stats_avx2.cpp), for machines with AVX2, FMA and F16C.
-// Each adds one block of `m` values to `acc` and returns true when every
-// value is finite; when any is NaN or infinite it adds nothing and returns
-// false, and the caller takes the portable path for that block.
+// Each adds one block of `m` values to `acc` and returns true. The float32,
+// bfloat16 and float16 kernels count NaN and infinities themselves; the
+// float64 one, whose sums may overflow, adds nothing to a block that holds
+// any and returns false, and the caller takes the portable path for it.
 namespace avx2 {
 bool usable();
 bool add_block(const float* p, int64_t m, Acc& acc);

@@ -153,6 +153,80 @@ bool block8(int64_t m, Load load, Scalar scalar, Acc& acc, Each each = {}) {
   return true;
 }
 
+// block8's statistics for a block that holds NaN or infinities (a masked
+// attention score, a padded row): counted here, in the same vectors, rather
+// than converted value by value on the portable path. Every value is read
+// once more, as the finite ones are by block8. The pivot is the block's
+// first finite value; each NaN or infinity takes its place in the sums
+// (a deviation of zero) and is left out of the extremes.
+template <typename Load, typename Scalar>
+void block8_masked(int64_t m, Load load, Scalar scalar, Acc& acc) {
+  int64_t first = 0;
+  while (first < m && !std::isfinite(scalar(first))) ++first;
+  int64_t nan = 0, posinf = 0, neginf = 0;
+  for (int64_t k = 0; k < first; ++k) {
+    const float v = scalar(k);
+    nan += std::isnan(v);
+    posinf += v > 0;
+    neginf += v < 0;
+  }
+  if (first < m) {
+    const float pivot = scalar(first);
+    const __m256 zero_ps = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY), minus_inf = _mm256_set1_ps(-INFINITY);
+    const __m256 pf = _mm256_set1_ps(pivot);
+    const __m256d pv = _mm256_set1_pd(pivot);
+    __m256 mn = inf, mx = minus_inf;
+    __m256i z = _mm256_setzero_si256(), cn = z, cp = z, cm = z;
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    int64_t i = first;
+    for (; i + 8 <= m; i += 8) {
+      const __m256 a = load(i);
+      // x - x is 0 for a finite x, NaN for NaN and the infinities.
+      const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(a, a), zero_ps, _CMP_EQ_OQ);
+      cn = _mm256_sub_epi32(cn, _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)));
+      cp = _mm256_sub_epi32(cp, _mm256_castps_si256(_mm256_cmp_ps(a, inf, _CMP_EQ_OQ)));
+      cm = _mm256_sub_epi32(cm, _mm256_castps_si256(_mm256_cmp_ps(a, minus_inf, _CMP_EQ_OQ)));
+      z = _mm256_sub_epi32(z, _mm256_castps_si256(_mm256_cmp_ps(a, zero_ps, _CMP_EQ_OQ)));
+      mn = _mm256_min_ps(_mm256_blendv_ps(inf, a, finite), mn);
+      mx = _mm256_max_ps(_mm256_blendv_ps(minus_inf, a, finite), mx);
+      const __m256 f = _mm256_blendv_ps(pf, a, finite);
+      const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), pv);
+      const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)), pv);
+      s0 = _mm256_add_pd(s0, d0);
+      s1 = _mm256_add_pd(s1, d1);
+      q0 = _mm256_fmadd_pd(d0, d0, q0);
+      q1 = _mm256_fmadd_pd(d1, d1, q1);
+    }
+    double dmn, dmx;
+    extremes(mn, mx, dmn, dmx);
+    int64_t zero = hsum_epi32(z);
+    nan += hsum_epi32(cn);
+    posinf += hsum_epi32(cp);
+    neginf += hsum_epi32(cm);
+    double sd = hsum(_mm256_add_pd(s0, s1));
+    double sq = hsum(_mm256_add_pd(q0, q1));
+    for (int64_t k = i; k < m; ++k) {
+      const float v = scalar(k);
+      if (!std::isfinite(v)) {
+        nan += std::isnan(v);
+        posinf += v == INFINITY;
+        neginf += v == -INFINITY;
+        continue;
+      }
+      dmn = v < dmn ? v : dmn;
+      dmx = v > dmx ? v : dmx;
+      zero += v == 0.0f;
+      const double d = static_cast<double>(v) - pivot;
+      sd += d;
+      sq += d * d;
+    }
+    finish(m - nan - posinf - neginf, zero, dmn, dmx, pivot, sd, sq, acc);
+  }
+  acc.nan += nan;
+  acc.posinf += posinf;
+  acc.neginf += neginf;
+}
+
 float bf16_to_float(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
@@ -169,8 +243,10 @@ bool usable() {
 }
 
 bool add_block(const float* p, int64_t m, Acc& acc) {
-  return block8(
-      m, [p](int64_t i) { return _mm256_loadu_ps(p + i); }, [p](int64_t i) { return p[i]; }, acc);
+  const auto load = [p](int64_t i) { return _mm256_loadu_ps(p + i); };
+  const auto scalar = [p](int64_t i) { return p[i]; };
+  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
+  return true;
 }
 
 bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::Signature& sig,
@@ -185,19 +261,22 @@ bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::
 }
 
 bool add_block_bf16(const uint16_t* p, int64_t m, Acc& acc) {
-  return block8(
-      m,
-      [p](int64_t i) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-      },
-      [p](int64_t i) { return bf16_to_float(p[i]); }, acc);
+  const auto load = [p](int64_t i) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  };
+  const auto scalar = [p](int64_t i) { return bf16_to_float(p[i]); };
+  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
+  return true;
 }
 
 bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc) {
-  return block8(
-      m, [p](int64_t i) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))); },
-      [p](int64_t i) { return _cvtsh_ss(p[i]); }, acc);
+  const auto load = [p](int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+  };
+  const auto scalar = [p](int64_t i) { return _cvtsh_ss(p[i]); };
+  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
+  return true;
 }
 
 // float64: four lanes per vector, extremes and sums in float64.
