@@ -11,7 +11,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -31,6 +30,7 @@
 
 #include "opdump/cpp/check/check.h"
 #include "opdump/cpp/common/common.h"
+#include "opdump/cpp/common/pointer_table.h"
 #include "opdump/cpp/hook/hook.h"
 #include "opdump/cpp/hook/parts.h"
 #include "opdump/cpp/rows/rows.h"
@@ -195,7 +195,7 @@ const OpFacts& op_facts(const c10::OperatorHandle& op) {
   // deregistered and another registered at the same address is told apart
   // by its name, overload and argument count. Everything here is the same
   // for every call of the op, so its calls pay no string work.
-  thread_local std::unordered_map<const void*, OpFacts> cache;
+  thread_local PointerTable<OpFacts> cache;
   const auto& name = op.operator_name();
   const auto& schema = op.schema();
   OpFacts& f = cache[&name];
