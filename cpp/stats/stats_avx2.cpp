@@ -227,6 +227,14 @@ void block8_masked(int64_t m, Load load, Scalar scalar, Acc& acc) {
   acc.neginf += neginf;
 }
 
+// Any block: block8's one pass, and block8_masked's when that pass finds a
+// NaN or an infinity.
+template <typename Load, typename Scalar>
+bool block8_counted(int64_t m, Load load, Scalar scalar, Acc& acc) {
+  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
+  return true;
+}
+
 float bf16_to_float(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
@@ -245,8 +253,7 @@ bool usable() {
 bool add_block(const float* p, int64_t m, Acc& acc) {
   const auto load = [p](int64_t i) { return _mm256_loadu_ps(p + i); };
   const auto scalar = [p](int64_t i) { return p[i]; };
-  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
-  return true;
+  return block8_counted(m, load, scalar, acc);
 }
 
 bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::Signature& sig,
@@ -266,8 +273,7 @@ bool add_block_bf16(const uint16_t* p, int64_t m, Acc& acc) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   };
   const auto scalar = [p](int64_t i) { return bf16_to_float(p[i]); };
-  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
-  return true;
+  return block8_counted(m, load, scalar, acc);
 }
 
 bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc) {
@@ -275,8 +281,7 @@ bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
   };
   const auto scalar = [p](int64_t i) { return _cvtsh_ss(p[i]); };
-  if (!block8(m, load, scalar, acc)) block8_masked(m, load, scalar, acc);
-  return true;
+  return block8_counted(m, load, scalar, acc);
 }
 
 // float64: four lanes per vector, extremes and sums in float64.
