@@ -32,9 +32,9 @@ fn main() {
         // -isystem keeps torch's own warnings out of our build log.
         build.flag(format!("-isystem{}", dir.display()));
     }
-    // The vector statistics kernel: x86-64 only, compiled with AVX2, FMA and
-    // F16C on their own (the rest of the library keeps the baseline ISA) and
-    // called only where the CPU reports them at run time.
+    // The vector statistics kernels: x86-64 only, compiled with AVX2, FMA and
+    // F16C, or AVX-512, on their own (the rest of the library keeps the
+    // baseline ISA) and called only where the CPU reports them at run time.
     let avx2 = std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64");
     build.define("STATS_HAVE_AVX2", if avx2 { "1" } else { "0" });
     build.compile("opdump_cpp");
@@ -51,6 +51,19 @@ fn main() {
             .extra_warnings(true)
             .warnings_into_errors(true)
             .compile("opdump_stats_avx2");
+        cc::Build::new()
+            .cpp(true)
+            .files(&sources.avx512)
+            .flag("-std=c++17")
+            .flag("-mavx512f")
+            .flag("-mavx512vl")
+            .flag("-mavx512dq")
+            .flag("-mfma")
+            .flag_if_supported("-fvisibility=hidden")
+            .warnings(true)
+            .extra_warnings(true)
+            .warnings_into_errors(true)
+            .compile("opdump_stats_avx512");
     }
 
     let lib = torch.lib_dir.display();
@@ -67,18 +80,20 @@ fn main() {
 }
 
 /// The C++ sources: every `*.cpp` in the folders of cpp/ (a folder per
-/// concern, see the layout in README.md), those named `*_avx2.cpp` apart,
-/// since they build with their own ISA flags. Sorted, so the build does not
-/// depend on the order the file system lists them in.
+/// concern, see the layout in README.md), those named `*_avx2.cpp` and
+/// `*_avx512.cpp` apart, since they build with their own ISA flags. Sorted,
+/// so the build does not depend on the order the file system lists them in.
 struct Sources {
     baseline: Vec<std::path::PathBuf>,
     avx2: Vec<std::path::PathBuf>,
+    avx512: Vec<std::path::PathBuf>,
 }
 
 fn cpp_sources() -> Sources {
     let mut sources = Sources {
         baseline: Vec::new(),
         avx2: Vec::new(),
+        avx512: Vec::new(),
     };
     let folders = std::fs::read_dir("cpp").expect("cpp/ is readable");
     for folder in folders.map(|e| e.expect("cpp/ is readable").path()) {
@@ -90,6 +105,8 @@ fn cpp_sources() -> Sources {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.ends_with("_avx2.cpp") {
                 sources.avx2.push(path);
+            } else if name.ends_with("_avx512.cpp") {
+                sources.avx512.push(path);
             } else if name.ends_with(".cpp") {
                 sources.baseline.push(path);
             }
@@ -97,5 +114,6 @@ fn cpp_sources() -> Sources {
     }
     sources.baseline.sort();
     sources.avx2.sort();
+    sources.avx512.sort();
     sources
 }

@@ -185,11 +185,12 @@ def test_values_nan_inf_empty_int_bool(run, tmp_path):
 
 
 def test_values_vector_kernel_blocks(run, tmp_path):
-    """Float tensors long enough for the vector kernel (blocks of 1024,
-    vectors of 16 and 8, scalar tails), with NaN and infinities in some
-    blocks only, a large mean against the spread, an outlier as the first
-    value of every block (the kernel's pivot), and a tensor large enough to
-    be split into chunks measured in parallel."""
+    """Float tensors long enough for the vector kernels (blocks of 1024,
+    vectors of 32, 16 and 8, scalar tails), with NaN and infinities in some
+    blocks only, a large mean against the spread (on either side of the
+    AVX-512 kernel's limit), an outlier as the first value of every block
+    (the AVX2 kernel's pivot), and a tensor large enough to be split into
+    chunks measured in parallel."""
     for name, row, ten in alias_rows(run, tmp_path, """
     g = torch.Generator().manual_seed(3)
     tensors = {}
@@ -211,6 +212,12 @@ def test_values_vector_kernel_blocks(run, tmp_path):
         z[2090:] = float("inf")
         tensors[f"{name}-masked"] = z.to(dt)
         tensors[f"{name}-offset"] = (torch.rand(4096, generator=g, dtype=torch.float64) + 1000).to(dt)
+        # The AVX-512 kernel takes float32 blocks whose mean is at most about
+        # 32 times their spread, and leaves the others to the AVX2 kernel.
+        for mean in (31, 33):
+            w = torch.randn(2048, generator=g, dtype=torch.float64) + mean
+            w[5:9] = 0
+            tensors[f"{name}-mean{mean}"] = w.to(dt)
         y = torch.rand(4100, generator=g, dtype=torch.float64) + 1000
         y[::1024] = -60000.0
         tensors[f"{name}-pivots"] = y.to(dt)

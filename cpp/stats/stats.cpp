@@ -1,7 +1,7 @@
 // Statistics of one tensor, computed on the tensor's own device.
 //
-// - CPU: L1-sized blocks, accumulating in float64, with the AVX2 kernel
-//   where the CPU has it (one pass: extremes, counts, and the sums of the
+// - CPU: L1-sized blocks, accumulating in float64, with the AVX-512 kernel
+//   for float32 and the AVX2 kernel where the CPU has them (one pass: extremes, counts, and the sums of the
 //   deviations from the block's first value and of their squares; the
 //   portable path for blocks with NaN or infinities takes two), and no
 //   full-size float copy (dense tensors of any layout are read in memory
@@ -157,6 +157,9 @@ template <typename T>
 bool fast_block(const T* p, int64_t m, Acc& acc) {
 #if STATS_HAVE_AVX2
   if (!avx2::usable()) return false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx512::usable() && avx512::add_block(p, m, acc)) return true;
+  }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     return avx2::add_block(p, m, acc);
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {

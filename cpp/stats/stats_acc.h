@@ -62,4 +62,14 @@ bool add_block_signed(const float* p, int64_t m, uint64_t first, Acc& acc, sig::
 bool add_block_f16(const uint16_t* p, int64_t m, Acc& acc);
 }  // namespace avx2
 
+// The float32 kernel with AVX-512 (stats_avx512.cpp), for machines with
+// AVX512F, VL and DQ: adds one block to `acc` and returns true, or adds
+// nothing and returns false for a block that holds NaN or infinities, or
+// whose mean is so large against its spread that the AVX2 kernel's pivot is
+// needed.
+namespace avx512 {
+bool usable();
+bool add_block(const float* p, int64_t m, Acc& acc);
+}  // namespace avx512
+
 }  // namespace opdump
