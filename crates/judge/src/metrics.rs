@@ -883,7 +883,9 @@ impl<'a> Ctx<'a> {
             return tc;
         };
         let (x, y) = (&a.tensors, &b.tensors);
-        tc.dtype_differs = a.dtype_of(ra).canonical() != b.dtype_of(rb).canonical();
+        // Equal names have equal canonical names: most pairs stop there.
+        let (da, db) = (a.dtype_of(ra), b.dtype_of(rb));
+        tc.dtype_differs = da.name != db.name && da.canonical() != db.canonical();
         let numel = x.shapes.numel(ra.shape);
         if x.shapes.get(ra.shape) != y.shapes.get(rb.shape) || numel != y.shapes.numel(rb.shape) {
             // An output holding no values on either side (a scratch buffer
@@ -1131,7 +1133,13 @@ fn class_of_call(d: &Dump, i: u32) -> OpClass {
 
 /// `class`, or discontinuous where the arguments of call `i` make it so.
 fn discontinuous_by_args(d: &Dump, i: u32, class: OpClass) -> OpClass {
-    if class == OpClass::Plain && args_make_discontinuous(d.op_name(i), d.args_text(i)) {
+    // Only a `div` can be made discontinuous by its arguments: other ops
+    // skip reading the call's row for its arguments' text.
+    let op = d.op_name(i);
+    if class == OpClass::Plain
+        && base_name(op) == "div"
+        && args_make_discontinuous(op, d.args_text(i))
+    {
         OpClass::Discontinuous
     } else {
         class
