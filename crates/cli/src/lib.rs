@@ -16,6 +16,7 @@ use crate::cli::{Cli, Cmd};
 mod app;
 mod cli;
 mod commands;
+pub mod huge_pages;
 mod report;
 
 /// Runs the command line, with the panic safety net: returns the exit

@@ -701,14 +701,16 @@ impl<'d> Judge<'d> {
 fn register_outputs(ctx: &Ctx<'_>, cmp: &OpCmp, one_sided: &mut OneSided) {
     for tc in cmp.tensors.iter().filter(|t| t.role == Role::Output) {
         if let (Some(tb), true) = (tc.tb, tc.key != (0, 0)) {
-            // The rows as the measuring thread read them: this
+            // The error only where an unaligned call reads the output,
+            // from the rows as the measuring thread read them: this
             // thread reads no chunk of the dumps for them.
-            let rows = tc.ta.and_then(|ta| cmp.rows(ta, tb));
-            let rb = rows.map_or_else(|| ctx.b.tensors.row(tb), |r| *r.1);
-            let err = ctx.own_relative_error_of(tc, |ta| {
-                rows.map_or_else(|| ctx.a.tensors.row(ta), |r| *r.0)
-            });
-            one_sided.register(ctx.b, tc.key.1, (tb, &rb), err, tc.taint);
+            let err = || {
+                let rows = tc.ta.and_then(|ta| cmp.rows(ta, tb));
+                ctx.own_relative_error_of(tc, |ta| {
+                    rows.map_or_else(|| ctx.a.tensors.row(ta), |r| *r.0)
+                })
+            };
+            one_sided.register((tc.key.1, tc.side_b), err, tc.taint);
         }
     }
 }

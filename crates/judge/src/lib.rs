@@ -27,6 +27,7 @@ pub mod dump;
 pub mod evidence;
 pub mod exact;
 mod from_records;
+mod hash_filter;
 pub mod input_taints;
 pub mod intern;
 pub mod introduced;

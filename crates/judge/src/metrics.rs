@@ -20,6 +20,7 @@ use crate::opclass::{
     args_make_discontinuous, base_name, classify, has_gradient_terms, is_factor, is_gradient_arg,
     is_lerp, is_product, OpClass,
 };
+use crate::provenance::{pair_key, side_hash_of_row};
 use crate::refusal::Side;
 use crate::tensor_row::TensorRow;
 use crate::tolerance::Tolerances;
@@ -200,6 +201,8 @@ pub struct TensorCmp {
     /// Identity of the pair (and of its A side) for [`crate::provenance`];
     /// (0, 0) when a side has no measured values.
     pub key: (u64, u64),
+    /// The identity of B's side alone (0 with `key`).
+    pub side_b: u64,
     /// Set by [`Ctx::judge`]: for an input, the error upstream of it (0 when
     /// none diverged); for an output, what its consumers inherit.
     pub taint: f64,
@@ -872,6 +875,7 @@ impl<'a> Ctx<'a> {
             allowed: op_tolerance,
             legit: None,
             key: (0, 0),
+            side_b: 0,
             taint: 0.0,
             taint_own: false,
             dtype_differs: false,
@@ -883,7 +887,9 @@ impl<'a> Ctx<'a> {
             return tc;
         };
         let (x, y) = (&a.tensors, &b.tensors);
-        tc.dtype_differs = a.dtype_of(ra).canonical() != b.dtype_of(rb).canonical();
+        // Equal names have equal canonical names: most pairs stop there.
+        let (da, db) = (a.dtype_of(ra), b.dtype_of(rb));
+        tc.dtype_differs = da.name != db.name && da.canonical() != db.canonical();
         let numel = x.shapes.numel(ra.shape);
         if x.shapes.get(ra.shape) != y.shapes.get(rb.shape) || numel != y.shapes.numel(rb.shape) {
             // An output holding no values on either side (a scratch buffer
@@ -900,7 +906,9 @@ impl<'a> Ctx<'a> {
             tc.verdict = TensorVerdict::Unmeasured;
             return tc;
         }
-        tc.key = crate::provenance::key_of_rows(a, ta, ra, b, tb, rb);
+        let (ha, hb) = (side_hash_of_row(a, ta, ra), side_hash_of_row(b, tb, rb));
+        tc.key = (pair_key(ha, hb), ha);
+        tc.side_b = hb;
         let mut m = Measure::default();
         for e in &self.evidence {
             e.measure(a, (ta, ra), b, (tb, rb), &mut m);
@@ -1131,7 +1139,13 @@ fn class_of_call(d: &Dump, i: u32) -> OpClass {
 
 /// `class`, or discontinuous where the arguments of call `i` make it so.
 fn discontinuous_by_args(d: &Dump, i: u32, class: OpClass) -> OpClass {
-    if class == OpClass::Plain && args_make_discontinuous(d.op_name(i), d.args_text(i)) {
+    // Only a `div` can be made discontinuous by its arguments: other ops
+    // skip reading the call's row for its arguments' text.
+    let op = d.op_name(i);
+    if class == OpClass::Plain
+        && base_name(op) == "div"
+        && args_make_discontinuous(op, d.args_text(i))
+    {
         OpClass::Discontinuous
     } else {
         class

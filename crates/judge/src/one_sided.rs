@@ -33,7 +33,7 @@ use opdump_format::Role;
 
 use crate::align::Alignment;
 use crate::dump::{Dump, NONE};
-use crate::evidence::Row;
+use crate::hash_filter::HashFilter;
 use crate::intern::{FxBuild, FxMap};
 use crate::metrics::reduction_length;
 use crate::opclass::classify;
@@ -55,6 +55,9 @@ struct Side {
     made: FxMap<u64, Made>,
     /// Side hashes that unaligned roots read: only these need an error.
     read: HashSet<u64, FxBuild>,
+    /// `read`'s bits: most aligned outputs, read by no unaligned root, are
+    /// told so without a look-up in `read`.
+    read_filter: HashFilter,
     /// Side hash of an aligned output -> (its error relative to its own
     /// norm, its taint).
     err: FxMap<u64, (f32, f32)>,
@@ -90,25 +93,37 @@ pub struct Fed {
 impl OneSided {
     /// What the calls only A or only B makes read, from the alignment.
     pub fn new(a: &Dump, b: &Dump, al: &Alignment) -> Self {
-        OneSided {
-            a: Side::new(a, &al.a_match),
-            b: Side::new(b, &al.b_match),
-        }
+        // Each side walks its own dump's unaligned calls and their rows: A's
+        // on a second thread, while this one walks B's (at the synthetic
+        // 10M pair, 1 s on one thread, with the other core idle).
+        std::thread::scope(|s| {
+            let side_a = s.spawn(|| Side::new(a, &al.a_match));
+            let side_b = Side::new(b, &al.b_match);
+            let side_a = match side_a.join() {
+                Ok(side) => side,
+                Err(e) => std::panic::resume_unwind(e),
+            };
+            OneSided {
+                a: side_a,
+                b: side_b,
+            }
+        })
     }
 
-    /// Records an aligned output (`ha`: its side hash in A; `tb`: its
-    /// tensor in B), its error relative to its own norm and its taint, when
-    /// an unaligned root reads it.
-    pub fn register(&mut self, b: &Dump, ha: u64, (tb, rb): Row<'_>, err: f64, taint: f64) {
-        let v = (err as f32, taint as f32);
-        if self.a.read.contains(&ha) {
+    /// Records an aligned output (`ha`, `hb`: its side hashes in A and in
+    /// B), its error relative to its own norm (`err`, computed only when an
+    /// unaligned root reads the output) and its taint.
+    pub fn register(&mut self, (ha, hb): (u64, u64), err: impl FnOnce() -> f64, taint: f64) {
+        let (in_a, in_b) = (self.a.reads(ha), self.b.reads(hb));
+        if !(in_a || in_b) {
+            return;
+        }
+        let v = (err() as f32, taint as f32);
+        if in_a {
             self.a.err.insert(ha, v);
         }
-        if !self.b.read.is_empty() {
-            let hb = side_hash_of_row(b, tb, rb);
-            if self.b.read.contains(&hb) {
-                self.b.err.insert(hb, v);
-            }
+        if in_b {
+            self.b.err.insert(hb, v);
         }
     }
 
@@ -183,7 +198,15 @@ impl Side {
                 }
             }
         }
+        side.read_filter = HashFilter::new(side.read.iter());
         side
+    }
+
+    /// Whether an unaligned root of this side reads the tensor of side hash
+    /// `h`.
+    #[inline]
+    fn reads(&self, h: u64) -> bool {
+        self.read_filter.may_contain(h) && self.read.contains(&h)
     }
 
     /// From the unaligned subtree that made the tensor of hash `start`,

@@ -56,7 +56,13 @@ pub fn key_of_rows(
     rb: &TensorRow,
 ) -> (u64, u64) {
     let ha = side_hash_of_row(a, ta, ra);
-    (mix(ha, side_hash_of_row(b, tb, rb)), ha)
+    (pair_key(ha, side_hash_of_row(b, tb, rb)), ha)
+}
+
+/// The identity of a tensor pair from its sides' identities.
+#[inline]
+pub fn pair_key(side_a: u64, side_b: u64) -> u64 {
+    mix(side_a, side_b)
 }
 
 /// Which aligned pair produced each tensor, by its statistics, and the taint it carried.
