@@ -84,11 +84,12 @@ bool trackable(const at::Tensor& t) {
          t.unsafeGetTensorImpl()->version_counter().enabled();
 }
 
-// The storage is alive (not a new one at a freed address) and no family
-// remembered on it has written since.
-bool unwritten(const Entry& e, const c10::StorageImpl* s) {
-  auto live = e.storage.lock();
-  if (live.get() != s) return false;
+// No family remembered on the storage has written since. The entry found
+// under a live tensor's storage is that storage's own: the entry's weak
+// reference keeps the StorageImpl object's memory allocated (c10 frees it
+// with the last weak reference), so no new storage can take the address
+// while the entry exists.
+bool unwritten(const Entry& e) {
   for (const auto& f : e.families)
     if (f.counter.current_version() != f.version) return false;
   return true;
@@ -155,7 +156,7 @@ void remember_uninitialized(const at::Tensor& t) {
   const auto* key = storage.unsafeGetStorageImpl();
   Family family{t.unsafeGetTensorImpl()->version_counter(), static_cast<uint32_t>(t._version())};
   auto it = g_entries.find(key);
-  if (it != g_entries.end() && unwritten(it->second, key) && it->second.families.size() < kMaxFamilies) {
+  if (it != g_entries.end() && unwritten(it->second) && it->second.families.size() < kMaxFamilies) {
     // Memory still without values, now seen through another tensor (set_
     // onto it, or the same family once more: the same version is kept once).
     for (const auto& f : it->second.families)
@@ -190,9 +191,9 @@ void written_in_part(const at::Tensor& t) {
   if (it == g_entries.end()) return;
   Entry& e = it->second;
   // This write moved the writer's version by one; a family moved further,
-  // or a new storage at the address, and the storage holds values.
-  auto live = e.storage.lock();
-  bool only_this = live.get() == key;
+  // and the storage holds values (the entry is this storage's own: see
+  // unwritten).
+  bool only_this = true;
   for (const auto& f : e.families) {
     const auto now = static_cast<uint32_t>(f.counter.current_version());
     only_this = only_this && (now == f.version || now == f.version + 1);
@@ -210,7 +211,7 @@ PartWritten part_written(const at::Tensor& t) {
   const auto* key = t.storage().unsafeGetStorageImpl();
   auto it = g_entries.find(key);
   if (it == g_entries.end() || it->second.written.empty()) return PartWritten::No;
-  if (!unwritten(it->second, key)) {
+  if (!unwritten(it->second)) {
     erase(it);
     return PartWritten::No;
   }
@@ -242,7 +243,7 @@ bool still_uninitialized(const at::Tensor& t) {
   const auto* key = t.storage().unsafeGetStorageImpl();
   auto it = g_entries.find(key);
   if (it == g_entries.end()) return false;
-  if (unwritten(it->second, key)) {
+  if (unwritten(it->second)) {
     // Written in part: the views a kernel makes below autograd have
     // counters of their own, so the bytes decide, not the version.
     if (!it->second.written.empty()) return !within(it->second, span_of(t));
@@ -261,7 +262,7 @@ bool storage_uninitialized(const c10::StorageImpl* s) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_entries.find(s);
   if (it == g_entries.end()) return false;
-  if (unwritten(it->second, s)) return true;
+  if (unwritten(it->second)) return true;
   erase(it);
   return false;
 }

@@ -41,10 +41,14 @@ Named named(const at::Tensor& t, std::string name) {
   return {c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), std::move(name)};
 }
 
+// The entry found is `t`'s own: its weak reference keeps the TensorImpl
+// object's memory allocated (c10 frees it with the last weak reference), so
+// no other tensor can be at its address while the entry exists, and `t` is
+// alive. Locking the reference to check would cost two atomic operations a
+// tensor.
 const std::string* lookup(const Map& m, const at::Tensor& t) {
   auto it = m.find(t.unsafeGetTensorImpl());
-  if (it == m.end() || it->second.tensor.lock().get() != t.unsafeGetTensorImpl()) return nullptr;
-  return &it->second.name;
+  return it == m.end() ? nullptr : &it->second.name;
 }
 
 // The gradients of the named parameters now (g_mutex held).

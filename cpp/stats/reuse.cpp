@@ -171,10 +171,12 @@ bool reuse_lookup(const at::Tensor& t, TensorRow& row, DeviceResultPtr& pending,
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_cache.find(t.unsafeGetTensorImpl());
   if (it == g_cache.end()) return false;
+  // The entry is `t`'s own: its weak reference keeps the TensorImpl
+  // object's memory allocated, so no new tensor can take the address while
+  // it exists (and locking it would cost two atomic operations a lookup).
   const Cached& c = it->second;
-  auto live = c.impl.lock();
-  if (live.get() != t.unsafeGetTensorImpl() || c.version != t._version() || c.storage != storage_of(t)) {
-    erase_entry(it);  // written since, a new tensor at a reused address, or given other memory
+  if (c.version != t._version() || c.storage != storage_of(t)) {
+    erase_entry(it);  // written since, or given other memory
     return false;
   }
   row.stats = c.stats;
