@@ -20,7 +20,9 @@
 
 // GCC 12's AVX-512 headers start some results from an undefined vector
 // (_mm512_undefined_ps) that its flow analysis then calls uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "stats_acc.h"
