@@ -39,31 +39,16 @@ fn main() {
     build.define("STATS_HAVE_AVX2", if avx2 { "1" } else { "0" });
     build.compile("opdump_cpp");
     if avx2 {
-        cc::Build::new()
-            .cpp(true)
-            .files(&sources.avx2)
-            .flag("-std=c++17")
-            .flag("-mavx2")
-            .flag("-mfma")
-            .flag("-mf16c")
-            .flag_if_supported("-fvisibility=hidden")
-            .warnings(true)
-            .extra_warnings(true)
-            .warnings_into_errors(true)
-            .compile("opdump_stats_avx2");
-        cc::Build::new()
-            .cpp(true)
-            .files(&sources.avx512)
-            .flag("-std=c++17")
-            .flag("-mavx512f")
-            .flag("-mavx512vl")
-            .flag("-mavx512dq")
-            .flag("-mfma")
-            .flag_if_supported("-fvisibility=hidden")
-            .warnings(true)
-            .extra_warnings(true)
-            .warnings_into_errors(true)
-            .compile("opdump_stats_avx512");
+        compile_with_isa(
+            &sources.avx2,
+            &["-mavx2", "-mfma", "-mf16c"],
+            "opdump_stats_avx2",
+        );
+        compile_with_isa(
+            &sources.avx512,
+            &["-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma"],
+            "opdump_stats_avx512",
+        );
     }
 
     let lib = torch.lib_dir.display();
@@ -77,6 +62,22 @@ fn main() {
     println!("cargo:rerun-if-changed=src/bridge.rs");
     // A directory is scanned whole, its folders included.
     println!("cargo:rerun-if-changed=cpp");
+}
+
+/// Kernels that build with ISA flags of their own (and no torch headers):
+/// the same warnings as the rest of the C++, as errors.
+fn compile_with_isa(files: &[std::path::PathBuf], isa: &[&str], name: &str) {
+    let mut build = cc::Build::new();
+    build.cpp(true).files(files).flag("-std=c++17");
+    for flag in isa {
+        build.flag(flag);
+    }
+    build
+        .flag_if_supported("-fvisibility=hidden")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        .compile(name);
 }
 
 /// The C++ sources: every `*.cpp` in the folders of cpp/ (a folder per
