@@ -462,35 +462,30 @@ mod tests {
     fn compressed_chunks_are_smaller_and_read_back_as_written() {
         // Repetitive records (ids, small counts) compress; a chunk of
         // random bytes does not, and must still read back.
+        // Record `i`, the random ones from an xorshift state `x`.
+        fn record(i: usize, x: &mut u64) -> R {
+            if i < CHUNK * 2 {
+                return R((i / 64) as u64, 7);
+            }
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            R(*x, (*x >> 32) as u32)
+        }
+        const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut s = Spill::<R>::default();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut x = SEED;
         for i in 0..CHUNK * 3 {
-            let r = if i < CHUNK * 2 {
-                R((i / 64) as u64, 7)
-            } else {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                R(x, (x >> 32) as u32)
-            };
-            s.push(r).unwrap();
+            s.push(record(i, &mut x)).unwrap();
         }
         let raw = (CHUNK * R::SIZE) as u64;
         assert!(s.at[1] - s.at[0] < raw / 4, "{:?}", s.at);
         assert!(s.at[3] - s.at[2] >= raw, "{:?}", s.at);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut x = SEED;
         let mut out = Vec::new();
         s.get_range(0..s.len(), &mut out);
         for (i, r) in out.into_iter().enumerate() {
-            let want = if i < CHUNK * 2 {
-                R((i / 64) as u64, 7)
-            } else {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                R(x, (x >> 32) as u32)
-            };
-            assert_eq!(r, want, "record {i}");
+            assert_eq!(r, record(i, &mut x), "record {i}");
         }
     }
 
