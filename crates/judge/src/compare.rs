@@ -1121,7 +1121,7 @@ fn in_place_with_counterpart_in_a(a: &Dump, b: &Dump, al: &Alignment, op: u32) -
 
 /// `aten::add_`: an in-place op (a dunder name such as `__iand__` is not).
 fn is_in_place(op: &str) -> bool {
-    let name = op.rsplit("::").next().unwrap_or(op);
+    let name = crate::opclass::after_last_colons(op);
     name.ends_with('_') && !name.ends_with("__")
 }
 

@@ -33,7 +33,7 @@ pub fn loop_base(op: &str) -> &str {
 }
 
 fn bare(op: &str) -> &str {
-    op.rsplit("::").next().unwrap_or(op)
+    crate::opclass::after_last_colons(op)
 }
 
 /// The tensors of a list call by element: those of element `i` of its list

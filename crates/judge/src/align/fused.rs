@@ -86,7 +86,7 @@ pub struct FusedTensors {
 /// Whether `op` is a fused optimizer kernel this pass knows.
 pub fn is_fused_op(op: &str) -> bool {
     matches!(
-        op.rsplit("::").next().unwrap_or(op),
+        crate::opclass::after_last_colons(op),
         "_fused_adamw_"
             | "_fused_adam_"
             | "_fused_sgd_"
