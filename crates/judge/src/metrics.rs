@@ -17,8 +17,8 @@ use crate::evidence::{Evidence, Measure, Row};
 use crate::intern::FxMap;
 use crate::list_call::{pair_by_position, Layout};
 use crate::opclass::{
-    args_make_discontinuous, base_name, classify, has_gradient_terms, is_factor, is_gradient_arg,
-    is_lerp, is_product, OpClass,
+    args_make_discontinuous, args_may_make_discontinuous, base_name, classify, has_gradient_terms,
+    is_factor, is_gradient_arg, is_lerp, is_product, OpClass,
 };
 use crate::provenance::{pair_key, side_hash_of_row};
 use crate::refusal::Side;
@@ -1139,11 +1139,11 @@ fn class_of_call(d: &Dump, i: u32) -> OpClass {
 
 /// `class`, or discontinuous where the arguments of call `i` make it so.
 fn discontinuous_by_args(d: &Dump, i: u32, class: OpClass) -> OpClass {
-    // Only a `div` can be made discontinuous by its arguments: other ops
-    // skip reading the call's row for its arguments' text.
+    // Ops whose arguments cannot make them discontinuous skip reading the
+    // call's row for its arguments' text.
     let op = d.op_name(i);
     if class == OpClass::Plain
-        && base_name(op) == "div"
+        && args_may_make_discontinuous(op)
         && args_make_discontinuous(op, d.args_text(i))
     {
         OpClass::Discontinuous

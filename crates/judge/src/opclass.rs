@@ -501,9 +501,15 @@ pub fn classify(op: &str) -> OpClass {
     }
 }
 
+/// Whether arguments can make `op` discontinuous: only `div`'s can (see
+/// [`args_make_discontinuous`]), so other ops need not read theirs.
+pub fn args_may_make_discontinuous(op: &str) -> bool {
+    base_name(op) == "div"
+}
+
 /// `div` with a rounding mode floors or truncates: discontinuous.
 pub fn args_make_discontinuous(op: &str, args: &str) -> bool {
-    base_name(op) == "div"
+    args_may_make_discontinuous(op)
         && args
             .split(',')
             .any(|kv| kv.trim().starts_with("rounding_mode") && !kv.contains("None"))
