@@ -1,8 +1,9 @@
 // Statistics of one tensor, computed on the tensor's own device.
 //
 // - CPU: L1-sized blocks, accumulating in float64, with the AVX-512 kernel
-//   for float32 and the AVX2 kernel where the CPU has them (one pass: extremes, counts, and the sums of the
-//   deviations from the block's first value and of their squares; the
+//   for float32 and the AVX2 kernel where the CPU has them (one pass:
+//   extremes, counts, and the sums of the values, or of the deviations
+//   from the block's first value, and of their squares; the
 //   portable path for blocks with NaN or infinities takes two), and no
 //   full-size float copy (dense tensors of any layout are read in memory
 //   order, since every statistic is order-independent).
