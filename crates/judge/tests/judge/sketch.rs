@@ -203,3 +203,76 @@ fn equal_fingerprints_are_identical_whatever_the_statistics() {
     assert_eq!(c.outcome(), Outcome::Introduced);
     assert_eq!(tensors_judged(&c, TensorVerdict::Diverged), 1);
 }
+
+/// Adam's first update of a bias of 384 values, in float32, as the
+/// `foreach` optimizer makes it: `self + value * tensor1 / tensor2` with
+/// `tensor1` the first moment (0.1 g) and `tensor2` the divisor |g| + ε.
+/// One gradient element is 0 on both sides and two cancelled to a few ε;
+/// B's gradients differ from A's by cancellation noise, an absolute error
+/// of 1e-7 of their RMS: the tiny ones differ by 0.1% of themselves, and
+/// their update, g / (|g| + ε), by as much. B's update is off by `fault`
+/// more.
+fn adam_first_update(side_b: bool, fault: f32) -> Vec<opdump_format::OpRecord> {
+    let n = 384u64;
+    let rms = 5.5e-4;
+    let g: Vec<f32> = (0..n)
+        .map(|i| {
+            let noise = if side_b {
+                3e-7 * rms * uniform(i, 12)
+            } else {
+                0.0
+            };
+            let value = match i {
+                7 => return 0.0,
+                100 => 2e-8,
+                200 => -3e-8,
+                _ => rms * 3f64.sqrt() * uniform(i, 13),
+            };
+            (value + noise) as f32
+        })
+        .collect();
+    let p: Vec<f32> = (0..n).map(|i| (0.05 * uniform(i, 14)) as f32).collect();
+    let m: Vec<f32> = g.iter().map(|&x| 0.1 * x).collect();
+    let d: Vec<f32> = g.iter().map(|&x| x.abs() + 1e-8).collect();
+    let out: Vec<f32> = p
+        .iter()
+        .zip(&m)
+        .zip(&d)
+        .map(|((&p, &m), &d)| {
+            let step = -0.1f32 * (m / d);
+            p + if side_b { step * (1.0 + fault) } else { step }
+        })
+        .collect();
+    let k = Some(16);
+    let mut w = DumpWriter::in_memory();
+    w.phase = opdump_format::Phase::Optimizer;
+    w.leaf(
+        "aten::addcdiv_",
+        "default",
+        "value=-0.1",
+        vec![
+            tensor_of(Role::Input, "self", &p, k),
+            tensor_of(Role::Input, "tensor1", &m, k),
+            tensor_of(Role::Input, "tensor2", &d, k),
+        ],
+        vec![tensor_of(Role::Output, "0", &out, k)],
+    )
+    .unwrap();
+    w.records()
+}
+
+#[test]
+fn adam_dividing_tiny_gradients_by_epsilon_is_no_divergence() {
+    let run = |fault: f32| {
+        compare(
+            dump("a", &adam_first_update(false, 0.0)),
+            dump("b", &adam_first_update(true, fault)),
+        )
+    };
+    let c = run(0.0);
+    assert_eq!(c.outcome(), Outcome::Agree, "{:?}", op_of(&c, c.headline));
+    // A fault of 1e-3 in the update is still named there.
+    let c = run(1e-3);
+    assert_eq!(c.outcome(), Outcome::Introduced);
+    assert_eq!(op_of(&c, c.headline), Some("aten::addcdiv_"));
+}
