@@ -130,8 +130,13 @@ void launch_fused(const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>&
 
 // `t` copied, in `acc`, into the batch's staging buffer from the start of
 // a row, the rest of its last row NaN: its rows come from row_stats at the
-// batch's close. One launch when `t` is contiguous.
+// batch's close. One launch when `t` is contiguous. Its fingerprint and
+// sketch come from those rows too, as a held tensor's, where float64 holds
+// its values exactly (staged_signature_dtype): its values are copied in
+// logical order.
 void stage(const at::Tensor& t, at::ScalarType acc, Batch& b, Batch::Part& part) {
+  part.sig_staged = b.sig_k > 0 && acc == at::kDouble && !t.is_complex() && staged_signature_dtype(t.scalar_type());
+  part.sig_dtype = t.scalar_type();
   const auto opts = at::TensorOptions().dtype(acc).device(b.device);
   if (!b.stage.defined()) b.stage = at::empty({stage_elements(b.sig_k > 0)}, opts);
   const int64_t n = t.numel(), padded = row_padded(n);
@@ -323,8 +328,9 @@ DeviceLaunch device_measure(const at::Tensor& t, DeviceResultPtr& result) {
       }
       break;
   }
-  // A held tensor gets its fingerprint and sketch when it is read.
-  if (k > 0 && !part.held.defined()) launch_signature(t, k, b, part);
+  // A held tensor gets its fingerprint and sketch when it is read, a
+  // staged one from its rows at the close.
+  if (k > 0 && !part.held.defined() && !part.sig_staged) launch_signature(t, k, b, part);
   result = part.result;
   b.parts.push_back(std::move(part));
   if (way == Way::Now && kernel != nullptr) read_held(b, {b.parts.size() - 1});
