@@ -132,10 +132,11 @@ void launch_fused(const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>&
 // a row, the rest of its last row NaN: its rows come from row_stats at the
 // batch's close. One launch when `t` is contiguous. Its fingerprint and
 // sketch come from those rows too, as a held tensor's, where float64 holds
-// its values exactly (staged_signature_dtype): its values are copied in
-// logical order.
+// its values exactly (staged_signature_dtype, no complex dtype): its values
+// are copied in logical order. A batch has a sketch only where `acc` is
+// float64.
 void stage(const at::Tensor& t, at::ScalarType acc, Batch& b, Batch::Part& part) {
-  part.sig_staged = b.sig_k > 0 && acc == at::kDouble && !t.is_complex() && staged_signature_dtype(t.scalar_type());
+  part.sig_staged = b.sig_k > 0 && staged_signature_dtype(t.scalar_type());
   part.sig_dtype = t.scalar_type();
   const auto opts = at::TensorOptions().dtype(acc).device(b.device);
   if (!b.stage.defined()) b.stage = at::empty({stage_elements(b.sig_k > 0)}, opts);
