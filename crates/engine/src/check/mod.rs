@@ -52,6 +52,9 @@ use writer::{Line, Writer};
 /// OPDUMP_CHECK_MAX_BYTES: a burst of large calls (a forward pass) queues
 /// while the thread works through them.
 pub const QUEUE_CALLS: u64 = 4;
+// The exit line, the docs and the message catalogue say "4 x
+// OPDUMP_CHECK_MAX_BYTES" in words: another value must change them too.
+const _: () = assert!(QUEUE_CALLS == 4);
 
 /// How long the exit waits for the writer thread to write the summary
 /// after the lines before it.
