@@ -414,13 +414,15 @@ def test_a_training_step_launches_few_kernels_per_measured_tensor(run, kernel):
     with the sketch: a count, not a time. testdev runs the optimizer's
     `_foreach_` ops as one kernel each (TESTDEV_FOREACH=1), as CUDA does.
     The bounds are today's figures with some room (scripts/bench/run.py
-    reports them): with the batch kernel 0.024 per tensor, with ATen ops
+    reports them): with the batch kernel 0.017 per tensor (bound: issue
+    47's goal of 0.02, the reads before the optimizer's writes included:
+    a batch holds up to 32 MiB of the job's memory), with ATen ops
     0.093 for the statistics (bound: issue 47's goal of 0.1) and 0.248 with
     the sketch (int64 words staged as int32 rows, the sketch by one
     embedding_bag a batch, a tensor read before a write staged with
     them)."""
     fused = kernel["TESTDEV_FUSED_STATS"] == "1"
-    bounds = {"0": 0.04 if fused else 0.1, "16": 0.04 if fused else 0.28}
+    bounds = {"0": 0.02 if fused else 0.1, "16": 0.02 if fused else 0.28}
     for sketch, limit in bounds.items():
         r = tinylm_job(run, OPDUMP_SKETCH=sketch, TESTDEV_HIDE_FALLBACK="1", TESTDEV_FOREACH="1", **kernel).result()
         per = r["launches"]["observer"] / r["measured"]
