@@ -85,3 +85,29 @@ def test_rotation_rows_and_file_mode(run):
     assert all(pq.read_metadata(f).num_rows <= 50 + 20 for f in files)
     assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o640 for f in files)
     assert stat.S_IMODE(os.stat(files[0].parent).st_mode) == 0o750
+
+
+# Ops defined and dropped in turn: the dispatcher may make each one where
+# the one before was, and the hook's per-op cache is keyed by that address.
+DROPPED_OPS_JOB = """
+import gc
+torch.ops.opdump.enable()
+for round in range(12):
+    lib = torch.library.Library("opdump_reuse", "FRAGMENT")
+    name = f"keep{round}" if round % 2 else f"skip{round}"
+    lib.define(name + "(Tensor x) -> Tensor")
+    lib.impl(name, lambda x: x + 1, "CompositeExplicitAutograd")
+    getattr(torch.ops.opdump_reuse, name)(torch.ones(3))
+    del lib
+    gc.collect()
+torch.ops.opdump.flush()
+print(json.dumps(torch.ops.opdump.stats()))
+"""
+
+
+def test_an_op_made_where_a_dropped_one_was_is_named_and_selected_as_itself(run):
+    everything = calls(run(DROPPED_OPS_JOB))
+    mine = everything[everything.op.str.startswith("opdump_reuse::")]
+    assert sorted(mine.op) == sorted(f"opdump_reuse::{'keep' if r % 2 else 'skip'}{r}" for r in range(12))
+    kept = calls(run(DROPPED_OPS_JOB, OPDUMP_INCLUDE=r"opdump_reuse::keep"))
+    assert sorted(kept.op) == sorted(f"opdump_reuse::keep{r}" for r in range(1, 12, 2))

@@ -6,7 +6,9 @@
 // built by RowBuilder (rows/row_builder.h); memory without values is followed through
 // copies by Carries (carries.h).
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <exception>
 #include <optional>
 #include <string>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -141,31 +144,6 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Calls from above autograd note what their kernel may trust and write: a
-// top-level call's arguments are known memory (provenance.cpp), and the
-// arguments it writes are kept out of the reuse cache inside it (reuse.cpp).
-// This runs for unrecorded calls too, so that recorded calls nested in them
-// see the right memory.
-void note_known_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
-  provenance_begin_top_level();
-  const size_t first = stack.size() - schema.arguments().size();
-  for (size_t i = first; i < stack.size(); ++i) provenance_note_all(stack[i]);
-  provenance_arguments_noted();
-}
-
-// A recorded call notes the arguments it writes after its inputs are
-// measured: until its kernel runs they hold what the cache says, so an
-// in-place op's `self` is taken from the cache like any other input (the
-// optimizer's in-place ops read a ninth of a TinyLM step's bytes again
-// otherwise).
-void note_written_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
-  reuse_begin_call();
-  const auto& args = schema.arguments();
-  const size_t first = stack.size() - args.size();
-  for (size_t i = 0; i < args.size(); ++i)
-    if (is_written(args[i])) reuse_note_written(stack[first + i]);
-}
-
 // What the hook needs to know of an op apart from any one call: judged from
 // its name and schema at its first call on a thread, so that its other
 // calls pay no string work, and a call the regexes do not select asks Rust
@@ -188,17 +166,46 @@ struct OpFacts {
   // Per argument, by schema index: what record_inputs asks of each call.
   enum ArgBits : uint8_t { kWritten = 1, kTensorType = 2, kValuesDefined = 4 };
   c10::SmallVector<uint8_t, 8> args;
+  // Per return: whether it aliases an argument, and whether it writes it.
+  enum ReturnBits : uint8_t { kAliased = 1, kWrites = 2 };
+  c10::SmallVector<uint8_t, 2> returns;
+  uint64_t epoch = 0;  // g_op_epoch when the entry was last checked
 };
 
-const OpFacts& op_facts(const c10::OperatorHandle& op) {
-  // Keyed by the operator's entry, as op_names (interned.cpp): an op
-  // deregistered and another registered at the same address is told apart
-  // by its name, overload and argument count. Everything here is the same
-  // for every call of the op, so its calls pay no string work.
-  thread_local PointerTable<OpFacts> cache;
+// Bumped whenever the dispatcher drops an operator (OpEpochListener): a
+// cached entry checked at the current value is the op it was made for,
+// with no look at the schema or the names (a cache miss or two on most
+// calls of a large model). Starts above a new entry's 0.
+std::atomic<uint64_t> g_op_epoch{1};
+
+// Calls from above autograd note what their kernel may trust and write: a
+// top-level call's arguments are known memory (provenance.cpp), and the
+// arguments it writes are kept out of the reuse cache inside it (reuse.cpp).
+// This runs for unrecorded calls too, so that recorded calls nested in them
+// see the right memory.
+void note_known_arguments(const OpFacts& facts, const torch::jit::Stack& stack) {
+  provenance_begin_top_level();
+  for (size_t i = stack.size() - facts.num_args; i < stack.size(); ++i) provenance_note_all(stack[i]);
+  provenance_arguments_noted();
+}
+
+// A recorded call notes the arguments it writes after its inputs are
+// measured: until its kernel runs they hold what the cache says, so an
+// in-place op's `self` is taken from the cache like any other input (the
+// optimizer's in-place ops read a ninth of a TinyLM step's bytes again
+// otherwise).
+void note_written_arguments(const OpFacts& facts, const torch::jit::Stack& stack) {
+  reuse_begin_call();
+  const size_t first = stack.size() - facts.num_args;
+  for (size_t i = 0; i < facts.num_args; ++i)
+    if (facts.args[i] & OpFacts::kWritten) reuse_note_written(stack[first + i]);
+}
+
+// Checks the cached entry `f` of `op` and remakes it where it was made for
+// another op at the same address.
+void refresh_op_facts(const c10::OperatorHandle& op, OpFacts& f, uint64_t epoch) {
   const auto& name = op.operator_name();
   const auto& schema = op.schema();
-  OpFacts& f = cache[&name];
   if (f.num_args != schema.arguments().size() || f.name != name.name || f.overload != name.overload_name) {
     f = OpFacts{};
     f.name = name.name;
@@ -221,7 +228,26 @@ const OpFacts& op_facts(const c10::OperatorHandle& op) {
                                             (is_tensor_type(a) ? OpFacts::kTensorType : 0) |
                                             (input_values_defined(f.base, a, writes) ? OpFacts::kValuesDefined : 0)));
     }
+    for (const auto& r : schema.returns()) {
+      const auto* alias = r.alias_info();
+      f.returns.push_back(static_cast<uint8_t>((alias != nullptr ? OpFacts::kAliased : 0) |
+                                               (alias != nullptr && alias->isWrite() ? OpFacts::kWrites : 0)));
+    }
   }
+  f.epoch = epoch;
+}
+
+const OpFacts& op_facts(const c10::OperatorHandle& op) {
+  // Keyed by the operator's entry, as op_names (interned.cpp): an op
+  // deregistered and another registered at the same address is told apart
+  // by its name, overload and argument count, checked again after any op
+  // was deregistered. Everything here is the same for every call of the
+  // op, so its calls pay no string work.
+  thread_local PointerTable<OpFacts> cache;
+  const auto& name = op.operator_name();
+  OpFacts& f = cache[&name];
+  const uint64_t epoch = g_op_epoch.load(std::memory_order_acquire);
+  if (f.epoch != epoch) refresh_op_facts(op, f, epoch);
   if (f.selected < 0 && !f.control) {
     const int32_t v = op_selected(rust::Str(f.name), rust::Str(f.shown_overload));
     if (v >= 0) f.selected = static_cast<int8_t>(v);
@@ -257,7 +283,7 @@ void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   Written written;
   try {
     if (facts.may_carry) carries = Carries::judge(facts.base, schema, *stack);
-    if (schema.returns().empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
+    if (facts.returns.empty() && (carries.kind != CarryKind::None || uninitialized_tracking())) {
       const size_t first = stack->size() - facts.num_args;
       for (size_t i = 0; i < facts.num_args; ++i)
         if (facts.args[i] & OpFacts::kWritten) written.emplace_back(i, (*stack)[first + i]);
@@ -270,14 +296,13 @@ void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   if (facts.write_scope) writing.emplace(schema, *stack);
   op.redispatchBoxed(next, stack);
   try {
-    const auto& returns = schema.returns();
+    const size_t n = facts.returns.size();
     const bool empty = facts.empty;
-    for (size_t r = 0; r < returns.size(); ++r) {
-      const c10::IValue& v = (*stack)[stack->size() - returns.size() + r];
-      const auto* alias = returns[r].alias_info();
-      if (alias == nullptr) provenance_note_all(v);
-      note_unrecorded_output(v, alias == nullptr || alias->isWrite(), alias != nullptr && alias->isWrite(), empty,
-                             carries, versioned);
+    for (size_t r = 0; r < n; ++r) {
+      const c10::IValue& v = (*stack)[stack->size() - n + r];
+      const bool aliased = facts.returns[r] & OpFacts::kAliased, writes = facts.returns[r] & OpFacts::kWrites;
+      if (!aliased) provenance_note_all(v);
+      note_unrecorded_output(v, !aliased || writes, writes, empty, carries, versioned);
     }
     for (const auto& [i, v] : written) note_unrecorded_output(v, true, true, false, carries, versioned);
     filled.done();
@@ -425,8 +450,8 @@ void run_not_recorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::
   // run; the guard pairs the entry as for any error.
   if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
   const bool versioned = from_above_autograd();
-  if (ticket.depth == 0) note_known_arguments(op.schema(), *stack);
-  if (ticket.depth == 0 || versioned) note_written_arguments(op.schema(), *stack);
+  if (ticket.depth == 0) note_known_arguments(facts, *stack);
+  if (ticket.depth == 0 || versioned) note_written_arguments(facts, *stack);
   run_unrecorded(op, facts, next, stack, versioned);
 }
 
@@ -439,7 +464,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   RowBuilder rec;
   ExitGuard exit_guard{&rec};
   if (ticket.stop) TORCH_CHECK(false, std::string(stop_message()));
-  if (ticket.depth == 0) note_known_arguments(op.schema(), *stack);
+  if (ticket.depth == 0) note_known_arguments(facts, *stack);
 
   rec.nested = ticket.depth > 0;
   rec.above_autograd = above_autograd;
@@ -457,7 +482,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   }
   if (ticket.source) rec.call.source = rust::String(python_source());
   record_inputs(rec, op, facts, *stack, ticket, written);
-  if (above_autograd) note_written_arguments(op.schema(), *stack);
+  if (above_autograd) note_written_arguments(facts, *stack);
   // The autograd nodes the op makes take the next sequence numbers of this
   // thread: the call claims them for its backward calls (fwd_seq).
   CpuCheckGuard cpu_check;
@@ -505,6 +530,24 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
 }
 
 }  // namespace
+
+namespace {
+
+class OpEpochListener final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override { g_op_epoch.fetch_add(1); }
+};
+
+}  // namespace
+
+void watch_op_deregistrations() {
+  // Kept for the process, as the fallback's registration is (install.cpp).
+  static auto* handle =
+      new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+          std::make_unique<OpEpochListener>()));
+  (void)handle;
+}
 
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   // opdump's own CPU reruns (cpu_rerun.cpp) pass here to be stopped

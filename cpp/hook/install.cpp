@@ -104,6 +104,7 @@ bool install() {
     ops->def("python_reruns() -> int", &op_python_reruns);
     register_device_ops(*ops);
     auto* impl = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
+    watch_op_deregistrations();
     impl->fallback(torch::CppFunction::makeFromBoxedFunction<&hook_fallback>());
     pthread_atfork(&uninitialized_atfork_prepare, &uninitialized_atfork_parent,
                    &uninitialized_atfork_child);

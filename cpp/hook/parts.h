@@ -22,6 +22,9 @@ extern std::atomic<bool> g_hook_only;
 
 // The boxed fallback (fallback.cpp).
 void hook_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+// Keeps hook_fallback's per-op cache right when the dispatcher drops an op
+// (another may be registered at its address); once, at registration.
+void watch_op_deregistrations();
 
 // The module hooks (python_hooks.cpp): install them when dumping goes on
 // (and OPDUMP_MODULES allows), remove them when it goes off; ask again from
