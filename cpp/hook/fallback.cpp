@@ -6,10 +6,11 @@
 // built by RowBuilder (rows/row_builder.h); memory without values is followed through
 // copies by Carries (carries.h).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -109,15 +110,6 @@ struct AccuracyCheckGuard {
     }
   }
 };
-
-// A view op computes nothing: there is nothing of the device's to check.
-bool returns_views_only(const c10::FunctionSchema& schema) {
-  const auto& returns = schema.returns();
-  if (returns.empty()) return false;
-  for (const auto& r : returns)
-    if (r.alias_info() == nullptr || r.alias_info()->isWrite()) return false;
-  return true;
-}
 
 // OPDUMP_CHECK: whether Rust wants this call checked, and if so its inputs
 // copied to the host as they are before it runs.
@@ -219,7 +211,6 @@ void refresh_op_facts(const c10::OperatorHandle& op, OpFacts& f, uint64_t epoch)
     f.empty = output_uninitialized(f.base);
     f.collective = outputs_asynchronous(name.name);
     f.write_scope = opens_write_scope(schema);
-    f.views_only = returns_views_only(schema);
     f.preserves_values = preserves_values(f.base, f.overload);
     f.preserves_order = preserves_order(f.base);
     for (const auto& a : schema.arguments()) {
@@ -233,6 +224,10 @@ void refresh_op_facts(const c10::OperatorHandle& op, OpFacts& f, uint64_t epoch)
       f.returns.push_back(static_cast<uint8_t>((alias != nullptr ? OpFacts::kAliased : 0) |
                                                (alias != nullptr && alias->isWrite() ? OpFacts::kWrites : 0)));
     }
+    // A view op computes nothing: there is nothing of the device's to check.
+    f.views_only = !f.returns.empty() && std::all_of(f.returns.begin(), f.returns.end(), [](uint8_t r) {
+      return r == OpFacts::kAliased;
+    });
   }
   f.epoch = epoch;
 }
@@ -260,9 +255,9 @@ const OpFacts& op_facts(const c10::OperatorHandle& op) {
 // where only a part of them held values before (FSDP's all-gather buffer).
 struct CollectiveFills {
   c10::SmallVector<c10::IValue, 4> arguments;
-  CollectiveFills(const c10::OperatorHandle& op, const OpFacts& facts, const torch::jit::Stack& stack) {
+  CollectiveFills(const OpFacts& facts, const torch::jit::Stack& stack) {
     if (!facts.collective || !uninitialized_tracking()) return;
-    const size_t n = std::min(op.schema().arguments().size(), stack.size());
+    const size_t n = std::min(facts.num_args, stack.size());
     arguments.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
   }
   void done() {
@@ -291,7 +286,7 @@ void run_unrecorded(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   } catch (const std::exception& e) {
     carry_failed(op, e);
   }
-  CollectiveFills filled(op, facts, *stack);
+  CollectiveFills filled(facts, *stack);
   std::optional<WriteScope> writing;
   if (facts.write_scope) writing.emplace(schema, *stack);
   op.redispatchBoxed(next, stack);
@@ -318,7 +313,7 @@ void record_inputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFacts
   const auto& name = op.operator_name();
   try {
     const auto& args = op.schema().arguments();
-    rec.call.tensors.reserve(args.size() + op.schema().returns().size());
+    rec.call.tensors.reserve(facts.num_args + facts.returns.size());
     const OpNames& names = *facts.names;
     rec.call.op_id = names.op;
     rec.call.overload_id = names.overload_id;
@@ -377,7 +372,6 @@ void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFact
                     const torch::jit::Stack& stack, const OpTicket& ticket, const Written& written) {
   const auto& name = op.operator_name();
   try {
-    const auto& returns = op.schema().returns();
     if (ticket.shortcuts && facts.preserves_values) {
       static const uint32_t self = name_id("self");
       for (size_t i = 0; i < rec.call.tensors.size(); ++i)
@@ -387,14 +381,14 @@ void record_outputs(RowBuilder& rec, const c10::OperatorHandle& op, const OpFact
     const bool async_outputs = facts.collective;
     const bool fresh = !facts.empty && !async_outputs;
     const StatsStatus no_values = async_outputs ? StatsStatus::NotMeasured : StatsStatus::Uninitialized;
-    if (!returns.empty()) {
-      const size_t first = stack.size() - returns.size();
-      for (size_t r = 0; r < returns.size(); ++r) {
+    if (!facts.returns.empty()) {
+      const size_t first = stack.size() - facts.returns.size();
+      for (size_t r = 0; r < facts.returns.size(); ++r) {
         // A view of an input holds no new values; anything else the op computed.
-        const auto* alias = returns[r].alias_info();
-        const bool produced = alias == nullptr || alias->isWrite();
+        const bool writes = facts.returns[r] & OpFacts::kWrites;
+        const bool produced = !(facts.returns[r] & OpFacts::kAliased) || writes;
         rec.alias_return = !produced;
-        rec.write_return = alias != nullptr && alias->isWrite();
+        rec.write_return = writes;
         rec.value(stack[first + r], Role::Output, return_name_id(r), fresh, produced, no_values);
       }
     } else {
@@ -496,7 +490,7 @@ void record_and_run(const c10::OperatorHandle& op, const OpFacts& facts, c10::Di
   AccuracyCheckGuard accuracy;
   if (ticket.check && !facts.views_only) start_accuracy_check(accuracy, op, *stack, rec.call);
   const auto first_node = static_cast<int64_t>(at::sequence_number::peek());
-  CollectiveFills filled(op, facts, *stack);
+  CollectiveFills filled(facts, *stack);
   run_timed(rec, op, facts, next, stack);
   try {
     filled.done();
